@@ -1,0 +1,1 @@
+"""Pydantic models of every bcpbus wire object; ``schemas/json/`` holds their JSON Schemas."""
