@@ -29,8 +29,9 @@ __all__ = [
     "SubscribeResult",
 ]
 
-CLIENT_ID_PATTERN = r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
-"""``prefix:name``: lowercase prefix, then a name of letters, digits, ``.``, ``_``, ``-``."""
+CLIENT_ID_PATTERN = r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9_-][A-Za-z0-9._-]{0,95}$"
+"""``prefix:name``: lowercase prefix, then a name of letters, digits, ``.``, ``_``, ``-`` that
+does not start with ``.`` (Telegram group chats are ``tg:-100123``)."""
 
 _TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 _TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"

@@ -1,0 +1,323 @@
+"""The peers file: which clientIds may connect, the roles it assigns them, and their token hashes.
+
+The operator owns this file; the bus only reads it, and ``bcpbus`` commands that add or rotate
+a peer write it back. Tokens are never stored, only their hashes:
+
+.. code-block:: yaml
+
+    version: 1
+    peers:
+      "agent:main":
+        roles: [controller]
+        token_hash: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+Typical use::
+
+    credentials = Credentials.load(path)        # a missing file is an empty set of peers
+    token = credentials.add("agent:main", ["controller"])
+    credentials.save(path)                      # hand `token` to the peer; it is shown once
+    record = credentials.verify("agent:main", token)   # at each initialize: None means refuse
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import yaml
+
+from schemas.bus import CLIENT_ID_PATTERN
+
+__all__ = [
+    "CREDENTIALS_VERSION",
+    "Credentials",
+    "CredentialsError",
+    "PeerRecord",
+    "hash_token",
+    "validate_client_id",
+]
+
+CREDENTIALS_VERSION: Final = 1
+"""The only ``version`` this module reads and writes."""
+
+logger = logging.getLogger("bus.credentials")
+
+_CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
+_ROLE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # as role names in the policy
+_TOKEN_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+_PEER_KEYS = frozenset({"roles", "token_hash"})
+_HEADER = (
+    "# bcpbus peers file: clientIds allowed to connect, their roles and token hashes.\n"
+    "# Only hashes are stored; a lost token cannot be recovered, only replaced.\n"
+)
+
+
+class CredentialsError(ValueError):
+    """The peers file or an argument is malformed; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """One peer allowed to connect: its clientId, assigned roles and token hash."""
+
+    client_id: str
+    roles: tuple[str, ...]
+    token_hash: str
+
+
+def hash_token(token: str) -> str:
+    """Return the stored form of ``token``: ``"sha256:<hex>"``.
+
+    Tokens are 256-bit random values from :func:`secrets.token_urlsafe`, so no one can guess
+    one from its hash however fast the hash is. Password stretching (bcrypt, scrypt, argon2)
+    only protects low-entropy secrets; here it would buy nothing and make every connection
+    attempt cost the bus CPU an unauthenticated client could exhaust.
+    """
+    # surrogatepass: a JSON string can carry a lone surrogate; it must hash, not crash.
+    digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"sha256:{digest}"
+
+
+def validate_client_id(client_id: str) -> str:
+    """Return ``client_id`` if it is a valid clientId, ``prefix:name``.
+
+    Raises:
+        CredentialsError: it is not; the message says what a clientId looks like.
+    """
+    if not isinstance(client_id, str) or _CLIENT_ID.fullmatch(client_id) is None:
+        raise CredentialsError(
+            f"invalid clientId {client_id!r}: expected prefix:name, a lowercase prefix "
+            "(letters, digits, '_', '-'; up to 32) and a name (letters, digits, '.', '_', '-'; "
+            "up to 96), e.g. agent:main"
+        )
+    return client_id
+
+
+# Compared against when the clientId is unknown, so an unknown id costs the same work as a
+# known one and response times don't reveal which ids exist.
+_DUMMY_HASH: Final = hash_token(secrets.token_urlsafe(32))
+
+
+class Credentials:
+    """The peers allowed to connect. Build it with :meth:`load` or :meth:`empty`."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, PeerRecord] = {}
+        # Ids added with add_ephemeral: verified like the others, never saved.
+        self._ephemeral: set[str] = set()
+
+    @classmethod
+    def empty(cls) -> Credentials:
+        """Return credentials with no peers: every connection is refused until one is added."""
+        return cls()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Credentials:
+        """Read a peers file; a missing file gives empty credentials (a fresh install).
+
+        Raises:
+            CredentialsError: the file exists but cannot be read or is malformed; the message
+                names the file and the bad field. Refuse to start rather than guess.
+        """
+        source = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+                mode = os.fstat(f.fileno()).st_mode
+        except FileNotFoundError:
+            return cls.empty()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CredentialsError(f"{source}: cannot read the peers file: {exc}") from exc
+        if os.name == "posix" and mode & 0o077:
+            logger.warning("%s is readable by other users; run: chmod 600 %s", source, source)
+        credentials = cls()
+        for record in _parse(text, source):
+            credentials._records[record.client_id] = record
+        return credentials
+
+    def verify(self, client_id: str, token: str | None) -> PeerRecord | None:
+        """Return the peer's record if ``token`` proves ``client_id``, else None.
+
+        None covers an unknown clientId, a missing token and a wrong token alike; answer all
+        three with the same authentication error. The comparison takes the same time in each
+        case (constant-time, against a dummy hash for unknown ids).
+        """
+        record = self._records.get(client_id)
+        expected = record.token_hash if record is not None else _DUMMY_HASH
+        presented = hash_token(token if token is not None else "")
+        matched = hmac.compare_digest(presented, expected)
+        if not matched or record is None or not token:
+            return None
+        return record
+
+    def add(self, client_id: str, roles: Sequence[str]) -> str:
+        """Create a token for ``client_id`` and return it; only its hash is kept.
+
+        An existing record for the id is replaced, so this is also how a token is rotated: the
+        old one stops working. Call :meth:`save` to persist, then give the token to the peer;
+        it cannot be shown again.
+
+        Raises:
+            CredentialsError: ``client_id`` or a role name is malformed.
+        """
+        token = self._put(client_id, roles)
+        self._ephemeral.discard(client_id)
+        return token
+
+    def add_ephemeral(self, client_id: str, roles: Sequence[str]) -> str:
+        """Like :meth:`add`, but in memory only: :meth:`save` never writes it.
+
+        For peers the bus runs in its own process (its gateway), whose token lives as long as
+        the process.
+        """
+        token = self._put(client_id, roles)
+        self._ephemeral.add(client_id)
+        return token
+
+    def remove(self, client_id: str) -> bool:
+        """Forget ``client_id``; return False if it was not there. Call :meth:`save` to persist."""
+        self._ephemeral.discard(client_id)
+        return self._records.pop(client_id, None) is not None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the non-ephemeral peers to ``path`` atomically, readable by the owner only.
+
+        The file is written beside ``path`` and renamed over it, so a reader sees the old file
+        or the new one, never half of one.
+
+        Raises:
+            OSError: the file could not be written; the old file is left as it was.
+        """
+        peers = {
+            r.client_id: {"roles": list(r.roles), "token_hash": r.token_hash}
+            for r in self.records()
+            if r.client_id not in self._ephemeral
+        }
+        body = yaml.safe_dump(
+            {"version": CREDENTIALS_VERSION, "peers": peers}, sort_keys=False, width=100
+        )
+        path = os.fspath(path)
+        directory, name = os.path.split(path)
+        tmp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+        # O_EXCL with 0o600: the file never exists with wider permissions, not even briefly.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(_HEADER + body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)  # exactly 0600, whatever the umask
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def records(self) -> list[PeerRecord]:
+        """Return every peer, ephemeral ones included, sorted by clientId."""
+        return [self._records[cid] for cid in sorted(self._records)]
+
+    def __contains__(self, client_id: object) -> bool:
+        return client_id in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        return f"<Credentials {len(self)} peers>"
+
+    def _put(self, client_id: str, roles: Sequence[str]) -> str:
+        validate_client_id(client_id)
+        if isinstance(roles, str):
+            raise CredentialsError("roles must be a list of role names, not one string")
+        for role in roles:
+            _check_role(role)
+        token = secrets.token_urlsafe(32)
+        self._records[client_id] = PeerRecord(client_id, tuple(roles), hash_token(token))
+        return token
+
+
+def _check_role(role: Any) -> None:
+    if not isinstance(role, str) or _ROLE_NAME.fullmatch(role) is None:
+        raise CredentialsError(
+            f"invalid role name {role!r}: use lowercase letters, digits, '_', '-'"
+        )
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys: a second entry for a clientId would silently
+    replace the first."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # unhashable: construct_mapping below reports it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _parse(text: str, source: str) -> Iterator[PeerRecord]:
+    def fail(path: str, message: str) -> CredentialsError:
+        return CredentialsError(f"{source}: {path}: {message}")
+
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise CredentialsError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CredentialsError(
+            f"{source}: expected a mapping with `version: {CREDENTIALS_VERSION}` and `peers:`"
+        )
+    for key in data:
+        if key not in ("version", "peers"):
+            raise fail(str(key), "unknown key; expected version and peers")
+    version = data.get("version")
+    if type(version) is not int or version != CREDENTIALS_VERSION:
+        raise fail("version", f"{version!r}: expected {CREDENTIALS_VERSION}")
+    peers = data.get("peers")
+    if not isinstance(peers, dict):
+        raise fail("peers", "expected a mapping of clientId to {roles, token_hash} ({} for none)")
+    for client_id, body in peers.items():
+        at = f"peers.{client_id}"
+        try:
+            validate_client_id(client_id)
+        except CredentialsError as exc:
+            raise fail("peers", str(exc)) from None
+        if not isinstance(body, dict):
+            raise fail(at, "expected a mapping with roles and token_hash")
+        for key in body:
+            if key not in _PEER_KEYS:
+                raise fail(f"{at}.{key}", "unknown key; expected roles and token_hash")
+        roles = body.get("roles")
+        if not isinstance(roles, list):
+            raise fail(f"{at}.roles", "expected a list of role names ([] for none)")
+        for i, role in enumerate(roles):
+            try:
+                _check_role(role)
+            except CredentialsError as exc:
+                raise fail(f"{at}.roles[{i}]", str(exc)) from None
+        token_hash = body.get("token_hash")
+        if not isinstance(token_hash, str) or _TOKEN_HASH.fullmatch(token_hash) is None:
+            raise fail(f"{at}.token_hash", "expected sha256: and 64 lowercase hex digits")
+        yield PeerRecord(client_id, tuple(roles), token_hash)
