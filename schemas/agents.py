@@ -1,0 +1,529 @@
+"""Agent definitions: Markdown files with YAML frontmatter, and the BCP channels they declare.
+
+An agent definition (``agents/<name>.md``) is YAML frontmatter between ``---`` lines followed by
+prose. The frontmatter of a controller and of its reader look like this:
+
+.. code-block:: yaml
+
+    name: main
+    tools: Read, Write, BCPQuery          # or a YAML list
+    network: none
+    bcp_channels:
+      - peer: researcher
+        role: controller                  # this agent asks; "reader" answers
+        max_category: 2                   # 1, 2 or 3
+        budget_bits: 1000                 # > 0, shared by queries and subscription pushes
+        max_cat2_queries: 10              # >= 0; omitted: no count limit
+        anomaly_action: reject            # reject (default) | review | flag
+        max_escalations_per_task: 2       # >= 0
+        subscriptions:                    # controller side only
+          - id: research-alerts           # letters, digits, hyphens; unique in the channel
+            category: 1                   # <= max_category
+            fields:                       # the spec, exactly as in a query
+              - {name: has_breaking_news, type: boolean}
+            min_interval_s: 60            # optional rate limits
+            max_per_hour: 10
+
+    name: researcher
+    taint: high                           # default: high with a reader channel, else none
+    bcp_channels:
+      - {peer: main, role: reader, max_category: 2, budget_bits: 1000}
+
+A channel is declared on both sides. When the two sides differ the stricter value holds (lower
+``max_category``, ``budget_bits``, ``max_cat2_queries`` and ``max_escalations_per_task``; the
+stricter ``anomaly_action``): either operator may narrow a channel, neither may widen it.
+:func:`build_channels` gives that combined view, one :class:`Channel` per (controller, reader).
+
+Every inconsistency is a :class:`DefinitionError` that names the file and the field path:
+:func:`parse_agent` checks one file, :func:`load_agents` a whole folder and the files against
+each other.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, NoReturn, Self
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from schemas.bcp import (
+    ActiveSubscription,
+    AgentName,
+    AnomalyAction,
+    Category,
+    QuerySpec,
+    SubscriptionId,
+)
+from schemas.common import TaintLevel
+
+__all__ = [
+    "DEFAULT_MAX_ESCALATIONS",
+    "AgentDefinition",
+    "BcpChannel",
+    "Channel",
+    "CronSchedule",
+    "DefinitionError",
+    "Role",
+    "Subscription",
+    "build_channels",
+    "check_agents",
+    "load_agents",
+    "parse_agent",
+]
+
+DEFAULT_MAX_ESCALATIONS: Final = 2
+"""Escalations a task may make when its channel does not say (BCP "escalation budget")."""
+
+Role = Literal["controller", "reader"]
+"""An agent's side of a BCP channel."""
+
+_STRICTNESS: Final[dict[AnomalyAction, int]] = {"flag": 0, "review": 1, "reject": 2}
+
+_Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
+_Count = Annotated[StrictInt, Field(ge=0)]
+_Text = Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+
+
+class DefinitionError(ValueError):
+    """An agent definition is inconsistent; nothing should start until it is fixed.
+
+    Args:
+        source: the file (or other origin) of the definition.
+        field: the path of the offending field, such as
+            ``bcp_channels[0].subscriptions[1].category``.
+        message: what is wrong, in words an operator can act on.
+    """
+
+    def __init__(self, source: str, field: str, message: str) -> None:
+        self.source = source
+        self.field = field
+        self.message = message
+        super().__init__(source, field, message)
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.field}: {self.message}"
+
+
+def _definition_error(path: str, message: str) -> NoReturn:
+    # The path travels in ``ctx`` and is appended to pydantic's location (see _to_error).
+    raise PydanticCustomError(
+        "invalid_definition", "{path}: {message}", {"path": path, "message": message}
+    )
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CronSchedule(_Model):
+    """A scheduled prompt (seed field; the bus does not run schedules itself)."""
+
+    schedule: _Text
+    message: _Text
+    label: _Text | None = None
+
+
+class Subscription(QuerySpec):
+    """A subscription a controller declares: what its reader may push, and how often.
+
+    The spec fields are those of :class:`~schemas.bcp.QuerySpec` (BCP Subscriptions: "the same
+    schema as queries").
+    """
+
+    id: SubscriptionId
+    min_interval_s: _Positive | None = None
+    """Fewest seconds between two accepted pushes."""
+    max_per_hour: Annotated[StrictInt, Field(ge=1)] | None = None
+    """Most accepted pushes in any hour."""
+
+    def active(self, controller: str) -> ActiveSubscription:
+        """Return this subscription as an entry of ``bcp_subscriptions_active``."""
+        spec = self.as_spec().model_dump(exclude_none=True)
+        return ActiveSubscription.model_validate(
+            {"subscription_id": self.id, "controller": controller, **spec}
+        )
+
+
+class BcpChannel(_Model):
+    """One side of a BCP channel, as one ``bcp_channels`` entry declares it."""
+
+    peer: AgentName
+    role: Role
+    max_category: Category
+    budget_bits: _Positive
+    max_cat2_queries: _Count | None = None
+    """Cat-2 queries allowed per session; ``None``: only the budget limits them."""
+    anomaly_action: AnomalyAction = "reject"
+    max_escalations_per_task: _Count = DEFAULT_MAX_ESCALATIONS
+    subscriptions: tuple[Subscription, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_subscriptions(self) -> Self:
+        if self.subscriptions and self.role == "reader":
+            _definition_error("subscriptions", "only a controller channel declares subscriptions")
+        seen: set[str] = set()
+        for index, subscription in enumerate(self.subscriptions):
+            if subscription.category > self.max_category:
+                _definition_error(
+                    f"subscriptions[{index}].category",
+                    f"category {subscription.category} is above the channel's max_category "
+                    f"{self.max_category}",
+                )
+            if subscription.id in seen:
+                _definition_error(
+                    f"subscriptions[{index}].id", f"duplicate subscription id {subscription.id!r}"
+                )
+            seen.add(subscription.id)
+        return self
+
+
+class AgentDefinition(_Model):
+    """The frontmatter of one agent definition; :attr:`body` is the prose under it."""
+
+    name: AgentName
+    description: _Text | None = None
+    model: _Text | None = None
+    tools: tuple[StrictStr, ...] = ()
+    """Tool names; the seed writes them as one comma-separated string, a list works too."""
+    network: StrictStr = "none"
+    cron_schedules: tuple[CronSchedule, ...] = ()
+    taint: TaintLevel | None = None
+    """Omitted: ``high`` for an agent with a reader channel, ``none`` otherwise."""
+    bcp_channels: tuple[BcpChannel, ...] = ()
+
+    _source: str | None = PrivateAttr(default=None)
+    _body: str = PrivateAttr(default="")
+
+    @field_validator("tools", mode="before", json_schema_input_type=StrictStr | list[StrictStr])
+    @classmethod
+    def _split_tools(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(tool.strip() for tool in value.split(",") if tool.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _check_channels(self) -> Self:
+        seen: set[tuple[str, str]] = set()
+        for index, channel in enumerate(self.bcp_channels):
+            if channel.peer == self.name:
+                _definition_error(f"bcp_channels[{index}].peer", "a channel to the agent itself")
+            if (channel.peer, channel.role) in seen:
+                _definition_error(
+                    f"bcp_channels[{index}].peer",
+                    f"a second {channel.role} channel with peer {channel.peer!r}",
+                )
+            seen.add((channel.peer, channel.role))
+        if self.taint == "none" and self.reader_channels:
+            # A reader reads attacker-written text; the bus's no-write-down rule relies on this.
+            _definition_error("taint", "an agent with a reader channel cannot have taint none")
+        return self
+
+    @property
+    def source(self) -> str:
+        """Where the definition came from: its file, when it was parsed from one."""
+        return self._source or f"<agent {self.name}>"
+
+    @property
+    def body(self) -> str:
+        """The Markdown prose under the frontmatter: the agent's instructions."""
+        return self._body
+
+    @property
+    def effective_taint(self) -> TaintLevel:
+        """The agent's taint: ``taint`` if set, else ``high`` for a reader, else ``none``."""
+        if self.taint is not None:
+            return self.taint
+        return "high" if self.reader_channels else "none"
+
+    @property
+    def controller_channels(self) -> tuple[BcpChannel, ...]:
+        """The channels on which this agent asks."""
+        return tuple(c for c in self.bcp_channels if c.role == "controller")
+
+    @property
+    def reader_channels(self) -> tuple[BcpChannel, ...]:
+        """The channels on which this agent answers."""
+        return tuple(c for c in self.bcp_channels if c.role == "reader")
+
+    def channel_to(self, peer: str, role: Role | None = None) -> BcpChannel | None:
+        """Return this agent's channel with ``peer`` (in ``role``, if given), or ``None``."""
+        for channel in self.bcp_channels:
+            if channel.peer == peer and role in (None, channel.role):
+                return channel
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """A BCP channel as the gateway enforces it: both sides' declarations combined.
+
+    Build these with :func:`build_channels`; the values are the stricter of the two sides.
+    """
+
+    controller: str
+    reader: str
+    max_category: Category
+    budget_bits: float
+    max_cat2_queries: int | None
+    max_escalations_per_task: int
+    anomaly_action: AnomalyAction
+    subscriptions: tuple[Subscription, ...]
+    reader_taint: TaintLevel
+    controller_source: str
+    reader_source: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(controller, reader)``: how :func:`build_channels` indexes it."""
+        return self.controller, self.reader
+
+    @property
+    def topic(self) -> str:
+        """The bus topic of the channel, ``bcp:<controller>:<reader>``."""
+        return f"bcp:{self.controller}:{self.reader}"
+
+    def allows(self, category: int) -> bool:
+        """Return whether a query of ``category`` is within ``max_category``."""
+        return 1 <= category <= self.max_category
+
+    def subscription(self, subscription_id: str) -> Subscription | None:
+        """Return the subscription with ``subscription_id``, or ``None``."""
+        for subscription in self.subscriptions:
+            if subscription.id == subscription_id:
+                return subscription
+        return None
+
+    def active_subscriptions(self) -> tuple[ActiveSubscription, ...]:
+        """Return the entries this channel adds to its reader's ``bcp_subscriptions_active``."""
+        return tuple(s.active(self.controller) for s in self.subscriptions)
+
+
+def _format_loc(loc: Iterable[int | str]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
+
+
+def _to_error(source: str, exc: ValidationError) -> DefinitionError:
+    errors = exc.errors(include_url=False)
+    error = errors[0]
+    path = _format_loc(error["loc"])
+    ctx = error.get("ctx") or {}
+    if "path" in ctx:
+        path = f"{path}.{ctx['path']}" if path else str(ctx["path"])
+        message = str(ctx["message"])
+    elif error["type"] == "missing":
+        message = "required"
+    elif error["type"] == "extra_forbidden":
+        message = "unknown key"
+    else:
+        value = error.get("input")
+        message = f"{error['msg']} (got {value!r:.60})"
+        if isinstance(value, bool):
+            message += "; YAML reads unquoted yes/no/on/off as booleans: quote them"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problems)"
+    return DefinitionError(source, path or "frontmatter", message)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys instead of silently keeping the last one."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: list[Any] = []
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.append(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _split_frontmatter(text: str, source: str) -> tuple[str, str]:
+    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        raise DefinitionError(source, "frontmatter", "the file must start with a --- line")
+    for index, line in enumerate(lines[1:], start=1):
+        if line.strip() in ("---", "..."):
+            return "".join(lines[1:index]), "".join(lines[index + 1 :]).strip()
+    raise DefinitionError(source, "frontmatter", "no closing --- line")
+
+
+def parse_agent(text: str, *, source: str) -> AgentDefinition:
+    """Parse one agent definition: YAML frontmatter between ``---`` lines, then Markdown.
+
+    Args:
+        text: the file's content.
+        source: where it came from (a path); every error names it.
+
+    Returns:
+        The definition, with :attr:`AgentDefinition.source` and :attr:`AgentDefinition.body`
+        set. It is checked on its own; use :func:`load_agents` or :func:`check_agents` to check
+        it against its peers.
+
+    Raises:
+        DefinitionError: the frontmatter is missing, is not YAML (duplicate keys included) or
+            does not describe a valid agent.
+    """
+    frontmatter, body = _split_frontmatter(text, source)
+    try:
+        data = yaml.load(frontmatter, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        # Marks count from 0 within the frontmatter, which starts on the file's second line.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise DefinitionError(source, "frontmatter", f"not valid YAML{where}: {problem}") from exc
+    if not isinstance(data, dict):
+        raise DefinitionError(source, "frontmatter", "must be a YAML mapping")
+    try:
+        definition = AgentDefinition.model_validate(data)
+    except ValidationError as exc:
+        raise _to_error(source, exc) from exc
+    definition._source = source
+    definition._body = body
+    return definition
+
+
+def load_agents(directory: str | os.PathLike[str]) -> dict[str, AgentDefinition]:
+    """Load and cross-check every agent definition (``*.md`` but ``README.md``) of a folder.
+
+    Args:
+        directory: the folder, such as ``agents/``; subfolders are not read.
+
+    Returns:
+        The definitions by agent name, in file name order.
+
+    Raises:
+        DefinitionError: a file is invalid (see :func:`parse_agent`) or the files disagree
+            (see :func:`check_agents`). Stop and report it: no channel is safe to run.
+        OSError: the folder or a file cannot be read.
+    """
+    paths = sorted(
+        path
+        for path in Path(directory).glob("*.md")
+        if path.is_file() and path.name.lower() != "readme.md"
+    )
+    definitions = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise DefinitionError(str(path), "frontmatter", "the file is not UTF-8") from exc
+        definitions.append(parse_agent(text, source=str(path)))
+    return check_agents(definitions)
+
+
+def check_agents(definitions: Iterable[AgentDefinition]) -> dict[str, AgentDefinition]:
+    """Check definitions against each other and index them by name.
+
+    Checks that names are unique and that every channel is declared on both sides (a controller
+    channel has its reader's ``role: reader`` channel back, and the reverse), which
+    :func:`build_channels` also needs.
+
+    Returns:
+        The definitions by name.
+
+    Raises:
+        DefinitionError: naming the later of two files with one name, or the file whose channel
+            has no counterpart.
+    """
+    agents: dict[str, AgentDefinition] = {}
+    for definition in definitions:
+        if (first := agents.get(definition.name)) is not None:
+            message = f"agent {definition.name!r} is already defined in {first.source}"
+            raise DefinitionError(definition.source, "name", message)
+        agents[definition.name] = definition
+    build_channels(agents)
+    return agents
+
+
+def build_channels(agents: Mapping[str, AgentDefinition]) -> dict[tuple[str, str], Channel]:
+    """Combine both sides of every channel into the :class:`Channel` the gateway enforces.
+
+    Args:
+        agents: definitions by name, such as :func:`load_agents` returns.
+
+    Returns:
+        The channels by ``(controller, reader)``.
+
+    Raises:
+        DefinitionError: a channel names an undefined peer, lacks its counterpart, or has a
+            subscription above the combined ``max_category``.
+    """
+    channels: dict[tuple[str, str], Channel] = {}
+    for agent in agents.values():
+        for index, side in enumerate(agent.bcp_channels):
+            where = f"bcp_channels[{index}]"
+            peer = agents.get(side.peer)
+            if peer is None:
+                message = f"no agent named {side.peer!r} is defined"
+                raise DefinitionError(agent.source, f"{where}.peer", message)
+            other_role: Role = "reader" if side.role == "controller" else "controller"
+            other = peer.channel_to(agent.name, other_role)
+            if other is None:
+                message = (
+                    f"{side.peer!r} ({peer.source}) has no `role: {other_role}` channel "
+                    f"with peer {agent.name!r}"
+                )
+                raise DefinitionError(agent.source, where, message)
+            if side.role == "controller":
+                channel = _combine(agent, side, peer, other)
+                _check_combined(channel, agent.source, where)
+                channels[channel.key] = channel
+    return channels
+
+
+def _combine(
+    controller: AgentDefinition, ours: BcpChannel, reader: AgentDefinition, theirs: BcpChannel
+) -> Channel:
+    cat2 = [n for n in (ours.max_cat2_queries, theirs.max_cat2_queries) if n is not None]
+    action = max(ours.anomaly_action, theirs.anomaly_action, key=_STRICTNESS.__getitem__)
+    return Channel(
+        controller=controller.name,
+        reader=reader.name,
+        max_category=min(ours.max_category, theirs.max_category),
+        budget_bits=min(ours.budget_bits, theirs.budget_bits),
+        max_cat2_queries=min(cat2) if cat2 else None,
+        max_escalations_per_task=min(
+            ours.max_escalations_per_task, theirs.max_escalations_per_task
+        ),
+        anomaly_action=action,
+        subscriptions=ours.subscriptions,
+        reader_taint=reader.effective_taint,
+        controller_source=controller.source,
+        reader_source=reader.source,
+    )
+
+
+def _check_combined(channel: Channel, source: str, where: str) -> None:
+    for index, subscription in enumerate(channel.subscriptions):
+        if not channel.allows(subscription.category):
+            raise DefinitionError(
+                source,
+                f"{where}.subscriptions[{index}].category",
+                f"category {subscription.category} is above max_category "
+                f"{channel.max_category} of reader {channel.reader!r} ({channel.reader_source})",
+            )
