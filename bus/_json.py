@@ -12,9 +12,9 @@ from typing import Any
 __all__ = ["dumps", "loads"]
 
 try:
-    import orjson
+    import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the optional extra being installed
-    orjson = None
+    _orjson = None  # type: ignore[assignment]
 
 
 def _std_loads(text: str | bytes) -> Any:
@@ -29,8 +29,7 @@ def _std_dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-if orjson is not None:
-    _orjson = orjson
+if _orjson is not None:
 
     def loads(text: str | bytes) -> Any:
         """Parse JSON text; raise ``ValueError`` if it is not JSON."""
@@ -38,7 +37,7 @@ if orjson is not None:
 
     def dumps(obj: Any) -> str:
         """Serialize ``obj`` to compact JSON text."""
-        return _orjson.dumps(obj).decode()  # type: ignore[no-any-return]
+        return _orjson.dumps(obj).decode()
 
 else:  # pragma: no cover - exercised when orjson is absent
     loads = _std_loads

@@ -103,6 +103,7 @@ class Session:
         self._ids = itertools.count(1)
         self._batches: dict[int, _Batch] = {}
         self._batch_ids = itertools.count(1)
+        self._errors: list[BusError] = []
 
     # Input
 
@@ -146,13 +147,15 @@ class Session:
     def _receive_one(self, message: Any, batch_id: int | None) -> dict[str, Any] | None:
         """Turn one message into an event; return an immediate error answer, if any."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-            return _error(_read_id(message), InvalidRequest("Invalid request: not JSON-RPC 2.0"))
+            return self._invalid(
+                _read_id(message), InvalidRequest("Invalid request: not JSON-RPC 2.0")
+            )
         if "method" in message:
             return self._receive_call(message, batch_id)
         if "result" in message or "error" in message:
             self._receive_answer(message)
             return None
-        return _error(_read_id(message), InvalidRequest("Invalid request: no method"))
+        return self._invalid(_read_id(message), InvalidRequest("Invalid request: no method"))
 
     def _receive_call(self, message: dict[str, Any], batch_id: int | None) -> dict[str, Any] | None:
         method = message["method"]
@@ -160,11 +163,15 @@ class Session:
         has_id = "id" in message
         request_id = message.get("id")
         if has_id and not _valid_id(request_id):
-            return _error(None, InvalidRequest("Invalid request: id must be a string or integer"))
+            return self._invalid(
+                None, InvalidRequest("Invalid request: id must be a string or integer")
+            )
         if not isinstance(method, str):
-            return _error(request_id, InvalidRequest("Invalid request: method must be a string"))
+            return self._invalid(
+                request_id, InvalidRequest("Invalid request: method must be a string")
+            )
         if params is not None and not isinstance(params, dict | list):
-            return _error(
+            return self._invalid(
                 request_id, InvalidRequest("Invalid request: params must be an object or array")
             )
         if not has_id:
@@ -243,13 +250,24 @@ class Session:
             message["params"] = params
         self._out.append(_json.dumps(message))
 
+    def errors_sent(self) -> list[BusError]:
+        """Return the errors the session answered on its own since the last call (parse errors,
+        invalid requests), and forget them: the I/O layer logs them."""
+        errors, self._errors = self._errors, []
+        return errors
+
     def data_to_send(self) -> list[str]:
         """Return the frames to write, in order, and forget them. Write each as a text frame."""
         out, self._out = self._out, []
         return out
 
     def _send_error(self, request_id: RequestId, error: BusError) -> None:
+        self._errors.append(error)
         self._out.append(_json.dumps(_error(request_id, error)))
+
+    def _invalid(self, request_id: RequestId, error: BusError) -> dict[str, Any]:
+        self._errors.append(error)
+        return _error(request_id, error)
 
 
 def _valid_id(value: Any) -> bool:
@@ -261,7 +279,7 @@ def _read_id(message: Any) -> RequestId:
     if isinstance(message, dict):
         value = message.get("id")
         if _valid_id(value):
-            return value  # type: ignore[no-any-return]
+            return value
     return None
 
 

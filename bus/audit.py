@@ -1,0 +1,368 @@
+"""Read the activity log: the queries behind ``bcpbus audit`` and their terminal/JSON output.
+
+Everything here is synchronous and opens the database read-only, so an auditor can run it while
+the bus writes (WAL lets readers and the writer work at once). Each function takes the path of
+the SQLite file and returns plain dicts, one per row; :func:`format_table` and :func:`to_json`
+turn them into text.
+
+The log holds text written by hostile readers, so :func:`format_table` escapes control and
+invisible characters instead of letting them reach the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidParams
+from .topics import matches, validate_pattern
+
+__all__ = [
+    "REFUSAL_EVENTS",
+    "bits_per_channel",
+    "format_table",
+    "query_rows",
+    "query_story",
+    "refusals_per_reason",
+    "to_json",
+]
+
+REFUSAL_EVENTS: tuple[str, ...] = (
+    "bcp_query_refused",
+    "bcp_push_refused",
+    "refused",
+    "taint_refused",
+    "bcp_query_failed",
+)
+"""The events :func:`refusals_per_reason` counts; each carries its reason in ``status``."""
+
+# Rows whose payload is not valid JSON (another writer, a damaged file) must not make the whole
+# query fail: json_extract() raises on malformed text, so check json_valid() first.
+_QUERY_ID = "CASE WHEN json_valid(payload_json) THEN json_extract(payload_json, '$.query_id') END"
+
+
+# Opening the database
+
+
+@contextlib.contextmanager
+def _connect(db: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
+    """Open ``db`` read-only with rows as :class:`sqlite3.Row`, and close it afterwards.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        ValueError: the file has no ``activity_log`` table.
+    """
+    path = Path(db).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"activity log not found: {path}")
+    # mode=ro: an auditor never writes; as_uri() percent-encodes the path for the URI.
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        conn.row_factory = sqlite3.Row
+        found = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'activity_log'"
+        ).fetchone()
+        if found is None:
+            raise ValueError(f"{path} is not an activity log: it has no activity_log table")
+        yield conn
+    finally:
+        conn.close()
+
+
+def _fetch(
+    db: str | os.PathLike[str], sql: str, params: Sequence[Any] = ()
+) -> list[dict[str, Any]]:
+    with _connect(db) as conn:
+        return [dict(row) for row in conn.execute(sql, params)]
+
+
+# Queries
+
+
+def query_rows(
+    db: str | os.PathLike[str],
+    *,
+    message_id: str | None = None,
+    topic: str | None = None,
+    actor: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    event: str | None = None,
+    limit: int | None = 1000,
+) -> list[dict[str, Any]]:
+    """Return the log rows that pass every given filter, oldest first (by id).
+
+    Args:
+        db: the SQLite file.
+        message_id, actor, event: exact values.
+        topic: a subscription pattern (``bcp:*``, ``bcp:*:researcher``) or an exact topic.
+        since: keep rows at or after this ISO-8601 date or datetime (a bare date is midnight UTC,
+            a datetime without offset is UTC).
+        until: keep rows strictly before it, so ``since=D, until=D+1`` is the whole day D.
+        limit: most rows returned; ``None`` for all.
+
+    Returns:
+        One dict per row with every column of ``activity_log``.
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log, or a filter is malformed (the message says
+            which); show it to the user.
+    """
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("message_id", message_id), ("actor", actor), ("event", event)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(_normalize_time(since, "since"))
+    if until is not None:
+        where.append("ts < ?")
+        params.append(_normalize_time(until, "until"))
+    if topic is not None:
+        clauses, topic_params = _topic_filter(topic)
+        where.extend(clauses)
+        params.extend(topic_params)
+    sql = "SELECT * FROM activity_log"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY id"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    with _connect(db) as conn:
+        # The pattern test runs inside SQLite so LIMIT counts only matching rows.
+        conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
+        return [dict(row) for row in conn.execute(sql, params)]
+
+
+def bits_per_channel(db: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Return the bandwidth charged per BCP channel, from the gateway's ``bcp_bits_charged`` rows.
+
+    Returns:
+        One dict per channel, by channel name: ``channel``, ``charges`` (how many),
+        ``bits_total``, ``budget_bits`` and ``budget_left`` as of the latest charge, ``last_ts``.
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log.
+    """
+    # SQLite documents that with a single max() aggregate, the bare columns (budget_bits,
+    # budget_left, ts) come from the row holding the maximum: here the latest charge.
+    sql = """
+        SELECT channel, COUNT(*) AS charges, TOTAL(bits) AS bits_total,
+               budget_bits, budget_left, ts AS last_ts, MAX(id) AS last_id
+        FROM (
+            SELECT id, ts,
+                   json_extract(payload_json, '$.channel') AS channel,
+                   json_extract(payload_json, '$.bits') AS bits,
+                   json_extract(payload_json, '$.budget_bits') AS budget_bits,
+                   json_extract(payload_json, '$.budget_left') AS budget_left
+            FROM activity_log
+            WHERE event = 'bcp_bits_charged' AND json_valid(payload_json)
+        )
+        GROUP BY channel
+        ORDER BY channel
+    """
+    rows = _fetch(db, sql)
+    for row in rows:
+        del row["last_id"]
+    return rows
+
+
+def refusals_per_reason(db: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Return how often each kind of refusal happened, most frequent first.
+
+    Counts the events in :data:`REFUSAL_EVENTS`, grouped by event and reason (``status``).
+
+    Returns:
+        One dict per (event, reason): ``event``, ``reason``, ``count``.
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log.
+    """
+    marks = ",".join("?" * len(REFUSAL_EVENTS))
+    sql = f"""
+        SELECT event, status AS reason, COUNT(*) AS count
+        FROM activity_log
+        WHERE event IN ({marks})
+        GROUP BY event, status
+        ORDER BY count DESC, event, reason
+    """
+    return _fetch(db, sql, REFUSAL_EVENTS)
+
+
+def query_story(db: str | os.PathLike[str], query_id: str) -> list[dict[str, Any]]:
+    """Return everything the log knows about one BCP query, oldest first.
+
+    That is every row whose payload has this ``query_id``, plus every row that shares a
+    ``message_id`` with one of those (the bus's send/process rows for the same messages).
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log.
+    """
+    sql = f"""
+        WITH story AS (SELECT id, message_id FROM activity_log WHERE {_QUERY_ID} = ?)
+        SELECT * FROM activity_log
+        WHERE id IN (SELECT id FROM story)
+           OR message_id IN (SELECT message_id FROM story WHERE message_id IS NOT NULL)
+        ORDER BY id
+    """
+    return _fetch(db, sql, (query_id,))
+
+
+# Filters
+
+
+def _normalize_time(value: str, name: str) -> str:
+    """Turn an ISO-8601 date or datetime into the log's ``ts`` format, in UTC.
+
+    Raises:
+        ValueError: ``value`` is neither; the message names the option.
+    """
+    try:
+        # Python 3.11 reads a bare date as midnight, and accepts a trailing "Z".
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"{name}: {value!r} is not an ISO-8601 date or datetime (2026-05-09T14:30:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _topic_matches(pattern: str, topic: str | None) -> bool:
+    return topic is not None and matches(pattern, topic)
+
+
+def _topic_filter(pattern: str) -> tuple[list[str], list[Any]]:
+    """Return SQL conditions (and their parameters) for rows whose topic matches ``pattern``.
+
+    Raises:
+        ValueError: ``pattern`` is not a valid topic pattern.
+    """
+    try:
+        validate_pattern(pattern)
+    except InvalidParams as exc:
+        raise ValueError(exc.message) from None
+    if "*" not in pattern:
+        return ["topic = ?"], [pattern]
+    clauses = ["topic_matches(?, topic)"]
+    params: list[Any] = [pattern]
+    # The literal segments before the first '*' bound the topic to a range the index can use:
+    # every topic starting with "bcp:" sorts in ["bcp:", "bcp;"), ';' being the next character.
+    prefix = pattern[: pattern.index("*")]
+    if prefix:
+        clauses[:0] = ["topic >= ?", "topic < ?"]
+        params[:0] = [prefix, prefix[:-1] + ";"]
+    return clauses, params
+
+
+# Output
+
+_MAX_CELL = 40
+"""Widest a table cell gets before it is cut with '…'."""
+
+
+def format_table(
+    rows: list[dict[str, Any]],
+    columns: Sequence[str] | None = None,
+    *,
+    max_width: int = _MAX_CELL,
+) -> str:
+    """Render rows as an aligned plain-text table for a terminal.
+
+    Args:
+        rows: dicts as the query functions return them.
+        columns: which keys to show, in order; by default every key, in first-seen order.
+        max_width: cells longer than this are cut, ending in ``…``.
+
+    Returns:
+        A header line, a rule, one line per row (no trailing newline); ``"(no rows)"`` if there
+        are none. Numbers are right-aligned, ``None`` is blank, and control or invisible
+        characters are shown escaped (``\\x1b``), never sent to the terminal.
+    """
+    if not rows:
+        return "(no rows)"
+    if columns is None:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+    cells = [[_cell(row.get(column), max_width) for column in columns] for row in rows]
+    widths = [
+        max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)
+    ]
+    numeric = [all(_is_number(row.get(column)) for row in rows) for column in columns]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            value.rjust(width) if right else value.ljust(width)
+            for value, width, right in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    header = line(list(columns))
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([header, rule, *(line(values) for values in cells)])
+
+
+def to_json(rows: list[dict[str, Any]]) -> str:
+    """Render rows as a JSON array, one object per line, for other tools.
+
+    ``payload_json`` is decoded into ``payload`` (kept as text if it is not valid JSON).
+    Non-ASCII characters are escaped, so the output is safe to print and to pipe.
+    """
+    objects = [json.dumps(_decoded(row)) for row in rows]
+    if not objects:
+        return "[]"
+    return "[\n" + ",\n".join(objects) + "\n]"
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    if "payload_json" not in row:
+        return row
+    out = {key: value for key, value in row.items() if key != "payload_json"}
+    text = row["payload_json"]
+    try:
+        out["payload"] = None if text is None else json.loads(text)
+    except ValueError:
+        out["payload"] = text
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    # bool is an int subclass but reads as a word; None (a blank cell) fits any column.
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _cell(value: Any, max_width: int) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        # Two decimals are enough for bits; 671.0 reads as 671.
+        text = f"{value:.2f}".rstrip("0").rstrip(".")
+    else:
+        text = str(value)
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+    if len(text) > max_width:
+        text = text[: max_width - 1] + "…"
+    return text
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"

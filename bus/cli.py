@@ -1,0 +1,251 @@
+"""The ``bcpbus`` command: serve the bus, manage peer credentials, read the activity log.
+
+Run ``bcpbus --help`` for the list of commands and ``bcpbus COMMAND --help`` for each one.
+This is the only module that reads the environment or prints to the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import __version__, audit
+from .activity import ActivityLog
+from .config import ConfigError, ServeConfig
+from .credentials import Credentials, CredentialsError
+from .identities import default_agents_dir, load_identities
+from .policy import Policy, PolicyError
+from .server import Bus
+
+__all__ = ["main"]
+
+logger = logging.getLogger("bus.cli")
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``bcpbus`` command line; return the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO if args.info else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    command: Command = args.command
+    try:
+        return command(args)
+    except (ConfigError, PolicyError, CredentialsError, OSError, ValueError) as exc:
+        print(f"bcpbus: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # pragma: no cover - interactive only
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bcpbus",
+        description="A JSON-RPC 2.0 message bus over WebSocket for the Bandwidth-Constrained "
+        "Protocol.",
+    )
+    parser.add_argument("--version", action="version", version=f"bcpbus {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    parser.add_argument("--info", action="store_true", help="info logging on stderr")
+
+    def usage(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(command=usage)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the bus (and the BCP gateway)")
+    serve.add_argument("--config", type=Path, help="YAML config file (see README)")
+    serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port; 0 picks a free one (default 8765)")
+    serve.add_argument("--db", type=Path, help="SQLite activity log (default ./bcpbus.db)")
+    serve.add_argument("--peers-file", type=Path, help="credentials (default ./bcpbus-peers.yaml)")
+    serve.add_argument("--policy", type=Path, help="authorization policy YAML (default: built in)")
+    serve.add_argument("--agents-dir", type=Path, help="agent definitions (default ./agents)")
+    serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
+    serve.set_defaults(command=_serve)
+
+    peers = sub.add_parser("peers", help="manage peer credentials")
+    peers.add_argument("--peers-file", type=Path, default=Path("bcpbus-peers.yaml"))
+    peers_sub = peers.add_subparsers(title="actions", metavar="ACTION", required=True)
+    add = peers_sub.add_parser("add", help="create a token for CLIENT_ID, print it once")
+    add.add_argument("client_id", metavar="CLIENT_ID")
+    add.add_argument("--role", action="append", default=[], help="a policy role (repeatable)")
+    add.set_defaults(command=_peers_add)
+    lst = peers_sub.add_parser("list", help="list clientIds and roles (never tokens)")
+    lst.set_defaults(command=_peers_list)
+    rm = peers_sub.add_parser("remove", help="delete CLIENT_ID's credential")
+    rm.add_argument("client_id", metavar="CLIENT_ID")
+    rm.set_defaults(command=_peers_remove)
+
+    aud = sub.add_parser("audit", help="read the activity log")
+    aud.add_argument("--db", type=Path, default=Path("bcpbus.db"))
+    aud.add_argument("--message-id", help="rows of one message")
+    aud.add_argument("--topic", help="topic pattern, '*' segments allowed")
+    aud.add_argument("--actor", help="clientId")
+    aud.add_argument("--since", help="ISO-8601 date or time, inclusive")
+    aud.add_argument("--until", help="ISO-8601 date or time, exclusive")
+    aud.add_argument("--event", help="event name, e.g. send_start, refused")
+    aud.add_argument("--limit", type=int, default=1000)
+    aud.add_argument("--bits", action="store_true", help="bits charged per BCP channel")
+    aud.add_argument("--refusals", action="store_true", help="refusals per reason")
+    aud.add_argument("--query", metavar="QUERY_ID", help="one BCP query's whole story")
+    aud.add_argument("--json", action="store_true", help="JSON instead of a table")
+    aud.set_defaults(command=_audit)
+    _extend(sub)
+    return parser
+
+
+def _extend(sub: Any) -> None:
+    """Add the BCP commands (gateway, approve, demo) when their modules are present."""
+    with contextlib.suppress(ImportError):
+        from peers.gateway.cli import add_commands
+
+        add_commands(sub)
+
+
+# serve
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = ServeConfig.load(args.config) if args.config else ServeConfig()
+    overrides = {
+        key: value
+        for key, value in {
+            "host": args.host,
+            "port": args.port,
+            "db": args.db,
+            "peers_file": args.peers_file,
+            "policy": args.policy,
+            "agents_dir": args.agents_dir,
+        }.items()
+        if value is not None
+    }
+    config = replace(config, **overrides)
+    if args.no_gateway:
+        config = replace(config, gateway=replace(config.gateway, enabled=False))
+    return asyncio.run(serve(config))
+
+
+async def serve(config: ServeConfig, *, ready: Callable[[Bus], None] | None = None) -> int:
+    """Run the bus until SIGINT or SIGTERM; flush the activity log before returning 0.
+
+    The first line on stdout is ``listening on ws://HOST:PORT``.
+    """
+    policy = Policy.load(config.policy) if config.policy else Policy.default()
+    credentials = Credentials.load(config.peers_file)
+    agents_dir = config.agents_dir or default_agents_dir()
+    identities = load_identities(agents_dir) if agents_dir is not None else {}
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with ActivityLog(config.db) as log:
+        async with Bus(
+            policy=policy,
+            credentials=credentials,
+            log=log,
+            identities=identities,
+            limits=config.limits,
+            server_id=config.server_id,
+        ) as bus:
+            await bus.start(config.host, config.port)
+            print(f"listening on {bus.url}", flush=True)
+            async with _gateway(bus, config, agents_dir):
+                if ready is not None:
+                    ready(bus)
+                await stop.wait()
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def _gateway(bus: Bus, config: ServeConfig, agents_dir: Path | None) -> Any:
+    """Run the in-process BCP gateway beside the bus, when it is enabled and installed."""
+    if not config.gateway.enabled or agents_dir is None:
+        yield None
+        return
+    try:
+        from peers.gateway.runner import run_beside
+    except ImportError:
+        yield None
+        return
+    async with run_beside(bus, config, agents_dir) as gateway:
+        yield gateway
+
+
+# peers
+
+
+def _peers_add(args: argparse.Namespace) -> int:
+    credentials = Credentials.load(args.peers_file)
+    roles = list(args.role)
+    if roles:
+        Policy.default().roles_for(args.client_id, roles)  # unknown role -> PolicyError
+    token = credentials.add(args.client_id, roles)
+    credentials.save(args.peers_file)
+    print(token)
+    print(
+        f"stored the hash for {args.client_id} in {args.peers_file}; the token above is not "
+        "kept anywhere, copy it now",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _peers_list(args: argparse.Namespace) -> int:
+    for record in Credentials.load(args.peers_file).records():
+        print(f"{record.client_id}\t{','.join(record.roles) or '-'}")
+    return 0
+
+
+def _peers_remove(args: argparse.Namespace) -> int:
+    credentials = Credentials.load(args.peers_file)
+    if not credentials.remove(args.client_id):
+        print(f"bcpbus: error: no credential for {args.client_id}", file=sys.stderr)
+        return 1
+    credentials.save(args.peers_file)
+    return 0
+
+
+# audit
+
+
+def _audit(args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]]
+    if args.bits:
+        rows = audit.bits_per_channel(args.db)
+    elif args.refusals:
+        rows = audit.refusals_per_reason(args.db)
+    elif args.query:
+        rows = audit.query_story(args.db, args.query)
+    else:
+        rows = audit.query_rows(
+            args.db,
+            message_id=args.message_id,
+            topic=args.topic,
+            actor=args.actor,
+            since=args.since,
+            until=args.until,
+            event=args.event,
+            limit=args.limit,
+        )
+    print(audit.to_json(rows) if args.json else audit.format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

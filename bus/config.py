@@ -1,0 +1,164 @@
+"""Configuration: the limits value object and the ``bcpbus serve --config`` YAML file.
+
+Every limit has a ``DEFAULT_*`` constant and a key in the config file's ``limits:`` section;
+``null`` in YAML (None in Python) turns a limit off where that is safe.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "DEFAULT_HANDSHAKE_TIMEOUT",
+    "DEFAULT_INITIALIZE_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_MAX_INFLIGHT_DELIVERIES",
+    "DEFAULT_MAX_SUBSCRIPTIONS",
+    "DEFAULT_PROCESS_TIMEOUT",
+    "ConfigError",
+    "GatewaySettings",
+    "Limits",
+    "ServeConfig",
+]
+
+DEFAULT_MAX_FRAME_BYTES = 1 << 20
+DEFAULT_MAX_CONNECTIONS = 20_000
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+DEFAULT_INITIALIZE_TIMEOUT = 10.0
+DEFAULT_MAX_SUBSCRIPTIONS = 100
+DEFAULT_MAX_INFLIGHT_DELIVERIES = 256
+DEFAULT_PROCESS_TIMEOUT = 30.0
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or has a bad key or value; the message names which."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one bus allows, each limit with its own clear error and log row when hit."""
+
+    # Limits
+    max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES
+    """Largest incoming text frame; a larger one closes the connection with 1009."""
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS
+    """Open connections; the handshake of one more is answered with HTTP 503."""
+    max_subscriptions: int | None = DEFAULT_MAX_SUBSCRIPTIONS
+    """Patterns per connection; one more ``subscribe`` gets -32005."""
+    max_inflight_deliveries: int | None = DEFAULT_MAX_INFLIGHT_DELIVERIES
+    """``processMessage`` calls awaiting one peer's answer; more wait for a slot within the
+    process timeout, then count as ``overloaded``."""
+    # Timeouts
+    handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
+    """Seconds for the WebSocket opening handshake."""
+    initialize_timeout: float | None = DEFAULT_INITIALIZE_TIMEOUT
+    """Seconds from connect to a successful ``initialize``; then close code 4002."""
+    process_timeout: float | None = DEFAULT_PROCESS_TIMEOUT
+    """Seconds one peer has to answer one ``processMessage``."""
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """How the in-process BCP gateway runs (``bcpbus serve``)."""
+
+    enabled: bool = True
+    query_ttl: float = 300.0
+    """Seconds a query may wait for a valid answer before it fails with ``timeout``."""
+    max_retries: int = 2
+    """Invalid answers a reader may send for one query before ``retries_exhausted``."""
+    approval_timeout: float = 600.0
+    """Seconds a human has to decide an approval; then it counts as rejected."""
+    outbox_ttl: float = 3600.0
+    """Seconds a subscription push waits for an offline controller before it expires."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``bcpbus serve`` needs; every field has a default that works with no setup."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    db: Path = Path("bcpbus.db")
+    peers_file: Path = Path("bcpbus-peers.yaml")
+    policy: Path | None = None
+    """None means the packaged default policy."""
+    agents_dir: Path | None = None
+    """None means ``./agents`` if it exists, else the packaged reference agents."""
+    server_id: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ServeConfig:
+        """Read a YAML config file; relative paths in it are relative to the file.
+
+        Raises:
+            ConfigError: the file is missing or not YAML, or a key is unknown or has a bad value.
+        """
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the config must be a mapping of keys to values")
+        return cls.from_mapping(data, base=path.parent, source=str(path))
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, base: Path, source: str) -> ServeConfig:
+        """Build a config from parsed YAML; see :meth:`load`."""
+        config = cls()
+        changes: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "limits":
+                changes[key] = _section(Limits, value, f"{source}: limits")
+            elif key == "gateway":
+                changes[key] = _section(GatewaySettings, value, f"{source}: gateway")
+            elif key in ("db", "peers_file", "policy", "agents_dir"):
+                changes[key] = None if value is None else base / str(value)
+            elif key in ("host", "server_id"):
+                changes[key] = _typed(value, str, f"{source}: {key}")
+            elif key == "port":
+                changes[key] = _typed(value, int, f"{source}: port")
+            else:
+                raise ConfigError(f"{source}: unknown key {key!r}")
+        return replace(config, **changes)
+
+
+def _section(cls: type[Any], value: Any, where: str) -> Any:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(known)})")
+        default = getattr(cls(), key)
+        kind = type(default) if default is not None else float
+        if item is None:
+            if key in ("enabled",):
+                raise ConfigError(f"{where}.{key}: must be true or false")
+            kwargs[key] = None
+            continue
+        if isinstance(item, bool) is not isinstance(default, bool) or not isinstance(
+            item, int | float
+        ):
+            raise ConfigError(f"{where}.{key}: expected a number, got {item!r}")
+        if item < 0:
+            raise ConfigError(f"{where}.{key}: must not be negative")
+        kwargs[key] = kind(item)
+    return cls(**kwargs)
+
+
+def _typed(value: Any, kind: type[Any], where: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value

@@ -1,0 +1,44 @@
+"""What the bus knows of a clientId beyond its credential: roles and taint from agent definitions.
+
+An agent with a controller channel holds the ``controller`` role, one with a reader channel the
+``reader`` role; its taint is its definition's (readers default to ``high``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.agents import load_agents
+from schemas.common import TaintLevel
+
+__all__ = ["PeerIdentity", "default_agents_dir", "load_identities"]
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """Roles and taint for one clientId, from its agent definition."""
+
+    roles: frozenset[str] = frozenset()
+    taint: TaintLevel | None = None
+
+
+def load_identities(directory: str | Path) -> dict[str, PeerIdentity]:
+    """Read the agent definitions in ``directory`` into identities for ``agent:<name>``.
+
+    Raises:
+        DefinitionError: a definition is inconsistent; the message names the file and field.
+    """
+    identities: dict[str, PeerIdentity] = {}
+    for name, agent in load_agents(directory).items():
+        roles = frozenset(channel.role for channel in agent.bcp_channels)
+        identities[f"agent:{name}"] = PeerIdentity(roles=roles, taint=agent.effective_taint)
+    return identities
+
+
+def default_agents_dir() -> Path | None:
+    """``./agents`` if it exists, else the reference agents beside the installed package."""
+    for candidate in (Path("agents"), Path(__file__).resolve().parent.parent / "agents"):
+        if candidate.is_dir():
+            return candidate
+    return None

@@ -1,0 +1,583 @@
+"""The bus: a websockets server that authenticates peers, authorizes and routes their messages.
+
+:class:`Bus` is the asyncio shell around the pure parts: :mod:`bus.protocol` parses frames,
+:mod:`bus.topics` finds subscribers, :mod:`bus.policy` decides, :mod:`bus.activity` records.
+Use it as an async context manager::
+
+    async with ActivityLog("bcpbus.db") as log:
+        async with Bus(policy=Policy.default(), credentials=creds, log=log) as bus:
+            await bus.start("127.0.0.1", 0)
+            print(bus.url)
+            await stop.wait()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
+
+from schemas.bus import InitializeParams, SendMessageParams, SubscribeParams
+
+from . import __version__
+from .activity import ActivityLog
+from .config import Limits
+from .connection import Connection, PeerGone
+from .credentials import Credentials
+from .errors import (
+    CLOSE_AUTH_FAILED,
+    CLOSE_INITIALIZE_TIMEOUT,
+    CLOSE_REPLACED,
+    AlreadyInitialized,
+    AuthenticationFailed,
+    BusError,
+    Forbidden,
+    InvalidParams,
+    LimitExceeded,
+    MethodNotFound,
+    NotInitialized,
+    ShuttingDown,
+    SubscriptionNotFound,
+)
+from .identities import PeerIdentity
+from .policy import Grants, Policy, PolicyError, may_flow
+from .protocol import Request
+from .topics import SubscriptionIndex, validate_pattern, validate_topic
+
+__all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
+
+logger = logging.getLogger("bus.server")
+
+M = TypeVar("M", bound=BaseModel)
+
+BUS_CLIENT_ID = "system:bus"
+"""The ``from`` of messages the bus itself sends (presence events)."""
+PRESENCE_TOPIC = "system:presence"
+
+
+class Bus:
+    """A running JSON-RPC message bus.
+
+    Args:
+        policy: the authorization policy in force on every request.
+        credentials: the token hashes peers authenticate against.
+        log: the activity log; the caller opens and closes it.
+        identities: roles and taint per clientId from agent definitions.
+        limits: the configurable limits.
+        server_id: the ``serverId`` sent in ``initialize`` results; random by default.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        credentials: Credentials,
+        log: ActivityLog,
+        identities: Mapping[str, PeerIdentity] | None = None,
+        limits: Limits | None = None,
+        server_id: str | None = None,
+    ) -> None:
+        self.policy = policy
+        self.credentials = credentials
+        self.log = log
+        self.identities = dict(identities or {})
+        self.limits = limits or Limits()
+        self.server_id = server_id or f"bus-{secrets.token_hex(4)}"
+        self.peers: dict[str, Connection] = {}
+        """Initialized connections by clientId."""
+        self._connections: set[Connection] = set()
+        self._index: SubscriptionIndex[Connection] = SubscriptionIndex()
+        self._server: Server | None = None
+        self._closing = False
+        self._presence: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._presence_task: asyncio.Task[None] | None = None
+        self._methods = {
+            "subscribe": self._subscribe,
+            "unsubscribe": self._unsubscribe,
+            "sendMessage": self._send_message,
+            "ping": self._ping,
+        }
+
+    # Lifecycle
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port`` (0 picks a free port; read it back from :attr:`port`)."""
+        limits = self.limits
+        self._server = await serve(
+            self._handle_connection,
+            host,
+            port,
+            process_request=self._process_request,
+            max_size=limits.max_frame_bytes,
+            open_timeout=limits.handshake_timeout,
+            compression=None,
+        )
+        self._presence_task = asyncio.create_task(self._presence_loop())
+        logger.info("listening on %s", self.url)
+
+    @property
+    def port(self) -> int:
+        """The port the bus listens on."""
+        if self._server is None:
+            raise RuntimeError("the bus is not started")
+        port: int = next(iter(self._server.sockets)).getsockname()[1]
+        return port
+
+    @property
+    def host(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the bus is not started")
+        host: str = next(iter(self._server.sockets)).getsockname()[0]
+        return host
+
+    @property
+    def url(self) -> str:
+        """``ws://host:port`` of the listening socket."""
+        return f"ws://{self.host}:{self.port}"
+
+    async def close(self) -> None:
+        """Stop accepting, close every connection (1001), wait for their handlers. Idempotent.
+
+        The activity log stays open: its owner closes it, which flushes it.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close(close_connections=True)
+            await self._server.wait_closed()
+        if self._presence_task is not None:
+            self._presence_task.cancel()
+            try:
+                await self._presence_task
+            except asyncio.CancelledError:
+                pass
+        self.log.record("shutdown", actor=BUS_CLIENT_ID)
+        logger.info("closed")
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # Connections
+
+    def _process_request(self, ws: ServerConnection, request: HTTPRequest) -> HTTPResponse | None:
+        if request.path == "/healthz":
+            return ws.respond(HTTPStatus.OK, "ok\n")
+        limit = self.limits.max_connections
+        if limit is not None and len(self._connections) >= limit:
+            self.log.record("limit_exceeded", status="max_connections", error=str(limit))
+            return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
+        return None
+
+    async def _handle_connection(self, ws: ServerConnection) -> None:
+        conn = Connection(
+            ws,
+            self._handle_request,
+            max_inflight=self.limits.max_inflight_deliveries,
+            on_protocol_error=self._protocol_error,
+        )
+        self._connections.add(conn)
+        self.log.record("connect", actor=str(ws.remote_address))
+        watchdog = asyncio.create_task(self._initialize_watchdog(conn))
+        try:
+            await conn.run()
+        except ConnectionClosed as exc:
+            if exc.sent is not None and exc.sent.code == 1009:
+                self.log.record(
+                    "frame_too_large", actor=conn.name, error=f"limit {self.limits.max_frame_bytes}"
+                )
+        finally:
+            watchdog.cancel()
+            self._connections.discard(conn)
+            self._forget(conn)
+            await conn.drain_tasks()
+
+    async def _initialize_watchdog(self, conn: Connection) -> None:
+        timeout = self.limits.initialize_timeout
+        if timeout is None:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await conn.initialized.wait()
+        except TimeoutError:
+            self.log.record("initialize_timeout", actor=conn.name, error=f"{timeout}s")
+            await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
+
+    def _forget(self, conn: Connection) -> None:
+        for pattern in conn.subscriptions:
+            self._index.discard(pattern, conn)
+        conn.subscriptions.clear()
+        if conn.client_id is None:
+            return
+        if conn.replaced:
+            return  # The takeover already logged it and announced the departure.
+        if self.peers.get(conn.client_id) is conn:
+            del self.peers[conn.client_id]
+        self.log.record("disconnect", actor=conn.client_id, status=str(conn.ws.close_code))
+        self._announce("peer_left", conn.client_id, reason="disconnected")
+
+    # Requests
+
+    async def _handle_request(self, conn: Connection, request: Request) -> Any:
+        try:
+            return await self._dispatch(conn, request)
+        except BusError as exc:
+            # Every error answer has its row, committed before the peer reads the answer.
+            self.log.record(
+                "rpc_error",
+                rpc_id=_rpc_id(request),
+                actor=conn.name,
+                status=str(exc.code),
+                payload={"method": request.method[:64]},
+                error=exc.message,
+            )
+            with contextlib.suppress(BusError):
+                await self.log.commit()
+            raise
+
+    async def _dispatch(self, conn: Connection, request: Request) -> Any:
+        if self._closing:
+            raise ShuttingDown()
+        if request.method == "initialize":
+            return await self._initialize(conn, request)
+        if conn.client_id is None:
+            raise NotInitialized()
+        method = self._methods.get(request.method)
+        if method is None:
+            raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
+        return await method(conn, request)
+
+    def _protocol_error(self, conn: Connection, error: BusError) -> None:
+        self.log.record("rpc_error", actor=conn.name, status=str(error.code), error=error.message)
+
+    async def _initialize(self, conn: Connection, request: Request) -> Any:
+        if conn.client_id is not None:
+            raise AlreadyInitialized()
+        params = _parse(InitializeParams, request.params)
+        client_id = params.client_id
+        token = params.auth.token if params.auth is not None else _bearer(conn.ws)
+        record = self.credentials.verify(client_id, token)
+        if record is None:
+            self.log.record(
+                "auth_failed",
+                rpc_id=_rpc_id(request),
+                actor=client_id,
+                status="refused",
+                error="unknown clientId or wrong token" if token else "no credential",
+            )
+            await self.log.commit()
+            conn.close_after_answer = (CLOSE_AUTH_FAILED, "authentication failed")
+            raise AuthenticationFailed()
+        identity = self.identities.get(client_id, PeerIdentity())
+        try:
+            roles = self.policy.roles_for(client_id, (*record.roles, *identity.roles))
+            grants = self.policy.grants(client_id, roles, taint=identity.taint)
+        except (PolicyError, ValueError) as exc:
+            # A credential whose roles the policy does not allow (e.g. the gateway role for a
+            # peer that is not a gateway member): refuse, and tell the operator why in the log.
+            self.log.record(
+                "auth_failed",
+                rpc_id=_rpc_id(request),
+                actor=client_id,
+                status="policy",
+                error=str(exc),
+            )
+            conn.close_after_answer = (CLOSE_AUTH_FAILED, "authentication failed")
+            raise AuthenticationFailed(
+                "Authentication failed: this clientId's roles are not allowed by the policy"
+            ) from None
+        self._take_over(client_id)
+        conn.client_id = client_id
+        conn.grants = grants
+        self.peers[client_id] = conn
+        conn.initialized.set()
+        self.log.record(
+            "initialize",
+            rpc_id=_rpc_id(request),
+            actor=client_id,
+            status="ok",
+            payload={"roles": sorted(roles), "taint": grants.taint},
+        )
+        self._announce("peer_joined", client_id, roles=sorted(roles))
+        return {
+            "serverId": self.server_id,
+            "serverInfo": {"name": "bcpbus", "version": __version__},
+            "capabilities": {
+                "subscribe": True,
+                "publish": True,
+                "processMessage": True,
+                "topics": list(grants.subscribe_patterns),
+            },
+        }
+
+    def _take_over(self, client_id: str) -> None:
+        old = self.peers.pop(client_id, None)
+        if old is None:
+            return
+        old.replaced = True
+        for pattern in old.subscriptions:
+            self._index.discard(pattern, old)
+        old.subscriptions.clear()
+        self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))
+        self._announce("peer_left", client_id, reason="replaced")
+        old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
+
+    async def _subscribe(self, conn: Connection, request: Request) -> Any:
+        pattern = validate_pattern(_parse(SubscribeParams, request.params).topic)
+        grants = _grants(conn)
+        if not grants.may_subscribe(pattern):
+            self._refuse(conn, request, "subscribe_denied", topic=pattern)
+            raise Forbidden(f"{conn.client_id} may not subscribe to {pattern!r}")
+        if pattern not in conn.subscriptions:
+            limit = self.limits.max_subscriptions
+            if limit is not None and len(conn.subscriptions) >= limit:
+                self.log.record(
+                    "limit_exceeded",
+                    rpc_id=_rpc_id(request),
+                    actor=conn.client_id,
+                    topic=pattern,
+                    status="max_subscriptions",
+                )
+                raise LimitExceeded(f"at most {limit} subscriptions per connection")
+            conn.subscriptions.add(pattern)
+            self._index.add(pattern, conn)
+            self.log.record(
+                "subscribe", rpc_id=_rpc_id(request), actor=conn.client_id, topic=pattern
+            )
+        return {"success": True}
+
+    async def _unsubscribe(self, conn: Connection, request: Request) -> Any:
+        pattern = _parse(SubscribeParams, request.params).topic
+        if pattern not in conn.subscriptions:
+            raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
+        conn.subscriptions.discard(pattern)
+        self._index.discard(pattern, conn)
+        self.log.record("unsubscribe", rpc_id=_rpc_id(request), actor=conn.client_id, topic=pattern)
+        return {"success": True}
+
+    async def _ping(self, conn: Connection, request: Request) -> Any:
+        return {"pong": True, "serverTime": _now()}
+
+    def _refuse(
+        self,
+        conn: Connection,
+        request: Request,
+        reason: str,
+        *,
+        topic: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        self.log.record(
+            "refused",
+            message_id=message_id,
+            rpc_id=_rpc_id(request),
+            actor=conn.client_id,
+            topic=topic,
+            status=reason,
+        )
+        logger.info("refused %s from %s: %s", request.method, conn.client_id, reason)
+
+    # Publishing
+
+    async def _send_message(self, conn: Connection, request: Request) -> Any:
+        params = _parse(SendMessageParams, request.params)
+        payload = params.payload
+        topic = validate_topic(params.topic)
+        grants = _grants(conn)
+        if payload.from_ != conn.client_id:
+            self._refuse(conn, request, "from_mismatch", topic=topic, message_id=payload.message_id)
+            raise Forbidden(
+                f"payload.from is {payload.from_!r} but this connection is {conn.client_id!r}"
+            )
+        if not grants.may_send(payload.type, topic):
+            self._refuse(conn, request, "type_denied", topic=topic, message_id=payload.message_id)
+            raise Forbidden(
+                f"{conn.client_id} (roles: {', '.join(sorted(grants.roles)) or 'none'}) may not "
+                f"send {payload.type!r} to {topic!r}"
+            )
+        assert isinstance(request.params, dict)  # _parse accepted it as an object
+        delivered = await self.publish(
+            topic,
+            request.params["payload"],
+            payload.message_id,
+            payload.type,
+            sender=conn,
+            rpc_id=_rpc_id(request),
+        )
+        return {"accepted": True, "messageId": payload.message_id, "deliveredTo": delivered}
+
+    async def publish(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Connection | None,
+        rpc_id: str | None = None,
+    ) -> int:
+        """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
+        answered ``processed: true``.
+
+        The rows are committed before this returns; BCP traffic (a ``bcp_`` type or a ``bcp:``
+        topic) is not delivered until its ``send_start`` row is committed.
+
+        Raises:
+            AuditUnavailable: the activity log could not commit.
+        """
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        grants = sender.grants if sender is not None else None
+        log = self.log
+        log.record(
+            "send_start",
+            message_id=message_id,
+            rpc_id=rpc_id,
+            actor=actor,
+            topic=topic,
+            payload={"type": message_type},
+        )
+        targets: list[Connection] = []
+        for target in self._index.match(topic):
+            if target is sender or target.grants is None:
+                continue
+            if grants is not None and not may_flow(grants, target.grants):
+                log.record(
+                    "taint_refused",
+                    message_id=message_id,
+                    actor=target.client_id,
+                    topic=topic,
+                    status=f"{grants.taint}->{target.grants.taint}",
+                )
+                continue
+            log.record("process_start", message_id=message_id, actor=target.client_id, topic=topic)
+            targets.append(target)
+        if message_type.startswith("bcp_") or topic.startswith("bcp:"):
+            # Fail closed: BCP traffic is never delivered without its audit row.
+            await log.commit()
+        params = {"topic": topic, "payload": payload}
+        if len(targets) == 1:
+            results = [await self._deliver(targets[0], params, message_id, topic)]
+        else:
+            results = await asyncio.gather(
+                *(self._deliver(target, params, message_id, topic) for target in targets)
+            )
+        delivered = sum(results)
+        log.record(
+            "send_finish",
+            message_id=message_id,
+            rpc_id=rpc_id,
+            actor=actor,
+            topic=topic,
+            status=f"delivered {delivered}/{len(targets)}",
+        )
+        await log.commit()
+        return delivered
+
+    async def _deliver(
+        self, target: Connection, params: dict[str, Any], message_id: str, topic: str
+    ) -> bool:
+        status, error = "processed", None
+        try:
+            async with asyncio.timeout(self.limits.process_timeout):
+                if target.inflight is not None:
+                    async with target.inflight:
+                        result = await target.call("processMessage", params)
+                else:
+                    result = await target.call("processMessage", params)
+            if not (isinstance(result, dict) and result.get("processed") is True):
+                status = "not_processed"
+                error = _reply_text(result)
+        except TimeoutError:
+            status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
+        except PeerGone:
+            status, error = "disconnected", None
+        except BusError as exc:
+            status, error = "error", str(exc)
+        self.log.record(
+            "process_finish",
+            message_id=message_id,
+            actor=target.client_id,
+            topic=topic,
+            status=status,
+            error=error,
+        )
+        return status == "processed"
+
+    # Presence
+
+    def _announce(self, event: str, client_id: str, **details: Any) -> None:
+        self._presence.put_nowait((event, {"clientId": client_id, **details}))
+
+    async def _presence_loop(self) -> None:
+        # One task, one event at a time: subscribers see joins and departures in order.
+        while True:
+            event, content = await self._presence.get()
+            payload: dict[str, Any] = {
+                "messageId": f"presence-{uuid.uuid4().hex}",
+                "type": event,
+                "from": BUS_CLIENT_ID,
+                "timestamp": _now(),
+                "content": content,
+            }
+            try:
+                await self.publish(
+                    PRESENCE_TOPIC, payload, payload["messageId"], event, sender=None
+                )
+            except BusError:
+                logger.exception("could not announce %s of %s", event, content["clientId"])
+
+
+def _parse(model: type[M], params: Any) -> M:
+    if not isinstance(params, dict):
+        raise InvalidParams("Invalid params: params must be an object")
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "params"
+        raise InvalidParams(
+            f"Invalid params: {where}: {first['msg']}",
+            data=[
+                {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]} for e in exc.errors()
+            ],
+        ) from None
+
+
+def _grants(conn: Connection) -> Grants:
+    assert conn.grants is not None  # set together with client_id by initialize
+    return conn.grants
+
+
+def _bearer(ws: ServerConnection) -> str | None:
+    header = ws.request.headers.get("Authorization") if ws.request is not None else None
+    if header and header[:7].lower() == "bearer ":
+        return header[7:].strip() or None
+    return None
+
+
+def _rpc_id(request: Request) -> str | None:
+    return None if request.id is None else str(request.id)
+
+
+def _reply_text(result: Any) -> str:
+    if isinstance(result, dict):
+        return f"{result.get('status', '')}: {result.get('message', '')}"[:200]
+    return "malformed processMessage result"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

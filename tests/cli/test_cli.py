@@ -1,0 +1,144 @@
+"""The bcpbus command through real subprocesses: serve, peers, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from bus.errors import AuthenticationFailed
+from peers import Peer
+from peers.testing import Inbox, scaled
+
+# The installed console script, from the same environment as the tests.
+BCPBUS = [str(Path(sys.executable).with_name("bcpbus"))]
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*BCPBUS, *args], cwd=cwd, capture_output=True, text=True, timeout=scaled(60)
+    )
+
+
+@asynccontextmanager
+async def serving(cwd: Path, *args: str) -> AsyncIterator[str]:
+    """Start `bcpbus serve --port 0` in cwd; yield its URL; SIGTERM it on exit."""
+    process = await asyncio.create_subprocess_exec(
+        *BCPBUS,
+        "serve",
+        "--port",
+        "0",
+        *args,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(scaled(30)):
+            line = (await process.stdout.readline()).decode().strip()
+        assert line.startswith("listening on ws://"), line
+        yield line.removeprefix("listening on ")
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(scaled(30)):
+            code = await process.wait()
+        assert code == 0, (await process.stderr.read()).decode()  # type: ignore[union-attr]
+
+
+def test_peers_add_prints_a_token_once_and_stores_only_its_hash(tmp_path):
+    """`peers add` prints the token on stdout; the file holds a hash, never the token."""
+    result = run("peers", "add", "agent:w1", "--role", "agent", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    token = result.stdout.strip()
+    assert len(token) >= 40
+    stored = (tmp_path / "bcpbus-peers.yaml").read_text()
+    assert token not in stored and "sha256:" in stored
+    assert (tmp_path / "bcpbus-peers.yaml").stat().st_mode & 0o777 == 0o600
+    listed = run("peers", "list", cwd=tmp_path)
+    assert listed.stdout.strip() == "agent:w1\tagent"
+
+
+def test_peers_add_refuses_an_unknown_role_and_a_bad_id(tmp_path):
+    """An unknown role or a malformed clientId is an error with exit code 2."""
+    assert run("peers", "add", "agent:w1", "--role", "wizard", cwd=tmp_path).returncode == 2
+    bad = run("peers", "add", "agent:*", cwd=tmp_path)
+    assert bad.returncode == 2 and "error" in bad.stderr
+
+
+def test_peers_remove(tmp_path):
+    """`peers remove` deletes a credential; removing it again fails."""
+    run("peers", "add", "tg:1", cwd=tmp_path)
+    assert run("peers", "remove", "tg:1", cwd=tmp_path).returncode == 0
+    assert run("peers", "remove", "tg:1", cwd=tmp_path).returncode == 1
+
+
+def test_broken_policy_stops_serve(tmp_path):
+    """An empty policy file stops the bus at start with a clear error, never allows all."""
+    (tmp_path / "policy.yaml").write_text("")
+    result = run("serve", "--port", "0", "--policy", "policy.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "policy.yaml" in result.stderr
+
+
+def test_bad_config_key_stops_serve(tmp_path):
+    """A typo in the config file is an error naming the key."""
+    (tmp_path / "bcpbus.yaml").write_text("limits:\n  max_frame_byte: 10\n")
+    result = run("serve", "--config", "bcpbus.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "max_frame_byte" in result.stderr
+
+
+def test_audit_of_a_missing_db_is_a_clear_error(tmp_path):
+    """`audit` on a missing file says which file."""
+    result = run("audit", "--db", "nope.db", cwd=tmp_path)
+    assert result.returncode == 2 and "nope.db" in result.stderr
+
+
+async def test_serve_two_peers_and_audit(tmp_path):
+    """The quickstart: serve, two peers exchange a message, audit shows its rows."""
+    w1 = run("peers", "add", "agent:w1", cwd=tmp_path).stdout.strip()
+    tg = run("peers", "add", "tg:7", cwd=tmp_path).stdout.strip()
+    async with serving(tmp_path, "--no-gateway") as url:
+        inbox = Inbox()
+        async with Peer(url, "agent:w1", w1) as agent, Peer(url, "tg:7", tg) as chat:
+            agent.handle(None, inbox)
+            await agent.subscribe("agent:w1")
+            result = await chat.send("agent:w1", "tg_message", {"text": "hi"}, message_id="cli-1")
+            assert result["deliveredTo"] == 1
+        with pytest.raises(AuthenticationFailed):
+            await Peer(url, "agent:w1", "not-the-token", reconnect=False).connect()
+    # After SIGTERM the log is flushed; audit reads it back.
+    rows = json.loads(run("audit", "--message-id", "cli-1", "--json", cwd=tmp_path).stdout)
+    assert [row["event"] for row in rows] == [
+        "send_start",
+        "process_start",
+        "process_finish",
+        "send_finish",
+    ]
+    table = run("audit", "--topic", "agent:*", "--event", "send_finish", cwd=tmp_path).stdout
+    assert "cli-1" in table
+    refused = json.loads(run("audit", "--event", "auth_failed", "--json", cwd=tmp_path).stdout)
+    assert refused and refused[0]["actor"] == "agent:w1"
+
+
+async def test_serve_answers_healthz_and_flushes_on_sigterm(tmp_path):
+    """SIGTERM exits 0 and the shutdown row is in the log."""
+    async with serving(tmp_path, "--no-gateway") as url:
+        host_port = url.removeprefix("ws://")
+        reader, writer = await asyncio.open_connection(*host_port.rsplit(":", 1))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(scaled(10)):
+            status = await reader.readline()
+        writer.close()
+        assert b"200" in status
+    rows = json.loads(run("audit", "--event", "shutdown", "--json", cwd=tmp_path).stdout)
+    assert len(rows) == 1
