@@ -1,0 +1,311 @@
+"""BCP for agent peers: the controller asks and receives, the reader answers and publishes.
+
+::
+
+    controller = Controller(Peer(url, "agent:main", token))
+    await controller.start()
+    delivery = await controller.ask("researcher", {"category": 1, "fields": [...]})
+    delivery["response"]          # validated, normalized; delivery["bandwidth_bits"], ["taint"]
+
+    reader = Reader(Peer(url, "agent:researcher", token))
+    @reader.on_query
+    async def answer(query: dict) -> dict:
+        return {"has_pricing": True}
+    await reader.start()
+    verdict = await reader.publish("research-alerts", "main", {...})   # bcp_validation_result
+
+Both wrap a :class:`~peers.client.Peer` and subscribe it to its own ``agent:<name>`` topic. The
+gateway is the other end of every exchange; these classes never talk to each other directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .client import Message, Peer, Reply
+
+__all__ = ["Controller", "DeliveryHandler", "QueryFailed", "QueryHandler", "Reader"]
+
+logger = logging.getLogger("peers.bcp")
+
+DeliveryHandler = Callable[[dict[str, Any]], Awaitable[None]]
+"""Receives every ``bcp_response_delivery`` content: a query's (``query_id``) or a push's
+(``subscription_id``)."""
+
+QueryHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+"""Receives a ``bcp_query`` content; returns the ``response`` object, or None not to answer."""
+
+
+class QueryFailed(Exception):
+    """The gateway ended a query without a delivery: refused, expired, rejected...
+
+    Attributes:
+        query_id: the query.
+        reason: the reason code (``budget_exhausted``, ``timeout``, ...; see docs/bcp.md).
+        detail: what a person can act on.
+    """
+
+    def __init__(self, query_id: str, reason: str, detail: str = "") -> None:
+        super().__init__(f"query {query_id} failed: {reason}: {detail}")
+        self.query_id = query_id
+        self.reason = reason
+        self.detail = detail
+
+
+def _name(peer: Peer) -> str:
+    prefix, _, name = peer.client_id.partition(":")
+    if prefix != "agent" or not name:
+        raise ValueError(f"BCP agents are agent:<name>, not {peer.client_id!r}")
+    return name
+
+
+class Controller:
+    """The controller side of BCP over one peer.
+
+    Args:
+        peer: an unconnected :class:`Peer` whose clientId is ``agent:<name>``.
+    """
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.name = _name(peer)
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._on_delivery: DeliveryHandler | None = None
+        peer.handle("bcp_response_delivery", self._delivered)
+        peer.handle("bcp_query_failed", self._failed)
+
+    def on_delivery(self, handler: DeliveryHandler) -> DeliveryHandler:
+        """Register the one handler for deliveries that no :meth:`ask` is waiting for: pushes,
+        and answers to queries sent with :meth:`send_query`. Tell them apart by
+        ``"subscription_id" in content``."""
+        self._on_delivery = handler
+        return handler
+
+    async def start(self) -> None:
+        """Connect and subscribe to ``agent:<name>``."""
+        await self.peer.connect()
+        await self.peer.subscribe(f"agent:{self.name}")
+
+    async def close(self) -> None:
+        await self.peer.close()
+
+    async def send_query(
+        self,
+        reader: str,
+        spec: dict[str, Any],
+        *,
+        query_id: str | None = None,
+        task_id: str | None = None,
+        escalation_justification: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """Send a ``bcp_query_request``; return the query id and the bus's send result.
+
+        The answer arrives at the :meth:`on_delivery` handler, a failure as
+        :class:`QueryFailed` from :meth:`ask` only; prefer :meth:`ask`.
+        """
+        query_id = query_id or f"q-{uuid.uuid4().hex[:12]}"
+        content: dict[str, Any] = {"query_id": query_id, **spec}
+        if task_id is not None:
+            content["task_id"] = task_id
+        if escalation_justification is not None:
+            content["escalation_justification"] = escalation_justification
+        result = await self.peer.send(f"bcp:{self.name}:{reader}", "bcp_query_request", content)
+        return query_id, result
+
+    async def ask(
+        self,
+        reader: str,
+        spec: dict[str, Any],
+        *,
+        query_id: str | None = None,
+        task_id: str | None = None,
+        escalation_justification: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the wait spans several messages
+    ) -> dict[str, Any]:
+        """Ask ``reader`` a question and wait for the validated answer.
+
+        Args:
+            reader: the reader agent's name (``researcher``).
+            spec: ``{"category": 1, "fields": [...]}``, ``{"category": 2, "questions": [...]}``
+                or ``{"category": 3, "directive": ..., "max_words": N}``.
+            timeout: seconds to wait for the delivery; None waits until the gateway ends the
+                query (it always does: delivery, failure or expiry).
+
+        Returns:
+            The ``bcp_response_delivery`` content: ``response``, ``bandwidth_bits``, ``taint``...
+
+        Raises:
+            QueryFailed: refused at once, expired, retries exhausted, approval rejected...
+        """
+        query_id = query_id or f"q-{uuid.uuid4().hex[:12]}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[query_id] = future
+        try:
+            _, result = await self.send_query(
+                reader,
+                spec,
+                query_id=query_id,
+                task_id=task_id,
+                escalation_justification=escalation_justification,
+            )
+            if result.get("deliveredTo", 0) == 0 and not future.done():
+                # The gateway answers a refusal with bcp_query_failed before it acknowledges;
+                # no failure and no acknowledgement means no gateway took the query at all.
+                raise QueryFailed(query_id, "gateway_unavailable", "no gateway took the query")
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            self._waiting.pop(query_id, None)
+
+    async def _delivered(self, message: Message) -> Reply:
+        content = message.content
+        future = self._waiting.get(str(content.get("query_id")))
+        if future is not None and not future.done():
+            future.set_result(content)
+        elif self._on_delivery is not None:
+            await self._on_delivery(content)
+        return Reply(True)
+
+    async def _failed(self, message: Message) -> Reply:
+        content = message.content
+        query_id = str(content.get("query_id"))
+        failure = QueryFailed(query_id, str(content.get("error")), str(content.get("detail", "")))
+        future = self._waiting.get(query_id)
+        if future is not None and not future.done():
+            future.set_exception(failure)
+        else:
+            logger.info("%s", failure)
+        return Reply(True)
+
+
+class Reader:
+    """The reader side of BCP over one peer.
+
+    Args:
+        peer: an unconnected :class:`Peer` whose clientId is ``agent:<name>``.
+    """
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.name = _name(peer)
+        self.subscriptions: list[dict[str, Any]] = []
+        """The latest ``bcp_subscriptions_active`` list: what this reader may publish."""
+        self.subscriptions_received = asyncio.Event()
+        self.results: list[dict[str, Any]] = []
+        """Every ``bcp_validation_result`` received, in order."""
+        self._results: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._on_query: QueryHandler | None = None
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        peer.handle("bcp_query", self._query)
+        peer.handle("bcp_subscriptions_active", self._subscriptions)
+        peer.handle("bcp_validation_result", self._result)
+
+    def on_query(self, handler: QueryHandler) -> QueryHandler:
+        """Register the coroutine that answers ``bcp_query``; it runs after the query is
+        acknowledged, and its return value is sent with :meth:`answer`."""
+        self._on_query = handler
+        return handler
+
+    async def start(self) -> None:
+        """Connect and subscribe to ``agent:<name>``."""
+        await self.peer.connect()
+        await self.peer.subscribe(f"agent:{self.name}")
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5)
+        await self.peer.close()
+
+    async def answer(
+        self,
+        controller: str,
+        query_id: str,
+        response: Any,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait spans several messages
+    ) -> dict[str, Any]:
+        """Send a ``bcp_response`` to a query; return the gateway's ``bcp_validation_result``.
+
+        ``success`` false means the answer was refused: ``error`` and ``reasons`` say why, and
+        ``retries_left`` how many more tries the query allows.
+        """
+        content = {"query_id": query_id, "response": response}
+        return await self._respond(controller, content, timeout)
+
+    async def publish(
+        self,
+        subscription_id: str,
+        controller: str,
+        response: Any,
+        *,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait spans several messages
+    ) -> dict[str, Any]:
+        """Push data on a subscription; return the gateway's ``bcp_validation_result``."""
+        content = {
+            "subscription_id": subscription_id,
+            "controller": controller,
+            "response": response,
+        }
+        return await self._respond(controller, content, timeout)
+
+    async def _respond(
+        self,
+        controller: str,
+        content: dict[str, Any],
+        timeout: float | None,  # noqa: ASYNC109 - the wait spans several messages
+    ) -> dict[str, Any]:
+        message_id = uuid.uuid4().hex
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[message_id] = future
+        try:
+            await self.peer.send(
+                f"bcp:{controller}:{self.name}", "bcp_response", content, message_id=message_id
+            )
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            self._waiting.pop(message_id, None)
+
+    async def _query(self, message: Message) -> Reply:
+        if self._on_query is None:
+            return Reply(False, "no_handler", "this reader answers no queries")
+        task = asyncio.create_task(self._answer_query(message.content))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return Reply(True, "taken")
+
+    async def _answer_query(self, query: dict[str, Any]) -> None:
+        assert self._on_query is not None
+        try:
+            response = await self._on_query(query)
+            if response is not None:
+                await self.answer(str(query["controller"]), str(query["query_id"]), response)
+        except Exception:
+            logger.exception("%s: answering %s failed", self.peer.client_id, query.get("query_id"))
+
+    async def _subscriptions(self, message: Message) -> Reply:
+        self.subscriptions = list(message.content.get("subscriptions", []))
+        self.subscriptions_received.set()
+        return Reply(True)
+
+    async def next_result(self) -> dict[str, Any]:
+        """Wait for the next ``bcp_validation_result`` (put a timeout around it).
+
+        Useful for answers sent by the :meth:`on_query` handler and for verdicts that come
+        later, such as ``approval_rejected`` or ``controller_unavailable`` on a push.
+        """
+        return await self._results.get()
+
+    async def _result(self, message: Message) -> Reply:
+        self.results.append(message.content)
+        self._results.put_nowait(message.content)
+        correlation = message.payload.get("correlationId")
+        future = self._waiting.get(str(correlation))
+        if future is not None and not future.done():
+            future.set_result(message.content)
+        return Reply(True)

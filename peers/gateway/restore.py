@@ -1,0 +1,120 @@
+"""Rebuild the gateway's state from the activity log when it starts.
+
+The log is the gateway's one durable record (see :mod:`peers.gateway.state`): bits charged
+since each channel's last ``bcp_budget_reset``, the categories each task reached, the query ids
+used, recent pushes for rate limits, and deliveries still held for offline controllers. Queries
+and approvals that were pending when the gateway stopped are returned so the gateway can fail
+them: a controller is never left waiting in silence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .gateway import Gateway, Held
+
+__all__ = ["Orphans", "restore"]
+
+
+@dataclass
+class Orphans:
+    """What was in flight when the gateway last stopped."""
+
+    queries: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(controller, reader, query_id)`` accepted but never answered, failed or expired."""
+    approvals: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(controller, reader, approval_id)`` requested but never decided."""
+
+
+def restore(gateway: Gateway, db: str | Path) -> Orphans:
+    """Load the gateway's budgets, tasks, rates and outbox from the log at ``db``.
+
+    Call it inside the running event loop before :meth:`Gateway.start`; then pass the result
+    to :meth:`Gateway.settle`. A database without the table (a first start) restores nothing.
+    """
+    orphans = Orphans()
+    if not Path(db).exists():
+        return orphans
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        if not conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='activity_log'"
+        ).fetchone():
+            return orphans
+        rows = conn.execute(
+            "SELECT ts, event, status, payload_json FROM activity_log WHERE event IN ("
+            "'bcp_budget_reset','bcp_bits_charged','bcp_query_accepted','bcp_query_failed',"
+            "'bcp_delivered','bcp_expired','bcp_held','bcp_approval_requested',"
+            "'bcp_approval_decided') ORDER BY id"
+        ).fetchall()
+    open_queries: dict[tuple[str, str], str] = {}
+    open_approvals: dict[str, str] = {}
+    held: dict[str, dict[str, Any]] = {}
+    for ts, event, _status, payload_json in rows:
+        payload = json.loads(payload_json or "{}")
+        key = _channel_key(payload.get("channel"))
+        if key is None or key not in gateway.channels:
+            continue
+        query_id = payload.get("query_id")
+        if event == "bcp_budget_reset":
+            gateway.ledger.reset(key)
+        elif event == "bcp_bits_charged":
+            bits = float(payload.get("bits", 0))
+            cat2 = payload.get("category") == 2 and query_id is not None
+            if bits >= 0:
+                gateway.ledger.charge(key, bits, cat2=cat2)
+            else:
+                gateway.ledger.refund(key, -bits, cat2=cat2)
+            sid = payload.get("subscription_id")
+            if sid is not None and bits > 0:
+                gateway.rates.record((*key, sid), _epoch(ts))
+        elif event == "bcp_query_accepted":
+            gateway.tasks.record(key, payload.get("task_id"), int(payload.get("category", 1)))
+            gateway.used_query_ids.add((key[0], query_id))
+            open_queries[(key[0], query_id)] = key[1]
+        elif event in ("bcp_query_failed", "bcp_delivered", "bcp_expired", "bcp_held"):
+            if query_id is not None:
+                open_queries.pop((key[0], query_id), None)
+            hold_id = payload.get("hold_id")
+            if event == "bcp_held":
+                held[hold_id] = {**payload, "ts": ts}
+            elif hold_id is not None:
+                held.pop(hold_id, None)
+        elif event == "bcp_approval_requested":
+            open_approvals[payload["approval_id"]] = f"{key[0]}:{key[1]}"
+        elif event == "bcp_approval_decided":
+            open_approvals.pop(payload.get("approval_id"), None)
+    orphans.queries = [(c, r, q) for (c, q), r in open_queries.items()]
+    for approval_id, pair in open_approvals.items():
+        controller, reader = pair.split(":", 1)
+        orphans.approvals.append((controller, reader, approval_id))
+    for hold_id, payload in held.items():
+        controller, reader = _channel_key(payload["channel"]) or ("", "")
+        gateway.keep(
+            Held(
+                hold_id=hold_id,
+                controller=controller,
+                content=payload["held"],
+                expires_at=_epoch(payload["expires_at"]),
+                reader=reader,
+            )
+        )
+    return orphans
+
+
+def _channel_key(topic: Any) -> tuple[str, str] | None:
+    if not isinstance(topic, str):
+        return None
+    parts = topic.split(":")
+    if len(parts) != 3 or parts[0] != "bcp":
+        return None
+    return parts[1], parts[2]
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,76 @@
+"""Start the gateway beside an in-process bus (``bcpbus serve``) or alone (``bcpbus gateway``).
+
+Both load the agent definitions, build the channels, restore budgets and the outbox from the
+activity log, start the gateway and fail whatever was in flight when it last stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from bus.activity import ActivityLog
+from bus.config import GatewaySettings, ServeConfig
+from bus.server import Bus
+from peers.client import Peer
+from schemas.agents import build_channels, load_agents
+
+from .gateway import GATEWAY_CLIENT_ID, Gateway
+from .restore import restore
+
+__all__ = ["run_beside", "run_standalone", "running_gateway"]
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    url: str,
+    token: str,
+    log: ActivityLog,
+    agents_dir: str | Path,
+    settings: GatewaySettings | None = None,
+) -> AsyncIterator[Gateway]:
+    """Run a gateway connected to ``url`` for the duration of the ``async with`` block.
+
+    Raises:
+        DefinitionError: an agent definition is inconsistent (the message names file and field).
+        AuthenticationFailed: the bus refused the gateway's token.
+    """
+    channels = build_channels(load_agents(agents_dir))
+    gateway = Gateway(Peer(url, GATEWAY_CLIENT_ID, token), channels, log, settings=settings)
+    orphans = restore(gateway, log.path)
+    await gateway.start()
+    try:
+        await gateway.settle(orphans)
+        yield gateway
+    finally:
+        await gateway.close()
+
+
+@contextlib.asynccontextmanager
+async def run_beside(bus: Bus, config: ServeConfig, agents_dir: Path) -> AsyncIterator[Gateway]:
+    """Run the gateway in the bus's process, sharing its activity log.
+
+    Its credential is made for this run only and never written to the peers file.
+    """
+    token = bus.credentials.add_ephemeral(GATEWAY_CLIENT_ID, [])
+    host = bus.host if bus.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = f"ws://{host}:{bus.port}"
+    async with running_gateway(url, token, bus.log, agents_dir, config.gateway) as gateway:
+        yield gateway
+
+
+async def run_standalone(
+    url: str, token: str, db: Path, agents_dir: Path, settings: GatewaySettings
+) -> int:
+    """Run the gateway as its own process until SIGINT or SIGTERM; return the exit code."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with ActivityLog(db) as log, running_gateway(url, token, log, agents_dir, settings):
+        print(f"gateway connected to {url}", flush=True)
+        await stop.wait()
+    return 0

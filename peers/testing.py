@@ -1,0 +1,161 @@
+"""Helpers for testing peers against a real bus: a bus on a free port, credentials, peers.
+
+::
+
+    async with running_bus(tmp_path) as harness:
+        async with harness.peer("agent:main") as main, harness.peer("agent:researcher") as r:
+            ...
+        rows = harness.rows(event="send_finish")
+
+Everything is real: a websockets server on 127.0.0.1 port 0, a SQLite activity log in the
+directory you give, the packaged default policy unless you pass one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bus.activity import ActivityLog
+from bus.config import GatewaySettings, Limits
+from bus.credentials import Credentials
+from bus.identities import PeerIdentity, default_agents_dir, load_identities
+from bus.policy import Policy
+from bus.server import Bus
+
+from .bcp import Controller, Reader
+from .client import Message, Peer, Reply
+from .gateway.gateway import Gateway
+from .gateway.runner import running_gateway
+
+__all__ = ["BcpHarness", "BusHarness", "Inbox", "running_bcp", "running_bus", "scaled"]
+
+
+def scaled(seconds: float) -> float:
+    """Scale a test timeout by ``BCPBUS_TEST_TIMEOUT_SCALE`` (default 1) for slow machines."""
+    return seconds * float(os.environ.get("BCPBUS_TEST_TIMEOUT_SCALE", "1"))
+
+
+@dataclass
+class Inbox:
+    """Collects deliveries; ``await inbox.get()`` waits for the next one with a timeout."""
+
+    reply: Reply | bool | None = None
+    messages: list[Message] = field(default_factory=list)
+    _queue: asyncio.Queue[Message] = field(default_factory=asyncio.Queue)
+
+    async def __call__(self, message: Message) -> Reply | bool | None:
+        self.messages.append(message)
+        self._queue.put_nowait(message)
+        return self.reply
+
+    async def get(self, seconds: float = 5.0) -> Message:
+        """Return the next delivery, or raise TimeoutError after ``seconds`` (scaled)."""
+        async with asyncio.timeout(scaled(seconds)):
+            return await self._queue.get()
+
+    async def get_type(self, message_type: str, seconds: float = 5.0) -> Message:
+        """Return the next delivery of ``message_type``, skipping others."""
+        async with asyncio.timeout(scaled(seconds)):
+            while True:
+                message = await self._queue.get()
+                if message.type == message_type:
+                    return message
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+
+@dataclass
+class BusHarness:
+    """A running bus with helpers to make credentials and peers for it."""
+
+    bus: Bus
+    log: ActivityLog
+    credentials: Credentials
+    db: Path
+
+    @property
+    def url(self) -> str:
+        return self.bus.url
+
+    def token(self, client_id: str, roles: Sequence[str] = ()) -> str:
+        """Create (or rotate) a credential for ``client_id`` and return its token."""
+        return self.credentials.add_ephemeral(client_id, list(roles))
+
+    def peer(self, client_id: str, roles: Sequence[str] = (), **kwargs: Any) -> Peer:
+        """A :class:`Peer` with a fresh credential; use it with ``async with``."""
+        return Peer(self.url, client_id, self.token(client_id, roles), **kwargs)
+
+    def rows(self, **where: Any) -> list[dict[str, Any]]:
+        """Committed activity-log rows whose columns equal ``where``, in order."""
+        query = "SELECT * FROM activity_log"
+        if where:
+            query += " WHERE " + " AND ".join(f"{column} = ?" for column in where)
+        with contextlib.closing(sqlite3.connect(self.db)) as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute(query + " ORDER BY id", tuple(where.values()))]
+
+
+@contextlib.asynccontextmanager
+async def running_bus(
+    directory: str | os.PathLike[str],
+    *,
+    policy: Policy | None = None,
+    identities: Mapping[str, PeerIdentity] | None = None,
+    limits: Limits | None = None,
+) -> AsyncIterator[BusHarness]:
+    """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit."""
+    db = Path(directory) / "activity.db"
+    credentials = Credentials.empty()
+    async with ActivityLog(db) as log:
+        bus = Bus(
+            policy=policy or Policy.default(),
+            credentials=credentials,
+            log=log,
+            identities=identities,
+            limits=limits,
+        )
+        async with bus:
+            await bus.start("127.0.0.1", 0)
+            yield BusHarness(bus, log, credentials, db)
+
+
+@dataclass
+class BcpHarness:
+    """A running bus with the BCP gateway, and helpers for controllers, readers, approvers."""
+
+    bus: BusHarness
+    gateway: Gateway
+
+    def controller(self, name: str) -> Controller:
+        """A :class:`Controller` for ``agent:<name>``; call ``await c.start()``."""
+        return Controller(self.bus.peer(f"agent:{name}"))
+
+    def reader(self, name: str) -> Reader:
+        """A :class:`Reader` for ``agent:<name>``; call ``await r.start()``."""
+        return Reader(self.bus.peer(f"agent:{name}"))
+
+
+@contextlib.asynccontextmanager
+async def running_bcp(
+    directory: str | os.PathLike[str],
+    *,
+    agents_dir: str | os.PathLike[str] | None = None,
+    settings: GatewaySettings | None = None,
+    limits: Limits | None = None,
+) -> AsyncIterator[BcpHarness]:
+    """Start a bus and a gateway for the agents in ``agents_dir`` (default: the reference pair)."""
+    agents = Path(agents_dir) if agents_dir is not None else default_agents_dir()
+    if agents is None:
+        raise FileNotFoundError("no agents directory")
+    async with running_bus(directory, identities=load_identities(agents), limits=limits) as h:
+        token = h.token("system:gateway")
+        async with running_gateway(h.url, token, h.log, agents, settings) as gateway:
+            yield BcpHarness(h, gateway)
