@@ -304,6 +304,11 @@ class Bus:
         conn.client_id = client_id
         conn.grants = grants
         self.peers[client_id] = conn
+        if grants.may_subscribe(client_id):
+            # As in the seed protocol, a peer is subscribed to its own address from the start,
+            # so what others send it in answer to peer_joined (the gateway does) is not lost.
+            conn.subscriptions.add(client_id)
+            self._index.add(client_id, conn)
         conn.initialized.set()
         self.log.record(
             "initialize",

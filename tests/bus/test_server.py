@@ -167,17 +167,18 @@ async def test_invalid_params(tmp_path):
 
 
 async def test_unsubscribe(tmp_path):
-    """Unsubscribing stops deliveries; unsubscribing again is -32003."""
+    """A peer starts subscribed to its own id; unsubscribing stops deliveries; again is -32003."""
     async with running_bus(tmp_path) as h:
         inbox = Inbox()
         async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
             agent.handle(None, inbox)
-            await agent.subscribe("agent:w1")
+            assert (await tg.send("agent:w1", "tg_message", {}))["deliveredTo"] == 1
+            await agent.subscribe("agent:w1")  # already subscribed: still one delivery
             await agent.unsubscribe("agent:w1")
             with pytest.raises(SubscriptionNotFound):
                 await agent.unsubscribe("agent:w1")
             result = await tg.send("agent:w1", "tg_message", {})
-            assert result["deliveredTo"] == 0 and inbox.empty()
+            assert result["deliveredTo"] == 0 and len(inbox.messages) == 1
 
 
 async def test_second_connection_takes_over(tmp_path):
@@ -193,10 +194,9 @@ async def test_second_connection_takes_over(tmp_path):
             async with asyncio.timeout(scaled(5)):
                 await first._ws.wait_closed()  # type: ignore[union-attr]
             assert first._ws.close_code == 4001  # type: ignore[union-attr]
-            # The old connection's subscriptions are gone; the new one has none yet.
-            assert (await tg.send("agent:w1", "tg_message", {}))["deliveredTo"] == 0
-            await second.subscribe("agent:w1")
+            # Only the new connection gets agent:w1's messages (it is subscribed to its own id).
             assert (await tg.send("agent:w1", "tg_message", {}))["deliveredTo"] == 1
+            assert len(inbox.messages) == 1
         await first.close()
         assert len(h.rows(event="replaced", actor="agent:w1")) == 1
 
