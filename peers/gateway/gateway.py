@@ -505,11 +505,15 @@ class Gateway:
             await self._tell_reader(message, channel, ref, None, "valid; held for human approval")
             await self._ask_approval(channel, spec, result, subscription=subscription, bits=bits)
             return Reply(True, "held_for_approval")
-        await self._tell_reader(message, channel, ref, None, "accepted")
         content = self._delivery(channel, spec, result.response or {}, bits, _anomalies(result))
         content["subscription_id"] = sid
-        await self._deliver(channel, "bcp_response_delivery", content)
-        return Reply(True, "delivered")
+        # Deliver first, so that the verdict the reader waits for says whether it was held.
+        if await self._deliver(channel, "bcp_response_delivery", content):
+            await self._tell_reader(message, channel, ref, None, "accepted")
+            return Reply(True, "delivered")
+        detail = f"valid; held until agent:{channel.controller} connects"
+        await self._tell_reader(message, channel, ref, None, detail)
+        return Reply(True, "held")
 
     def _check_push(self, channel: Channel, subscription: Subscription) -> Refusal | None:
         key = (*channel.key, subscription.id)
@@ -785,19 +789,23 @@ class Gateway:
 
     # Delivery to controllers, held while they are offline
 
-    async def _deliver(self, channel: Channel, message_type: str, content: dict[str, Any]) -> None:
+    async def _deliver(self, channel: Channel, message_type: str, content: dict[str, Any]) -> bool:
+        """Send to the channel's controller, or hold it while the controller is away.
+
+        Returns whether it was delivered now.
+        """
         controller = channel.controller
         if self.outbox.get(controller):
             # Keep the order: nothing overtakes what is already held.
             await self._hold(channel, message_type, content)
-            return
-        delivered = await self._send(f"agent:{controller}", message_type, content)
-        if delivered:
+            return False
+        if await self._send(f"agent:{controller}", message_type, content):
             if message_type == "bcp_response_delivery":
                 self._record_delivered(channel, content)
                 await self.log.commit()
-            return
+            return True
         await self._hold(channel, message_type, content)
+        return False
 
     def _record_delivered(self, channel: Channel, content: dict[str, Any], **extra: Any) -> None:
         self._record(
@@ -831,16 +839,6 @@ class Gateway:
         )
         await self.log.commit()
         self.keep(held)
-        if "subscription_id" in content and message_type == "bcp_response_delivery":
-            await self._send(
-                f"agent:{channel.reader}",
-                "bcp_validation_result",
-                {
-                    "subscription_id": content["subscription_id"],
-                    "success": True,
-                    "detail": f"valid; held until agent:{channel.controller} connects",
-                },
-            )
 
     def keep(self, held: Held) -> None:
         """Put ``held`` in its controller's outbox and arm its expiry."""

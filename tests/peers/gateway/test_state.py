@@ -1,0 +1,81 @@
+"""The gateway's pure bookkeeping: ledger, task escalation, push rate limits."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from peers.gateway.state import Ledger, RateLimiter, TaskTracker
+
+CHANNEL = ("main", "researcher")
+
+
+def test_ledger_charges_refunds_and_resets():
+    """Charges add up, refunds take back, a reset starts a new session."""
+    ledger = Ledger()
+    assert ledger.left(CHANNEL, 10) == 10 and ledger.cat2_used(CHANNEL) == 0
+    ledger.charge(CHANNEL, 4, cat2=True)
+    assert ledger.used(CHANNEL) == 4 and ledger.cat2_used(CHANNEL) == 1
+    assert ledger.fits(CHANNEL, 6, 10) and not ledger.fits(CHANNEL, 6.5, 10)
+    ledger.refund(CHANNEL, 4, cat2=True)
+    assert ledger.used(CHANNEL) == 0 and ledger.cat2_used(CHANNEL) == 0
+    ledger.charge(CHANNEL, 20)
+    assert ledger.left(CHANNEL, 10) == 0
+    ledger.reset(CHANNEL)
+    assert ledger.used(CHANNEL) == 0
+
+
+@given(st.lists(st.floats(0, 100), max_size=30), st.floats(1, 2000))
+def test_ledger_never_admits_past_the_budget(charges, budget):
+    """Charging only what fits keeps the total within the budget."""
+    ledger = Ledger()
+    for bits in charges:
+        if ledger.fits(CHANNEL, bits, budget):
+            ledger.charge(CHANNEL, bits)
+    assert ledger.used(CHANNEL) <= budget + 1e-6
+
+
+def test_exact_budget_fits_despite_float_sums():
+    """Three charges of 0.1 fit a 0.3-bit budget although 0.1 * 3 > 0.3 in floats."""
+    ledger = Ledger()
+    for _ in range(3):
+        assert ledger.fits(CHANNEL, 0.1, 0.3)
+        ledger.charge(CHANNEL, 0.1)
+
+
+def test_task_escalation_rules():
+    """A higher category needs a justification and counts against the limit."""
+    tasks = TaskTracker()
+    assert tasks.check(CHANNEL, None, 3, justified=False, max_escalations=0).ok
+    tasks.record(CHANNEL, "t", 1)
+    assert tasks.check(CHANNEL, "t", 1, justified=False, max_escalations=0).ok
+    verdict = tasks.check(CHANNEL, "t", 2, justified=False, max_escalations=1)
+    assert not verdict.ok and verdict.reason == "escalation_requires_justification"
+    verdict = tasks.check(CHANNEL, "t", 2, justified=True, max_escalations=1)
+    assert verdict.ok and verdict.escalation
+    tasks.record(CHANNEL, "t", 2)
+    verdict = tasks.check(CHANNEL, "t", 3, justified=True, max_escalations=1)
+    assert verdict.reason == "escalation_limit_reached"
+    assert tasks.check(CHANNEL, "other", 3, justified=False, max_escalations=0).ok
+    tasks.record(CHANNEL, None, 3)  # no task: nothing recorded
+    tasks.record(CHANNEL, "t", 1)  # lower: no change
+    assert tasks.check(CHANNEL, "t", 2, justified=False, max_escalations=0).ok
+
+
+@pytest.mark.parametrize(
+    ("times", "now", "interval", "per_hour", "allowed"),
+    [
+        ([], 0, 60, 1, True),
+        ([100], 150, 60, None, False),
+        ([100], 160, 60, None, True),
+        ([0, 10], 20, None, 2, False),
+        ([0, 10], 3601, None, 2, True),  # the first push left the hour
+    ],
+)
+def test_rate_limits(times, now, interval, per_hour, allowed):
+    """min_interval_s and max_per_hour are enforced over a sliding hour."""
+    rates = RateLimiter()
+    key = ("main", "researcher", "s")
+    for t in times:
+        rates.record(key, t)
+    assert rates.allows(key, now, min_interval_s=interval, max_per_hour=per_hour) is allowed
