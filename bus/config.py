@@ -52,8 +52,8 @@ class Limits:
     max_subscriptions: int | None = DEFAULT_MAX_SUBSCRIPTIONS
     """Patterns per connection; one more ``subscribe`` gets -32005."""
     max_inflight_deliveries: int | None = DEFAULT_MAX_INFLIGHT_DELIVERIES
-    """``processMessage`` calls awaiting one peer's answer; more wait for a slot within the
-    process timeout, then count as ``overloaded``."""
+    """``processMessage`` calls awaiting one peer's answer; more wait for a slot, within the
+    same ``process_timeout``, and count as ``timeout`` if none frees up."""
     # Timeouts
     handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
     """Seconds for the WebSocket opening handshake."""

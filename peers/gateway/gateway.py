@@ -37,6 +37,7 @@ from bus.errors import BusError
 from peers.client import Message, Peer, Reply
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
+    UNTRUSTED_NOTICE,
     BcpApprovalDecision,
     BcpQueryRequest,
     BcpResponse,
@@ -613,6 +614,7 @@ class Gateway:
             "kind": "escalation",
             "query_id": query.query_id,
             "task_id": request.task_id,
+            "from_category": self.tasks.category_of(query.channel.key, request.task_id),
             "escalation_justification": request.escalation_justification,
         }
         await self._open_approval(query.channel, "escalation", query.spec, content, query=query)
@@ -662,6 +664,7 @@ class Gateway:
             "spec": spec.model_dump(mode="json", exclude_none=True),
             "taint": channel.reader_taint,
             "untrusted": True,
+            "notice": UNTRUSTED_NOTICE,
             "expires_at": _iso(self.clock() + self.settings.approval_timeout),
             **{k: v for k, v in content.items() if v is not None},
         }

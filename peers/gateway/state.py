@@ -122,6 +122,11 @@ class TaskTracker:
             return Verdict(False, "escalation_limit_reached", escalation=True)
         return Verdict(True, escalation=True)
 
+    def category_of(self, channel: ChannelKey, task_id: str | None) -> int | None:
+        """Return the highest category ``task_id`` has used, or None for a new task."""
+        task = self._tasks.get((*channel, task_id)) if task_id is not None else None
+        return task.max_category if task is not None else None
+
     def record(self, channel: ChannelKey, task_id: str | None, category: int) -> None:
         """Note an accepted query: raise the task's category, count an escalation."""
         if task_id is None:

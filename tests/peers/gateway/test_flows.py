@@ -357,6 +357,7 @@ async def test_escalation_rules(tmp_path):
         )
         escalation = (await p.approvals.get_type("bcp_approval_request")).content
         assert escalation["kind"] == "escalation" and escalation["task_id"] == "t1"
+        assert escalation["from_category"] == 2 and escalation["notice"]
         await p.decide(escalation["approval_id"], "reject")
         with pytest.raises(QueryFailed) as failed:
             await task

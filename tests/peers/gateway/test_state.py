@@ -47,7 +47,9 @@ def test_task_escalation_rules():
     """A higher category needs a justification and counts against the limit."""
     tasks = TaskTracker()
     assert tasks.check(CHANNEL, None, 3, justified=False, max_escalations=0).ok
+    assert tasks.category_of(CHANNEL, "t") is None and tasks.category_of(CHANNEL, None) is None
     tasks.record(CHANNEL, "t", 1)
+    assert tasks.category_of(CHANNEL, "t") == 1
     assert tasks.check(CHANNEL, "t", 1, justified=False, max_escalations=0).ok
     verdict = tasks.check(CHANNEL, "t", 2, justified=False, max_escalations=1)
     assert not verdict.ok and verdict.reason == "escalation_requires_justification"
