@@ -144,7 +144,8 @@ def _serve(args: argparse.Namespace) -> int:
 async def serve(config: ServeConfig, *, ready: Callable[[Bus], None] | None = None) -> int:
     """Run the bus until SIGINT or SIGTERM; flush the activity log before returning 0.
 
-    The first line on stdout is ``listening on ws://HOST:PORT``.
+    The first line on stdout is ``listening on ws://HOST:PORT``, printed when the bus and the
+    gateway are ready.
     """
     policy = Policy.load(config.policy) if config.policy else Policy.default()
     credentials = Credentials.load(config.peers_file)
@@ -164,8 +165,9 @@ async def serve(config: ServeConfig, *, ready: Callable[[Bus], None] | None = No
             server_id=config.server_id,
         ) as bus:
             await bus.start(config.host, config.port)
-            print(f"listening on {bus.url}", flush=True)
             async with _gateway(bus, config, agents_dir):
+                # Printed once the gateway is subscribed too: "listening" means ready for BCP.
+                print(f"listening on {bus.url}", flush=True)
                 if ready is not None:
                     ready(bus)
                 await stop.wait()
