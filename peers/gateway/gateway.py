@@ -907,11 +907,13 @@ class Gateway:
             self._spawn(self._flush_outbox(name))
         if prefix == "human":
             for approval in list(self.approvals.values()):
-                self._spawn(self._resend(approval))
+                self._spawn(self._resend(approval, client_id))
         return Reply(True)
 
-    async def _resend(self, approval: _Approval) -> None:
-        await self._send(APPROVAL_TOPIC, "bcp_approval_request", approval.content)
+    async def _resend(self, approval: _Approval, approver: str) -> None:
+        # To the approver's own address: it is subscribed to it from initialize on, whereas
+        # its subscription to system:approval may come after this peer_joined.
+        await self._send(approver, "bcp_approval_request", approval.content)
 
     async def _announce_subscriptions(self, reader: str) -> None:
         active = [

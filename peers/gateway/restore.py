@@ -19,7 +19,37 @@ from typing import Any
 
 from .gateway import Gateway, Held
 
-__all__ = ["Orphans", "restore"]
+__all__ = ["APPROVALS_VIEW", "Orphans", "create_views", "restore"]
+
+APPROVALS_VIEW = """
+CREATE VIEW IF NOT EXISTS bcp_approvals AS
+SELECT json_extract(r.payload_json, '$.approval_id') AS approval_id,
+       COALESCE(d.status, 'pending') AS status,
+       r.ts AS created_ts,
+       json_extract(r.payload_json, '$.request.expires_at') AS expires_ts,
+       json_extract(r.payload_json, '$.request') AS request_json,
+       d.actor AS decided_by,
+       d.ts AS decided_ts,
+       d.payload_json AS decision_json
+FROM activity_log AS r
+LEFT JOIN activity_log AS d
+  ON d.event = 'bcp_approval_decided'
+ AND json_extract(d.payload_json, '$.approval_id') = json_extract(r.payload_json, '$.approval_id')
+WHERE r.event = 'bcp_approval_requested'
+"""
+"""Approvals as ``bcpbus approve list`` reads them: derived from the log's rows, so there is
+no second, mutable record to drift from the append-only one."""
+
+
+def create_views(db: str | Path) -> None:
+    """Create the gateway's read-only views in the activity log at ``db`` (idempotent).
+
+    Call it after the log is open (the ``activity_log`` table must exist).
+    """
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute(APPROVALS_VIEW)
+        conn.commit()
 
 
 @dataclass

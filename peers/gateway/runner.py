@@ -19,7 +19,7 @@ from peers.client import Peer
 from schemas.agents import build_channels, load_agents
 
 from .gateway import GATEWAY_CLIENT_ID, Gateway
-from .restore import restore
+from .restore import create_views, restore
 
 __all__ = ["run_beside", "run_standalone", "running_gateway"]
 
@@ -40,6 +40,7 @@ async def running_gateway(
     """
     channels = build_channels(load_agents(agents_dir))
     gateway = Gateway(Peer(url, GATEWAY_CLIENT_ID, token), channels, log, settings=settings)
+    await asyncio.to_thread(create_views, log.path)
     orphans = restore(gateway, log.path)
     await gateway.start()
     try:

@@ -469,3 +469,38 @@ async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
                 timeout=scaled(10),
             )
         assert failed.value.reason == "budget_exhausted"
+
+
+async def test_a_late_approver_gets_pending_requests_and_the_view_lists_them(tmp_path):
+    """An approver who joins after a request still gets it; bcp_approvals shows its status."""
+    from peers import Approver
+    from peers.approver import read_approvals
+
+    async with running_bcp(tmp_path) as h:
+        main, reader = h.controller("main"), h.reader("researcher")
+        reader.on_query(answers({"summary": "Late but fine."}))
+        watcher, seen = h.bus.peer("human:dave"), Inbox()
+        watcher.handle("bcp_approval_request", seen)
+        await watcher.connect()
+        await watcher.subscribe("system:approval")
+        await main.start()
+        await reader.start()
+        try:
+            task = asyncio.create_task(main.ask("researcher", CAT3, timeout=scaled(10)))
+            await seen.get()  # the request is out: carol has not joined yet
+            await h.bus.log.commit()
+            [stored] = read_approvals(h.bus.db)
+            assert stored.status == "pending" and stored.request["untrusted"] is True
+            async with Approver(h.bus.peer("human:carol")) as approver:
+                async with asyncio.timeout(scaled(10)):
+                    request = await approver.next_request()
+                assert await approver.approve(request.approval_id)
+            assert (await task)["response"] == {"summary": "Late but fine."}
+            await h.bus.log.commit()
+            assert read_approvals(h.bus.db) == []
+            [done] = read_approvals(h.bus.db, open_only=False)
+            assert done.status == "approved" and done.decided_by == "human:carol"
+        finally:
+            await watcher.close()
+            await reader.close()
+            await main.close()
