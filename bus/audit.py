@@ -27,8 +27,10 @@ __all__ = [
     "REFUSAL_EVENTS",
     "bits_per_channel",
     "format_table",
+    "has_relation",
     "query_rows",
     "query_story",
+    "read_only",
     "refusals_per_reason",
     "to_json",
 ]
@@ -51,28 +53,41 @@ _QUERY_ID = "CASE WHEN json_valid(payload_json) THEN json_extract(payload_json, 
 
 
 @contextlib.contextmanager
-def _connect(db: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
+def read_only(db: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
     """Open ``db`` read-only with rows as :class:`sqlite3.Row`, and close it afterwards.
+
+    Use :func:`has_relation` to check for the table or view you read.
 
     Raises:
         FileNotFoundError: there is no such file.
-        ValueError: the file has no ``activity_log`` table.
     """
     path = Path(db).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"activity log not found: {path}")
-    # mode=ro: an auditor never writes; as_uri() percent-encodes the path for the URI.
+        raise FileNotFoundError(f"database not found: {path}")
+    # mode=ro: readers never write; as_uri() percent-encodes the path for the URI.
     conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
     try:
         conn.row_factory = sqlite3.Row
-        found = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'activity_log'"
-        ).fetchone()
-        if found is None:
-            raise ValueError(f"{path} is not an activity log: it has no activity_log table")
         yield conn
     finally:
         conn.close()
+
+
+def has_relation(conn: sqlite3.Connection, name: str) -> bool:
+    """Return whether the database has a table or view called ``name``."""
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?", (name,)
+    ).fetchone()
+    return found is not None
+
+
+@contextlib.contextmanager
+def _connect(db: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
+    """:func:`read_only`, refusing a file that is not an activity log (``ValueError``)."""
+    with read_only(db) as conn:
+        if not has_relation(conn, "activity_log"):
+            raise ValueError(f"{db} is not an activity log: it has no activity_log table")
+        yield conn
 
 
 def _fetch(

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from schemas import strict_yaml
+
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_INITIALIZE_TIMEOUT",
@@ -103,7 +105,7 @@ class ServeConfig:
         """
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = strict_yaml.load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"{path}: cannot read config: {exc}") from exc
         if data is None:

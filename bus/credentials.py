@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import yaml
 
+from schemas import strict_yaml
 from schemas.bus import CLIENT_ID_PATTERN
 
 __all__ = [
@@ -253,36 +254,12 @@ def _check_role(role: Any) -> None:
         )
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate keys: a second entry for a clientId would silently
-    replace the first."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # unhashable: construct_mapping below reports it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _parse(text: str, source: str) -> Iterator[PeerRecord]:
     def fail(path: str, message: str) -> CredentialsError:
         return CredentialsError(f"{source}: {path}: {message}")
 
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = strict_yaml.load(text)
     except yaml.YAMLError as exc:
         raise CredentialsError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

@@ -57,6 +57,7 @@ from typing import Any, Final, cast
 
 import yaml
 
+from schemas import strict_yaml
 from schemas.bus import CLIENT_ID_PATTERN
 from schemas.common import TAINT_LEVELS, TaintLevel, taint_rank
 
@@ -274,7 +275,7 @@ class Policy:
                 the message names ``source`` and the field's path.
         """
         try:
-            data = yaml.load(text, Loader=_StrictLoader)
+            data = strict_yaml.load(text)
         except yaml.YAMLError as exc:
             raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
         if data is None:
@@ -543,30 +544,6 @@ def _check_declassifiers(roles: Iterable[Role], source: str) -> None:
 
 
 # Parsing YAML into roles
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate keys: a second `reader:` would silently replace the
-    first, and with it whatever the first one granted or withheld."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # unhashable: construct_mapping below reports it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def _check_keys(data: dict[Any, Any], allowed: frozenset[str], source: str, path: str) -> None:

@@ -32,11 +32,11 @@ import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from bus.audit import has_relation, read_only
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalDecision, BcpApprovalRequest
 
 from .client import Message, Peer, PeerClosed, Reply
@@ -594,21 +594,10 @@ def read_approval(db: str | os.PathLike[str], approval_id: str) -> StoredApprova
 
 @contextlib.contextmanager
 def _connect(db: str | os.PathLike[str]) -> Iterator[sqlite3.Connection | None]:
-    """Open ``db`` read-only; yield None if it has no ``bcp_approvals`` table yet."""
-    path = Path(db).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"database not found: {path}")
-    # mode=ro: reading approvals never writes; as_uri() percent-encodes the path.
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
-    try:
-        conn.row_factory = sqlite3.Row
-        found = conn.execute(
-            # The gateway makes it a view over the activity log's approval rows.
-            "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = 'bcp_approvals'"
-        ).fetchone()
-        yield None if found is None else conn
-    finally:
-        conn.close()
+    """Open ``db`` read-only; yield None if it has no ``bcp_approvals`` view yet."""
+    with read_only(db) as conn:
+        # The gateway creates the view (over the activity log's approval rows) when it starts.
+        yield conn if has_relation(conn, "bcp_approvals") else None
 
 
 def _stored(row: sqlite3.Row) -> StoredApproval:

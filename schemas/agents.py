@@ -61,6 +61,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from schemas import strict_yaml
 from schemas.bcp import (
     ActiveSubscription,
     AgentName,
@@ -342,25 +343,6 @@ def _to_error(source: str, exc: ValidationError) -> DefinitionError:
     return DefinitionError(source, path or "frontmatter", message)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys instead of silently keeping the last one."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: list[Any] = []
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.append(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _split_frontmatter(text: str, source: str) -> tuple[str, str]:
     lines = text.removeprefix("\ufeff").splitlines(keepends=True)
     if not lines or lines[0].strip() != "---":
@@ -389,7 +371,7 @@ def parse_agent(text: str, *, source: str) -> AgentDefinition:
     """
     frontmatter, body = _split_frontmatter(text, source)
     try:
-        data = yaml.load(frontmatter, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        data = strict_yaml.load(frontmatter)
     except yaml.YAMLError as exc:
         # Marks count from 0 within the frontmatter, which starts on the file's second line.
         mark = getattr(exc, "problem_mark", None)
