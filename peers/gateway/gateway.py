@@ -553,7 +553,8 @@ class Gateway:
             "taint": step_down(channel.reader_taint),
             "channel_mode": "bcp",
         }
-        if anomalies:
+        # Only a flag channel delivers the anomalies; on review a human approved the answer.
+        if anomalies and channel.anomaly_action == "flag":
             content["anomalies"] = anomalies
         return content
 

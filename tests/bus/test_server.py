@@ -439,3 +439,29 @@ async def test_credential_with_a_role_the_policy_forbids_is_refused(tmp_path):
         assert "policy" in caught.value.message
         [row] = h.rows(event="auth_failed", status="policy")
         assert row["actor"] == "agent:evil"
+
+
+async def test_inflight_limit_makes_extra_deliveries_wait_then_time_out(tmp_path):
+    """With one delivery in flight per peer, a second waits for the slot within the timeout."""
+    limits = Limits(max_inflight_deliveries=1, process_timeout=0.3)
+    async with running_bus(tmp_path, limits=limits) as h:
+        release, holding = asyncio.Event(), asyncio.Event()
+
+        async def slow(message: Message) -> None:
+            if message.content.get("hold"):
+                holding.set()
+                await release.wait()
+
+        async with h.peer("agent:w1") as w1, h.peer("tg:1") as tg:
+            w1.handle(None, slow)
+            held = asyncio.create_task(tg.send("agent:w1", "tg_message", {"hold": True}))
+            async with asyncio.timeout(scaled(5)):
+                await holding.wait()
+            # The slot is taken: this one cannot start before the first times out.
+            second = await tg.send("agent:w1", "tg_message", {}, message_id="queued")
+            assert second["deliveredTo"] == 0
+            assert (await held)["deliveredTo"] == 0
+            release.set()
+            assert (await tg.send("agent:w1", "tg_message", {}))["deliveredTo"] == 1
+        [row] = h.rows(event="process_finish", message_id="queued")
+        assert row["status"] == "timeout"

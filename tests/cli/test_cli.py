@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -142,3 +143,62 @@ async def test_serve_answers_healthz_and_flushes_on_sigterm(tmp_path):
         assert b"200" in status
     rows = json.loads(run("audit", "--event", "shutdown", "--json", cwd=tmp_path).stdout)
     assert len(rows) == 1
+
+
+async def test_kill_9_keeps_every_answered_message(tmp_path):
+    """After kill -9, every message whose sendMessage was answered has all four rows."""
+    w1 = run("peers", "add", "agent:w1", cwd=tmp_path).stdout.strip()
+    tg = run("peers", "add", "tg:7", cwd=tmp_path).stdout.strip()
+    process = await asyncio.create_subprocess_exec(
+        *BCPBUS,
+        "serve",
+        "--port",
+        "0",
+        "--no-gateway",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    answered: list[str] = []
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(scaled(30)):
+            url = (await process.stdout.readline()).decode().strip().removeprefix("listening on ")
+        agent = Peer(url, "agent:w1", w1, reconnect=False)
+        chat = Peer(url, "tg:7", tg, reconnect=False)
+        agent.handle(None, Inbox())
+        await agent.connect()
+        await chat.connect()
+
+        async def send(n: int) -> None:
+            result = await chat.send("agent:w1", "tg_message", {"n": n}, message_id=f"k-{n}")
+            answered.append(result["messageId"])
+
+        # Concurrent senders, so the kill lands while some are in flight.
+        async with asyncio.timeout(scaled(30)):
+            await asyncio.gather(*(send(n) for n in range(200)))
+            tasks = [asyncio.create_task(send(n)) for n in range(200, 400)]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            process.kill()
+            # Those in flight fail with the connection; only the answered ones count.
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await agent.close()
+        await chat.close()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+    assert len(answered) >= 201
+    with sqlite3.connect(tmp_path / "bcpbus.db") as db:
+        rows = db.execute(
+            "SELECT message_id, group_concat(event) FROM activity_log "
+            "WHERE message_id LIKE 'k-%' GROUP BY message_id"
+        ).fetchall()
+    events = {message_id: set(kinds.split(",")) for message_id, kinds in rows}
+    for message_id in answered:
+        assert events.get(message_id) == {
+            "send_start",
+            "process_start",
+            "process_finish",
+            "send_finish",
+        }, message_id

@@ -59,6 +59,7 @@ bcp_channels:
     role: reader
     max_category: 3
     budget_bits: 100000
+    anomaly_action: {anomaly}
 ---
 researcher
 """
@@ -84,7 +85,8 @@ def agents(
             subscriptions=subscriptions,
         )
     )
-    (directory / "researcher.md").write_text(READER)
+    # The stricter side wins, so the reader declares the same anomaly_action.
+    (directory / "researcher.md").write_text(READER.format(anomaly=anomaly))
     return directory
 
 
@@ -504,3 +506,21 @@ async def test_a_late_approver_gets_pending_requests_and_the_view_lists_them(tmp
             await watcher.close()
             await reader.close()
             await main.close()
+
+
+@pytest.mark.parametrize("action", ["flag", "review"])
+async def test_anomaly_actions_flag_and_review(tmp_path, action):
+    """flag delivers with the anomalies listed; review sends the answer to a human first."""
+    answer = {"company": "Acme, see https://acme.example", "founded": "1998-04-01"}
+    async with running_bcp(tmp_path, agents_dir=agents(tmp_path, anomaly=action)) as h:
+        async with Pair(h) as p:
+            p.reader.on_query(answers(answer))
+            task = asyncio.create_task(p.main.ask("researcher", CAT2, timeout=scaled(10)))
+            if action == "review":
+                request = (await p.approvals.get_type("bcp_approval_request")).content
+                assert request["anomalies"] and request["kind"] == "response"
+                await p.decide(request["approval_id"], "approve")
+            delivery = await task
+            codes = {a["code"] for a in delivery.get("anomalies", [])}
+            assert ("url" in codes) is (action == "flag")
+            assert "acme.example" in delivery["response"]["company"]
