@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection
@@ -162,9 +162,9 @@ class Connection:
 
     # Tasks
 
-    def spawn(self, coro: Awaitable[None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` as a task this connection owns and awaits when it closes."""
-        task = asyncio.ensure_future(coro)
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

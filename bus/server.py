@@ -16,19 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 
-from schemas.bus import InitializeParams, SendMessageParams, SubscribeParams
+from schemas.bus import Envelope, InitializeParams, SendMessageParams, SubscribeParams
 
 from . import __version__
 from .activity import ActivityLog
@@ -234,7 +235,17 @@ class Bus:
 
     async def _handle_request(self, conn: Connection, request: Request) -> Any:
         try:
-            return await self._dispatch(conn, request)
+            # Dispatch inline rather than in a helper coroutine: one frame less per request.
+            if self._closing:
+                raise ShuttingDown()
+            if request.method == "initialize":
+                return await self._initialize(conn, request)
+            if conn.client_id is None:
+                raise NotInitialized()
+            method = self._methods.get(request.method)
+            if method is None:
+                raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
+            return await method(conn, request)
         except BusError as exc:
             # Every error answer has its row, committed before the peer reads the answer.
             self.log.record(
@@ -248,18 +259,6 @@ class Bus:
             with contextlib.suppress(BusError):
                 await self.log.commit()
             raise
-
-    async def _dispatch(self, conn: Connection, request: Request) -> Any:
-        if self._closing:
-            raise ShuttingDown()
-        if request.method == "initialize":
-            return await self._initialize(conn, request)
-        if conn.client_id is None:
-            raise NotInitialized()
-        method = self._methods.get(request.method)
-        if method is None:
-            raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
-        return await method(conn, request)
 
     def _protocol_error(self, conn: Connection, error: BusError) -> None:
         self.log.record("rpc_error", actor=conn.name, status=str(error.code), error=error.message)
@@ -399,31 +398,30 @@ class Bus:
     # Publishing
 
     async def _send_message(self, conn: Connection, request: Request) -> Any:
-        params = _parse(SendMessageParams, request.params)
-        payload = params.payload
-        topic = validate_topic(params.topic)
+        fields = _read_send_message(request.params)
+        topic = validate_topic(fields.topic)
         grants = _grants(conn)
-        if payload.from_ != conn.client_id:
-            self._refuse(conn, request, "from_mismatch", topic=topic, message_id=payload.message_id)
+        if fields.sender != conn.client_id:
+            self._refuse(conn, request, "from_mismatch", topic=topic, message_id=fields.message_id)
             raise Forbidden(
-                f"payload.from is {payload.from_!r} but this connection is {conn.client_id!r}"
+                f"payload.from is {fields.sender!r} but this connection is {conn.client_id!r}"
             )
-        if not grants.may_send(payload.type, topic):
-            self._refuse(conn, request, "type_denied", topic=topic, message_id=payload.message_id)
+        if not grants.may_send(fields.type, topic):
+            self._refuse(conn, request, "type_denied", topic=topic, message_id=fields.message_id)
             raise Forbidden(
                 f"{conn.client_id} (roles: {', '.join(sorted(grants.roles)) or 'none'}) may not "
-                f"send {payload.type!r} to {topic!r}"
+                f"send {fields.type!r} to {topic!r}"
             )
-        assert isinstance(request.params, dict)  # _parse accepted it as an object
+        assert isinstance(request.params, dict)  # validated as an object above
         delivered = await self.publish(
             topic,
             request.params["payload"],
-            payload.message_id,
-            payload.type,
+            fields.message_id,
+            fields.type,
             sender=conn,
             rpc_id=_rpc_id(request),
         )
-        return {"accepted": True, "messageId": payload.message_id, "deliveredTo": delivered}
+        return {"accepted": True, "messageId": fields.message_id, "deliveredTo": delivered}
 
     async def publish(
         self,
@@ -544,6 +542,109 @@ class Bus:
                 )
             except BusError:
                 logger.exception("could not announce %s of %s", event, content["clientId"])
+
+
+class _SendFields(NamedTuple):
+    """What the bus reads from valid ``sendMessage`` params."""
+
+    topic: str
+    message_id: str
+    type: str
+    sender: str
+
+
+def _read_send_message(params: Any) -> _SendFields:
+    """Validate ``sendMessage`` params as :class:`SendMessageParams` does; return their fields.
+
+    Raises:
+        InvalidParams: as :func:`_parse` would.
+    """
+    fields = _fast_send_message(params)
+    if fields is not None:
+        return fields
+    # Anything the fast path is unsure of gets the model's full validation and error messages.
+    model = _parse(SendMessageParams, params)
+    payload = model.payload
+    return _SendFields(model.topic, payload.message_id, payload.type, payload.from_)
+
+
+def _constraint(field: str, name: str, model: type[BaseModel] = Envelope) -> Any:
+    """A constraint of a model's field (``pattern``, ``max_length``...)."""
+    for item in model.model_fields[field].metadata:
+        value = getattr(item, name, None)
+        if value is not None:
+            return value
+    raise LookupError(f"{model.__name__}.{field} has no {name}")  # pragma: no cover - drift
+
+
+# The fast path accepts only what the models accept (tests/bus/test_server_fast_path.py):
+# the usual shape of a sendMessage, with the constraints read from the models themselves.
+# Everything else falls back to pydantic. Skipping pydantic on the common path saves ~7% of
+# the bus's CPU per message (bench/README.md). Python's ``$`` would accept a trailing
+# newline; ``fullmatch`` does not.
+_TOPIC_MAX = _constraint("topic", "max_length", SendMessageParams)
+_ID_MAX = _constraint("message_id", "max_length")
+_CORRELATION_MAX = _constraint("correlation_id", "max_length")
+_TYPE_RE = re.compile(_constraint("type", "pattern"))
+_FROM_RE = re.compile(_constraint("from_", "pattern"))
+_TRACEPARENT_RE = re.compile(_constraint("traceparent", "pattern"))
+# RFC 3339 with a zone, each field in range (fromisoformat would take an offset of +10:87),
+# as AwareDatetime reads it; datetime.fromisoformat then checks the day of the month.
+_TIMESTAMP_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    r"(?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+)
+_REQUIRED = frozenset({"messageId", "type", "from", "timestamp", "content"})
+_ALLOWED = _REQUIRED | {"correlationId", "traceparent"}
+
+
+def _fast_send_message(params: Any) -> _SendFields | None:
+    """The fields of ``params`` if they are plainly valid ``sendMessage`` params, else None."""
+    if type(params) is not dict or len(params) != 2:
+        return None
+    topic, payload = params.get("topic"), params.get("payload")
+    if type(topic) is not str or not 0 < len(topic) <= _TOPIC_MAX or type(payload) is not dict:
+        return None
+    if not (_REQUIRED <= payload.keys() <= _ALLOWED):
+        return None
+    message_id, message_type, sender = payload["messageId"], payload["type"], payload["from"]
+    if (
+        type(message_id) is not str
+        or not 0 < len(message_id) <= _ID_MAX
+        or type(message_type) is not str
+        or _TYPE_RE.fullmatch(message_type) is None
+        or type(sender) is not str
+        or _FROM_RE.fullmatch(sender) is None
+        or not _valid_timestamp(payload["timestamp"])
+        or not _valid_content(payload["content"])
+        or not _valid_optional(payload)
+    ):
+        return None
+    return _SendFields(topic, message_id, message_type, sender)
+
+
+def _valid_timestamp(value: Any) -> bool:
+    if type(value) is not str or _TIMESTAMP_RE.fullmatch(value) is None:
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _valid_content(value: Any) -> bool:
+    return type(value) is dict and all(type(key) is str for key in value)
+
+
+def _valid_optional(payload: dict[str, Any]) -> bool:
+    correlation = payload.get("correlationId")
+    if correlation is not None and (
+        type(correlation) is not str or len(correlation) > _CORRELATION_MAX
+    ):
+        return False
+    trace = payload.get("traceparent")
+    return trace is None or (type(trace) is str and _TRACEPARENT_RE.fullmatch(trace) is not None)
 
 
 def _parse(model: type[M], params: Any) -> M:

@@ -254,14 +254,21 @@ class Peer:
         if ws is None or (not _ready and not self.connected.is_set()):
             raise PeerClosed(f"{self.client_id} is not connected")
         request_id = self._session.send_request(method, params)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending[request_id] = future
+        timer = None
         try:
             await self._flush(ws)
-            async with asyncio.timeout(self.request_timeout):
-                return await future
+            if self.request_timeout is not None and not future.done():
+                # A timer that fails the future costs less than asyncio.timeout(), which
+                # cancels and uncancels the task; the caller sees the same TimeoutError.
+                timer = loop.call_later(self.request_timeout, _time_out, future)
+            return await future
         finally:
             self._pending.pop(request_id, None)
+            if timer is not None:
+                timer.cancel()
 
     async def subscribe(self, pattern: str) -> None:
         """Subscribe to a topic pattern; it is restored after a reconnect."""
@@ -374,3 +381,8 @@ class Peer:
             if not future.done():
                 future.set_exception(PeerClosed(f"{self.client_id}: connection closed"))
         self._pending.clear()
+
+
+def _time_out(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

@@ -1,0 +1,113 @@
+"""``python -m bench SCENARIO [--quick] [--json OUT]``: run a benchmark and print its table.
+
+Scenarios: ``delivery`` (1 and 2: the bus and the baseline relay, interleaved), ``bcp`` (3),
+``fanout`` (4), ``connections`` (5), ``log`` (6), or ``all``; the numbers 1-6 work too.
+``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from .common import machine, machine_line, raise_fd_limit
+
+SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log")
+_ALIASES = {
+    "1": "delivery",
+    "2": "delivery",
+    "3": "bcp",
+    "4": "fanout",
+    "5": "connections",
+    "6": "log",
+}
+
+# Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.
+ROLES = {
+    "relay": "bench.relay:main",
+    "publisher": "bench.clients:publisher",
+    "subscribers": "bench.clients:subscribers",
+    "controller": "bench.bcp:controller",
+    "reader": "bench.bcp:reader",
+    "idlers": "bench.connections:idlers",
+    "log": "bench.log:writer",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["worker"]:
+        return _worker(args[1], json.loads(Path(args[2]).read_text()))
+    options = _parser().parse_args(args)
+    raise_fd_limit()
+    names = SCENARIOS if options.scenario == "all" else (_name(options.scenario),)
+    info = machine()
+    print(f"machine: {machine_line(info)}", flush=True)
+    results: dict[str, Any] = {"machine": info, "quick": options.quick, "scenarios": {}}
+    for name in names:
+        module = importlib.import_module(f"bench.{name}")
+        print(f"\n## {name}{' (quick)' if options.quick else ''}", flush=True)
+        started = time.monotonic()
+        settings = module.options(options.quick, options.loop)
+        if options.reps is not None:
+            settings = dataclasses.replace(settings, reps=options.reps)
+        result = asyncio.run(module.run(settings))
+        result["seconds"] = time.monotonic() - started
+        result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        results["scenarios"][name] = result
+        print(
+            f"\n{module.report(result)}\n({result['seconds']:.0f} s; load average "
+            f"{result['loadavg_after'][0]:.2f} at the end)",
+            flush=True,
+        )
+    if options.json is not None:
+        options.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwrote {options.json}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("scenario", choices=(*SCENARIOS, *_ALIASES, "all"))
+    parser.add_argument("--quick", action="store_true", help="a tiny load: checks it runs")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the results here")
+    parser.add_argument("--reps", type=int, metavar="N", help="repetitions (default per scenario)")
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="event loop of the server processes (uvloop must be installed)",
+    )
+    return parser
+
+
+def _name(scenario: str) -> str:
+    return _ALIASES.get(scenario, scenario)
+
+
+def _worker(role: str, params: dict[str, Any]) -> int:
+    module_name, function_name = ROLES[role].split(":")
+    function: Callable[[dict[str, Any]], Coroutine[Any, Any, None]] = getattr(
+        importlib.import_module(module_name), function_name
+    )
+    if params.get("loop") == "uvloop":
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
+
+        uvloop.run(function(params))
+    else:
+        asyncio.run(function(params))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Scenario 3: the BCP round trip, controller query -> gateway -> reader -> gateway -> controller.
+
+Three processes: ``bcpbus serve`` with its in-process gateway (its default), a controller
+(:class:`peers.bcp.Controller`, ``agent:main``) and a reader (:class:`peers.bcp.Reader`,
+``agent:researcher``) that answers every query at once with a valid answer. The controller keeps
+``window`` :meth:`~peers.bcp.Controller.ask` calls in flight; one query is five ``sendMessage``
+calls through the bus (query request, query, response, validation result, delivery), each with
+its audit rows committed, plus the gateway's own rows.
+
+The agent definitions give the channel a budget no run can spend, so every query is admitted.
+Figures per category and window: queries/s, p50 and p99 of one ``ask``, and the bus process's
+CPU time per query (bus and gateway together: they share the process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from peers.bcp import Controller, Reader
+from peers.client import Peer
+
+from .common import (
+    cpu_seconds,
+    emit,
+    make_peers,
+    percentile,
+    running_bus,
+    spawn_worker,
+    spread,
+    stdin_lines,
+    summarize,
+    table,
+)
+
+__all__ = ["Options", "controller", "options", "reader", "report", "run"]
+
+CAT1 = {
+    "category": 1,
+    "fields": [
+        {"name": "has_pricing", "type": "boolean"},
+        {"name": "tier", "type": "enum", "values": ["free", "pro", "enterprise"]},
+        {"name": "rating", "type": "integer", "min": 1, "max": 5},
+        {"name": "region", "type": "enum", "values": ["eu", "us", "apac", "other"]},
+    ],
+}
+CAT2 = {
+    "category": 2,
+    "questions": [
+        {
+            "id": "company",
+            "question": "Which company?",
+            "max_words": 5,
+            "expected_format": "short_text",
+        },
+        {"id": "founded", "question": "Founded when?", "max_words": 3, "expected_format": "date"},
+    ],
+}
+SPECS = {1: CAT1, 2: CAT2}
+ANSWERS: dict[int, dict[str, Any]] = {
+    1: {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"},
+    2: {"company": "Acme Corp", "founded": "1998-04-01"},
+}
+
+_AGENT = """---
+name: {name}
+bcp_channels:
+  - peer: {peer}
+    role: {role}
+    max_category: 2
+    budget_bits: 1.0e+15
+---
+{name}
+"""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Repetitions, queries per (category, window), the windows, the categories, the loop."""
+
+    reps: int = 3
+    count: int = 2_000
+    warmup: int = 200
+    windows: tuple[int, ...] = (1, 64)
+    categories: tuple[int, ...] = (1, 2)
+    loop: str = "asyncio"
+
+
+def options(quick: bool, loop: str) -> Options:
+    """The full run, or a tiny one that only checks that everything starts and finishes."""
+    if quick:
+        return Options(reps=1, count=40, warmup=10, loop=loop)
+    return Options(loop=loop)
+
+
+def write_agents(directory: Path) -> Path:
+    """Agent definitions for one controller-reader channel with a budget no run exhausts."""
+    agents = directory / "agents"
+    agents.mkdir()
+    (agents / "main.md").write_text(
+        _AGENT.format(name="main", peer="researcher", role="controller")
+    )
+    (agents / "researcher.md").write_text(
+        _AGENT.format(name="researcher", peer="main", role="reader")
+    )
+    return agents
+
+
+# The worker roles
+
+
+async def _asks(ctl: Controller, category: int, count: int, window: int) -> list[float]:
+    latencies: list[float] = []
+    left = count
+    spec = SPECS[category]
+
+    async def lane() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            start = time.perf_counter()
+            await ctl.ask("researcher", spec, query_id=f"q-{uuid.uuid4().hex}", timeout=60)
+            latencies.append(time.perf_counter() - start)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(window):
+            group.create_task(lane())
+    return latencies
+
+
+async def controller(params: dict[str, Any]) -> None:
+    """Ask on command: ``run CATEGORY WINDOW COUNT WARMUP``, then ``go``; ``quit`` ends."""
+    ctl = Controller(Peer(params["url"], "agent:main", params["token"], reconnect=False))
+    await ctl.start()
+    emit("ready")
+    commands = stdin_lines()
+    try:
+        async for words in commands:
+            if words[0] == "quit":
+                break
+            category, window, count, warmup = (int(w) for w in words[1:5])
+            await _asks(ctl, category, warmup, window)
+            emit("warm")
+            await anext(commands)  # go
+            cpu, start = time.process_time(), time.perf_counter()
+            latencies = await _asks(ctl, category, count, window)
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+            p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+            emit("done", elapsed=elapsed, cpu=cpu, p50=p50, p99=p99)
+    finally:
+        await ctl.close()
+
+
+async def reader(params: dict[str, Any]) -> None:
+    """Answer every query at once with a valid answer for its category; ``quit`` ends."""
+    rdr = Reader(Peer(params["url"], "agent:researcher", params["token"], reconnect=False))
+
+    @rdr.on_query
+    async def answer(query: dict[str, Any]) -> dict[str, Any]:
+        return ANSWERS[int(query["category"])]
+
+    await rdr.start()
+    emit("ready")
+    try:
+        async for words in stdin_lines():
+            if words[0] == "quit":
+                break
+    finally:
+        await rdr.close()
+
+
+# The orchestrator
+
+
+async def _one(directory: Path, options: Options) -> dict[str, dict[str, float]]:
+    tokens = make_peers(directory / "peers.yaml", {"agent:main": [], "agent:researcher": []})
+    agents = write_agents(directory)
+    figures: dict[str, dict[str, float]] = {}
+    async with running_bus(directory, gateway=True, agents_dir=agents, loop=options.loop) as bus:
+        rdr = await spawn_worker(
+            "reader", "reader", {"url": bus.url, "token": tokens["agent:researcher"]}, directory
+        )
+        ctl = await spawn_worker(
+            "controller", "controller", {"url": bus.url, "token": tokens["agent:main"]}, directory
+        )
+        try:
+            for category in options.categories:
+                for window in options.windows:
+                    await ctl.send("run", category, window, options.count, options.warmup)
+                    await ctl.expect("warm")
+                    before = cpu_seconds(bus.pid), cpu_seconds(rdr.pid)
+                    await ctl.send("go")
+                    done = await ctl.expect("done")
+                    after = cpu_seconds(bus.pid), cpu_seconds(rdr.pid)
+                    figures[f"cat{category}/w{window}"] = {
+                        "queries_per_s": options.count / done["elapsed"],
+                        "p50_ms": done["p50"] * 1e3,
+                        "p99_ms": done["p99"] * 1e3,
+                        "bus_cpu_us": (after[0] - before[0]) / options.count * 1e6,
+                        "reader_cpu_us": (after[1] - before[1]) / options.count * 1e6,
+                        "controller_cpu_us": done["cpu"] / options.count * 1e6,
+                    }
+        finally:
+            await ctl.stop()
+            await rdr.stop()
+    return figures
+
+
+async def run(options: Options) -> dict[str, Any]:
+    """Run scenario 3; return the samples and their summary."""
+    samples: list[dict[str, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-bcp-") as tmp:
+        for rep in range(options.reps):
+            directory = Path(tmp) / f"rep-{rep}"
+            directory.mkdir()
+            samples.append(await _one(directory, options))
+            brief = ", ".join(f"{k} {v['queries_per_s']:,.0f} q/s" for k, v in samples[-1].items())
+            print(f"  rep {rep + 1}/{options.reps}: {brief}", flush=True)
+    summary = {
+        case: {key: summarize(s[case][key] for s in samples) for key in samples[0][case]}
+        for case in samples[0]
+    }
+    return {"options": asdict(options), "samples": samples, "summary": summary}
+
+
+def report(result: Mapping[str, Any]) -> str:
+    """The results as a Markdown table."""
+    headers = ["case", "queries/s", "p50 ms", "p99 ms", "bus CPU us/query", "reader CPU us/q"]
+    rows = [
+        [
+            case,
+            spread(f["queries_per_s"]),
+            spread(f["p50_ms"]),
+            spread(f["p99_ms"]),
+            spread(f["bus_cpu_us"]),
+            f["reader_cpu_us"]["median"],
+        ]
+        for case, f in result["summary"].items()
+    ]
+    return table(headers, rows)

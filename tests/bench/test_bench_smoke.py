@@ -1,0 +1,49 @@
+"""Each benchmark scenario starts and finishes on a tiny load (``python -m bench X --quick``).
+
+No timing is checked: benchmarks are run by hand; this only keeps them from rotting.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from peers.testing import scaled
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("scenario", ["bcp", "fanout", "connections", "log"])
+def test_scenario_runs_on_a_tiny_load(scenario):
+    """The scenario exits 0 and prints the machine line and its table."""
+    done = run_bench(scenario, "--quick")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("machine: ")
+    assert "| " in done.stdout
+
+
+def test_delivery_writes_json_with_both_servers(tmp_path):
+    """Scenarios 1 and 2 run interleaved and --json holds the bus/relay ratio per window."""
+    out = tmp_path / "results.json"
+    done = run_bench("delivery", "--quick", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    summary = results["scenarios"]["delivery"]["summary"]
+    assert set(summary) == {"1", "64"}
+    assert summary["64"]["ratio_msgs"]["median"] > 0
+    assert results["machine"]["cores"] >= 1

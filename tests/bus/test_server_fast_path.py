@@ -1,0 +1,157 @@
+"""The bus's fast check of ``sendMessage`` params accepts only what the pydantic models accept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings, strategies as st
+from pydantic import AwareDatetime, TypeAdapter, ValidationError
+
+from bus.errors import InvalidParams
+from bus.server import _fast_send_message, _read_send_message, _valid_timestamp
+from schemas.bus import SendMessageParams
+
+AWARE: TypeAdapter[AwareDatetime] = TypeAdapter(AwareDatetime)
+
+VALID: dict[str, Any] = {
+    "topic": "agent:main",
+    "payload": {
+        "messageId": "m-1",
+        "type": "tg_message",
+        "from": "tg:42",
+        "timestamp": "2026-05-09T07:35:25.123456+00:00",
+        "content": {"text": "hello"},
+    },
+}
+
+
+def _digits(n: int) -> st.SearchStrategy[str]:
+    return st.text(alphabet="0123456789", min_size=n, max_size=n)
+
+
+_offsets = st.one_of(
+    st.sampled_from(["Z", "z", "+00:00", "-23:59", "+24:00", "", "+0000"]),
+    st.builds("{}{}:{}".format, st.sampled_from("+-"), _digits(2), _digits(2)),
+)
+_timestamps = st.one_of(
+    st.builds(
+        "{}-{}-{}T{}:{}:{}{}{}".format,
+        st.one_of(_digits(4), st.sampled_from(["2026", "2024", "0000", "9999"])),
+        st.one_of(_digits(2), st.sampled_from(["01", "02", "12"])),
+        st.one_of(_digits(2), st.sampled_from(["28", "29", "30", "31"])),
+        st.one_of(_digits(2), st.sampled_from(["00", "23", "24"])),
+        _digits(2),
+        _digits(2),
+        st.sampled_from(["", ".1", ".123456", ".1234567", "."]),
+        _offsets,
+    ),
+    st.sampled_from(
+        [
+            "2026-05-09T07:35:25Z",
+            "2026-05-09 07:35:25Z",
+            "2026-05-09T07:35:25",
+            "2026-02-30T07:35:25Z",
+            "2026-05-09T23:59:60Z",
+            "2026-05-09T07:35:25Z\n",
+            "٢٠٢٦-05-09T07:35:25Z",
+        ]
+    ),
+)
+_strings = st.one_of(
+    st.text(max_size=140),
+    st.sampled_from(["tg_message", "tg:42", "tg_message\n", "tg:42\n", "", "x" * 129]),
+)
+_values = st.one_of(_strings, st.integers(), st.none(), st.booleans(), st.lists(st.integers()))
+_keys = st.sampled_from(
+    ["messageId", "type", "from", "timestamp", "content", "correlationId", "traceparent",
+     "message_id", "from_", "extra"]
+)  # fmt: skip
+
+
+@st.composite
+def send_params(draw: st.DrawFn) -> Any:
+    """Mostly valid params with a few fields replaced, added or removed."""
+    payload = dict(VALID["payload"])
+    for key in draw(st.lists(_keys, max_size=3)):
+        choice = draw(st.integers(0, 3))
+        if choice == 0:
+            payload.pop(key, None)
+        elif key == "timestamp":
+            payload[key] = draw(st.one_of(_timestamps, _values))
+        elif key == "content":
+            payload[key] = draw(st.one_of(st.dictionaries(st.text(max_size=3), _values), _values))
+        else:
+            payload[key] = draw(_values)
+    params: dict[str, Any] = {"topic": draw(st.one_of(st.just("agent:main"), _values))}
+    params["payload"] = payload if draw(st.integers(0, 9)) else draw(_values)
+    if not draw(st.integers(0, 9)):
+        params["extra"] = 1
+    return params
+
+
+@settings(max_examples=500)
+@given(send_params())
+@example(VALID)
+def test_fast_path_accepts_only_what_the_model_accepts(params):
+    """Whatever the fast check accepts, the model accepts too, with the same fields."""
+    fields = _fast_send_message(params)
+    if fields is None:
+        return
+    model = SendMessageParams.model_validate(params)
+    assert (fields.topic, fields.message_id, fields.type, fields.sender) == (
+        model.topic,
+        model.payload.message_id,
+        model.payload.type,
+        model.payload.from_,
+    )
+
+
+@settings(max_examples=2000)
+@given(_timestamps)
+def test_fast_timestamp_check_accepts_only_aware_datetimes(text):
+    """Every timestamp the fast check passes, AwareDatetime accepts."""
+    if _valid_timestamp(text):
+        AWARE.validate_python(text)
+
+
+def test_fast_path_takes_the_usual_message():
+    """A well-formed message, optional fields included, needs no model validation."""
+    payload = {
+        **VALID["payload"],
+        "correlationId": "c-1",
+        "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+    }
+    assert _fast_send_message({"topic": "agent:main", "payload": payload}) is not None
+    assert _fast_send_message(VALID) is not None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"timestamp": "2026-05-09T07:35:25"},  # no zone: AwareDatetime refuses it
+        {"timestamp": "2026-05-09T07:35:25+10:87"},  # fromisoformat would take it
+        {"type": "tg_message\n"},
+        {"from": "tg:42\n"},
+        {"messageId": ""},
+        {"content": []},
+        {"extra": 1},
+    ],
+)
+def test_invalid_params_get_the_models_error(change):
+    """What the fast check refuses is validated by the model and refused with its message."""
+    params = {"topic": "agent:main", "payload": {**VALID["payload"], **change}}
+    assert _fast_send_message(params) is None
+    with pytest.raises(ValidationError):
+        SendMessageParams.model_validate(params)
+    with pytest.raises(InvalidParams, match="Invalid params: payload"):
+        _read_send_message(params)
+
+
+def test_the_model_accepts_what_the_fast_path_defers():
+    """A valid but unusual message (field names instead of aliases) still goes through."""
+    payload = {**VALID["payload"], "message_id": "m-2"}
+    del payload["messageId"]
+    params = {"topic": "agent:main", "payload": payload}
+    assert _fast_send_message(params) is None
+    assert _read_send_message(params).message_id == "m-2"
