@@ -36,7 +36,7 @@ import aiosqlite
 
 from .errors import AuditUnavailable
 
-__all__ = ["COLUMNS", "EVENTS", "SCHEMA", "ActivityLog"]
+__all__ = ["COLUMNS", "EVENTS", "LINGER", "SCHEMA", "ActivityLog"]
 
 logger = logging.getLogger("bus.activity")
 
@@ -98,6 +98,10 @@ assigned by SQLite)."""
 
 _APPEND_ONLY = "activity_log is append-only"
 
+
+LINGER = 0.05
+"""Seconds a recorded row may wait for a transaction when no caller commits it."""
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS activity_log (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -113,8 +117,6 @@ CREATE TABLE IF NOT EXISTS activity_log (
 );
 CREATE INDEX IF NOT EXISTS idx_activity_message_id ON activity_log(message_id);
 CREATE INDEX IF NOT EXISTS idx_activity_ts ON activity_log(ts);
-CREATE INDEX IF NOT EXISTS idx_activity_event ON activity_log(event);
-CREATE INDEX IF NOT EXISTS idx_activity_topic ON activity_log(topic);
 CREATE TRIGGER IF NOT EXISTS activity_log_no_update BEFORE UPDATE ON activity_log
 BEGIN
     SELECT RAISE(ABORT, '{_APPEND_ONLY}');
@@ -182,6 +184,10 @@ class ActivityLog:
         # commit() callers as (rows they wait for, future), in call order, so the targets grow.
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._wakeup = asyncio.Event()
+        # Wakes the writer for rows nobody commits (connection events), LINGER seconds after
+        # the first of them; commit() wakes it at once. Waking it on every record() would start
+        # a transaction for the first row of each message and another for the rest.
+        self._linger: asyncio.TimerHandle | None = None
         self._db: aiosqlite.Connection | None = None
         self._writer: asyncio.Task[None] | None = None
         self._rows_per_statement = batch_max
@@ -310,7 +316,8 @@ class ActivityLog:
             )
         )
         self._rows_recorded += 1
-        self._wakeup.set()
+        if self._linger is None and self._writer is not None:
+            self._linger = asyncio.get_running_loop().call_later(LINGER, self._wakeup.set)
 
     async def commit(self) -> None:
         """Return once every row recorded before this call is committed.
@@ -352,6 +359,9 @@ class ActivityLog:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
+            if self._linger is not None:
+                self._linger.cancel()
+                self._linger = None
             try:
                 await self._drain()
             except AuditUnavailable as exc:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,16 @@ def _serve(args: argparse.Namespace) -> int:
     config = replace(config, **overrides)
     if args.no_gateway:
         config = replace(config, gateway=replace(config.gateway, enabled=False))
-    return asyncio.run(serve(config))
+    return _run(serve(config))
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    """Run ``coro`` on uvloop when it is installed (the ``speed`` extra), else on asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 async def serve(config: ServeConfig, *, ready: Callable[[Bus], None] | None = None) -> int:

@@ -37,6 +37,7 @@ from schemas import strict_yaml
 from schemas.bus import CLIENT_ID_PATTERN
 
 __all__ = [
+    "TOKEN_PREFIX",
     "CREDENTIALS_VERSION",
     "Credentials",
     "CredentialsError",
@@ -103,6 +104,9 @@ def validate_client_id(client_id: str) -> str:
 
 # Compared against when the clientId is unknown, so an unknown id costs the same work as a
 # known one and response times don't reveal which ids exist.
+TOKEN_PREFIX: Final = "bcpbus_"
+"""Every token :meth:`Credentials.add` makes starts with this."""
+
 _DUMMY_HASH: Final = hash_token(secrets.token_urlsafe(32))
 
 
@@ -242,7 +246,9 @@ class Credentials:
             raise CredentialsError("roles must be a list of role names, not one string")
         for role in roles:
             _check_role(role)
-        token = secrets.token_urlsafe(32)
+        # The prefix makes a leaked token recognizable (secret scanners match it) and keeps it
+        # from starting with "-", which a command line would read as an option.
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         self._records[client_id] = PeerRecord(client_id, tuple(roles), hash_token(token))
         return token
 

@@ -54,6 +54,7 @@ def test_tokens_are_long_and_distinct():
     tokens = {credentials.add(f"agent:a{i}", []) for i in range(20)}
     assert len(tokens) == 20
     assert all(len(token) >= 43 for token in tokens)  # 32 bytes in URL-safe base64
+    assert all(token.startswith("bcpbus_") for token in tokens)  # never an option-like "-"
 
 
 @pytest.mark.parametrize(
