@@ -69,6 +69,8 @@ class Connection:
         self.initialized = asyncio.Event()
         self.inflight = asyncio.Semaphore(max_inflight) if max_inflight else None
         self.close_after_answer: tuple[int, str] | None = None
+        self.anonymous_errors = 0
+        """Error answers sent before a successful ``initialize``."""
         self._pending: dict[int | str | None, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._gone = False

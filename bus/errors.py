@@ -36,6 +36,7 @@ __all__ = [
     "CLOSE_INITIALIZE_TIMEOUT",
     "CLOSE_REPLACED",
     "CLOSE_GOING_AWAY",
+    "CLOSE_POLICY_VIOLATION",
     "AlreadyInitialized",
     "AuditUnavailable",
     "AuthenticationFailed",
@@ -235,12 +236,14 @@ _BY_CODE: dict[int, type[BusError]] = {
 
 # WebSocket close codes (RFC 6455 §7.4.2: 4000-4999 are for applications).
 CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY_VIOLATION = 1008
 CLOSE_REPLACED = 4001
 CLOSE_INITIALIZE_TIMEOUT = 4002
 CLOSE_AUTH_FAILED = 4003
 
 CLOSE_CODES: dict[int, str] = {
     1001: "the bus is shutting down",
+    CLOSE_POLICY_VIOLATION: "too many errors before a successful initialize",
     1009: "frame larger than the configured max_frame_bytes",
     CLOSE_REPLACED: "replaced: another connection authenticated as the same clientId",
     CLOSE_INITIALIZE_TIMEOUT: "no successful initialize within initialize_timeout",

@@ -39,6 +39,7 @@ from .credentials import Credentials
 from .errors import (
     CLOSE_AUTH_FAILED,
     CLOSE_INITIALIZE_TIMEOUT,
+    CLOSE_POLICY_VIOLATION,
     CLOSE_REPLACED,
     AlreadyInitialized,
     AuthenticationFailed,
@@ -65,6 +66,8 @@ M = TypeVar("M", bound=BaseModel)
 BUS_CLIENT_ID = "system:bus"
 """The ``from`` of messages the bus itself sends (presence events)."""
 PRESENCE_TOPIC = "system:presence"
+MAX_ANONYMOUS_ERRORS = 10
+"""Error answers a connection may get before a successful ``initialize``; then close 1008."""
 
 
 class Bus:
@@ -258,10 +261,24 @@ class Bus:
             )
             with contextlib.suppress(BusError):
                 await self.log.commit()
+            self._count_anonymous_error(conn)
             raise
 
     def _protocol_error(self, conn: Connection, error: BusError) -> None:
         self.log.record("rpc_error", actor=conn.name, status=str(error.code), error=error.message)
+        self._count_anonymous_error(conn)
+
+    def _count_anonymous_error(self, conn: Connection) -> None:
+        # A connection that has not authenticated gets a few errors to learn from, then is
+        # closed: otherwise anyone could fill the audit log with error rows until the
+        # initialize timeout.
+        if conn.client_id is not None or conn.close_after_answer is not None:
+            return
+        conn.anonymous_errors += 1
+        if conn.anonymous_errors >= MAX_ANONYMOUS_ERRORS:
+            self.log.record("limit_exceeded", actor=conn.name, status="anonymous_errors")
+            conn.close_after_answer = (CLOSE_POLICY_VIOLATION, "too many errors before initialize")
+            conn.spawn(conn.close(*conn.close_after_answer))
 
     async def _initialize(self, conn: Connection, request: Request) -> Any:
         if conn.client_id is not None:

@@ -465,3 +465,18 @@ async def test_inflight_limit_makes_extra_deliveries_wait_then_time_out(tmp_path
             assert (await tg.send("agent:w1", "tg_message", {}))["deliveredTo"] == 1
         [row] = h.rows(event="process_finish", message_id="queued")
         assert row["status"] == "timeout"
+
+
+async def test_anonymous_error_flood_is_cut_off(tmp_path):
+    """A connection that keeps failing before initialize is closed with 1008 after ten errors."""
+    async with running_bus(tmp_path) as h, connect(h.url) as ws:
+        for n in range(9):
+            assert (await raw_call(ws, "ping", request_id=n))["error"]["code"] == -32001
+        await ws.send("not json")
+        with pytest.raises(ConnectionClosed):
+            async with asyncio.timeout(scaled(5)):
+                while True:
+                    await ws.recv()
+        assert ws.close_code == 1008
+        await h.log.commit()
+        assert h.rows(event="limit_exceeded", status="anonymous_errors")
