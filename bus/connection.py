@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from .calls import PendingCalls
 from .errors import BusError, InternalError
 from .protocol import ErrorResponse, Notification, Request, Response, Session
 
@@ -71,7 +72,7 @@ class Connection:
         self.close_after_answer: tuple[int, str] | None = None
         self.anonymous_errors = 0
         """Error answers sent before a successful ``initialize``."""
-        self._pending: dict[int | str | None, asyncio.Future[Any]] = {}
+        self._pending = PendingCalls()
         self._tasks: set[asyncio.Task[None]] = set()
         self._gone = False
 
@@ -94,24 +95,15 @@ class Connection:
                 await self.flush()
         finally:
             self._gone = True
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(PeerGone(self.name))
-            self._pending.clear()
+            self._pending.fail_all(PeerGone(self.name))
 
     def _dispatch(self) -> None:
         for event in self.session.events_received():
             match event:
                 case Request():
                     self.spawn(self._answer(event))
-                case Response(id=request_id, result=result):
-                    future = self._pending.get(request_id)
-                    if future is not None and not future.done():
-                        future.set_result(result)
-                case ErrorResponse(id=request_id, error=error):
-                    future = self._pending.get(request_id)
-                    if future is not None and not future.done():
-                        future.set_exception(error)
+                case Response() | ErrorResponse():
+                    self._pending.settle(event)
                 case Notification(method=method):
                     # JSON-RPC 2.0 §4.1: a notification is never answered, even with an error.
                     logger.debug("%s: ignored notification %s", self.name, method)
@@ -154,13 +146,12 @@ class Connection:
         if self._gone:
             raise PeerGone(self.name)
         request_id = self.session.send_request(method, params)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        future = self._pending.expect(request_id)
         try:
             await self.flush()
             return await future
         finally:
-            self._pending.pop(request_id, None)
+            self._pending.forget(request_id)
 
     # Tasks
 

@@ -31,6 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bus import __version__
+from bus.calls import PendingCalls
 from bus.errors import AuthenticationFailed, BusError
 from bus.protocol import ErrorResponse, Notification, Request, Response, Session
 
@@ -131,7 +132,7 @@ class Peer:
         self._subscriptions: list[str] = []
         self._ws: ClientConnection | None = None
         self._session = Session()
-        self._pending: dict[int | str | None, asyncio.Future[Any]] = {}
+        self._pending = PendingCalls()
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -255,8 +256,7 @@ class Peer:
             raise PeerClosed(f"{self.client_id} is not connected")
         request_id = self._session.send_request(method, params)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._pending[request_id] = future
+        future = self._pending.expect(request_id)
         timer = None
         try:
             await self._flush(ws)
@@ -266,7 +266,7 @@ class Peer:
                 timer = loop.call_later(self.request_timeout, _time_out, future)
             return await future
         finally:
-            self._pending.pop(request_id, None)
+            self._pending.forget(request_id)
             if timer is not None:
                 timer.cancel()
 
@@ -328,14 +328,8 @@ class Peer:
 
     def _dispatch(self, event: Request | Notification | Response | ErrorResponse) -> None:
         match event:
-            case Response(id=request_id, result=result):
-                future = self._pending.get(request_id)
-                if future is not None and not future.done():
-                    future.set_result(result)
-            case ErrorResponse(id=request_id, error=error):
-                future = self._pending.get(request_id)
-                if future is not None and not future.done():
-                    future.set_exception(error)
+            case Response() | ErrorResponse():
+                self._pending.settle(event)
             case Request():
                 task = asyncio.create_task(self._process(event))
                 self._tasks.add(task)
@@ -377,10 +371,7 @@ class Peer:
                 return
 
     def _fail_pending(self) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(PeerClosed(f"{self.client_id}: connection closed"))
-        self._pending.clear()
+        self._pending.fail_all(PeerClosed(f"{self.client_id}: connection closed"))
 
 
 def _time_out(future: asyncio.Future[Any]) -> None:
