@@ -24,7 +24,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 
 from .client import Message, Peer, Reply
 
@@ -56,14 +56,36 @@ class QueryFailed(Exception):
         self.detail = detail
 
 
-def _name(peer: Peer) -> str:
-    prefix, _, name = peer.client_id.partition(":")
-    if prefix != "agent" or not name:
-        raise ValueError(f"BCP agents are agent:<name>, not {peer.client_id!r}")
-    return name
+class _Agent:
+    """What both sides share: an ``agent:<name>`` peer, started and closed with it."""
+
+    def __init__(self, peer: Peer) -> None:
+        prefix, _, name = peer.client_id.partition(":")
+        if prefix != "agent" or not name:
+            raise ValueError(f"BCP agents are agent:<name>, not {peer.client_id!r}")
+        self.peer = peer
+        self.name = name
+
+    async def start(self) -> None:
+        """Connect and make sure the peer receives what is sent to ``agent:<name>``."""
+        await self.peer.connect()
+        # The bus subscribes a peer to its own clientId already; asking again is harmless and
+        # keeps this working under a policy that leaves that to the peer.
+        await self.peer.subscribe(f"agent:{self.name}")
+
+    async def close(self) -> None:
+        """Close the peer. Idempotent."""
+        await self.peer.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
-class Controller:
+class Controller(_Agent):
     """The controller side of BCP over one peer.
 
     Args:
@@ -71,8 +93,7 @@ class Controller:
     """
 
     def __init__(self, peer: Peer) -> None:
-        self.peer = peer
-        self.name = _name(peer)
+        super().__init__(peer)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._on_delivery: DeliveryHandler | None = None
         peer.handle("bcp_response_delivery", self._delivered)
@@ -84,14 +105,6 @@ class Controller:
         ``"subscription_id" in content``."""
         self._on_delivery = handler
         return handler
-
-    async def start(self) -> None:
-        """Connect and subscribe to ``agent:<name>``."""
-        await self.peer.connect()
-        await self.peer.subscribe(f"agent:{self.name}")
-
-    async def close(self) -> None:
-        await self.peer.close()
 
     async def send_query(
         self,
@@ -182,7 +195,7 @@ class Controller:
         return Reply(True)
 
 
-class Reader:
+class Reader(_Agent):
     """The reader side of BCP over one peer.
 
     Args:
@@ -190,8 +203,7 @@ class Reader:
     """
 
     def __init__(self, peer: Peer) -> None:
-        self.peer = peer
-        self.name = _name(peer)
+        super().__init__(peer)
         self.subscriptions: list[dict[str, Any]] = []
         """The latest ``bcp_subscriptions_active`` list: what this reader may publish."""
         self.subscriptions_received = asyncio.Event()
@@ -211,15 +223,11 @@ class Reader:
         self._on_query = handler
         return handler
 
-    async def start(self) -> None:
-        """Connect and subscribe to ``agent:<name>``."""
-        await self.peer.connect()
-        await self.peer.subscribe(f"agent:{self.name}")
-
     async def close(self) -> None:
+        """Let running query handlers finish (up to 5 s), then close the peer."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5)
-        await self.peer.close()
+        await super().close()
 
     async def answer(
         self,
