@@ -177,6 +177,54 @@ async def test_two_writers_share_one_file(tmp_path: Path) -> None:
     assert actors.count("bus") == actors.count("system:gateway") == 100
 
 
+async def test_a_held_lock_waits_off_the_loop(log: ActivityLog, tmp_path: Path) -> None:
+    """While another process holds the write lock, commit() waits on the database thread: the
+    loop keeps running, and the rows land once the lock is released."""
+    assert log._db is not None
+    thread_path = asyncio.Event()
+    real_execute = log._db.execute
+
+    def spy(sql: str, parameters: Any = None) -> Any:
+        if sql.startswith("INSERT"):
+            thread_path.set()
+        return real_execute(sql, parameters)
+
+    log._db.execute = spy  # type: ignore[method-assign]
+    other = sqlite3.connect(log.path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # the write lock, as another process would hold it
+        log.record("send_start", message_id="held")
+        committing = asyncio.create_task(log.commit())
+        async with asyncio.timeout(TIMEOUT):
+            await thread_path.wait()  # the loop ran on while the writer waited for the lock
+        assert not committing.done()
+        other.execute("COMMIT")
+        async with asyncio.timeout(TIMEOUT):
+            await committing
+    finally:
+        other.close()
+    assert [row["message_id"] for row in read_rows(log.path)] == ["held"]
+
+
+async def test_checkpoints_run_every_checkpoint_rows(tmp_path: Path) -> None:
+    """The writer never checkpoints inside a commit; every ``checkpoint_rows`` rows a passive
+    checkpoint copies the WAL into the database file."""
+    path = tmp_path / "activity.db"
+    async with ActivityLog(path, checkpoint_rows=500) as log:
+        empty = path.stat().st_size
+        async with asyncio.timeout(TIMEOUT):
+            for batch in range(3):
+                for n in range(250):
+                    log.record("connect", actor=f"peer-{batch}-{n}")
+                await log.commit()
+            while log.checkpoints < 1:
+                assert log._checkpoint is not None
+                await asyncio.wait({log._checkpoint})
+        assert log.checkpoints == 1  # 750 rows: one checkpoint at 500
+        assert path.stat().st_size > empty
+    assert len(read_rows(path)) == 750
+
+
 # Lifecycle
 
 
