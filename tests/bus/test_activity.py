@@ -92,6 +92,29 @@ async def test_timestamps_are_utc_microseconds_and_sort_as_text(log: ActivityLog
     assert stamps == sorted(stamps)
 
 
+@pytest.mark.parametrize(
+    "ns",
+    [
+        [1_700_000_000_000_000_000, 1_700_000_000_999_999_999, 1_700_000_001_000_000_000],
+        [1_799_999_999_999_999_000, 1_800_000_000_000_001_000, 1_799_999_999_500_000_000],
+        [0, 59_000_000_000, 86_400_123_456_789],
+    ],
+)
+def test_timestamps_match_the_clock_across_seconds(
+    monkeypatch: pytest.MonkeyPatch, ns: list[int]
+) -> None:
+    """The cached date-and-time prefix is renewed whenever the second changes, either way."""
+    from datetime import UTC, datetime
+
+    from bus import activity
+
+    for value in ns:
+        monkeypatch.setattr(activity.time, "time_ns", lambda value=value: value)
+        seconds, micros = divmod(value // 1000, 1_000_000)
+        expected = datetime.fromtimestamp(seconds, UTC).replace(microsecond=micros)
+        assert activity._now() == expected.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 async def test_missing_payload_stays_null(log: ActivityLog) -> None:
     """A row recorded without a payload has NULL payload_json, not the text 'null'."""
     async with asyncio.timeout(TIMEOUT):
