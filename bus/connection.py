@@ -13,7 +13,6 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from .calls import PendingCalls
@@ -21,6 +20,7 @@ from .errors import BusError, InternalError
 from .protocol import ErrorResponse, Notification, Request, Response, Session
 
 if TYPE_CHECKING:
+    from .local import Socket
     from .policy import Grants
 
 __all__ = ["Connection", "Handler", "PeerGone"]
@@ -40,7 +40,7 @@ class Connection:
     """The bus side of one peer connection.
 
     Args:
-        ws: the accepted websockets connection.
+        ws: the accepted websockets connection, or the bus's end of a :mod:`bus.local` link.
         handler: called for every request; its return value is the result, a raised
             :class:`BusError` the error answer.
         max_inflight: most ``processMessage`` calls awaiting this peer at once; None for no limit.
@@ -50,7 +50,7 @@ class Connection:
 
     def __init__(
         self,
-        ws: ServerConnection,
+        ws: Socket,
         handler: Handler,
         *,
         max_inflight: int | None = None,

@@ -38,6 +38,7 @@ from .connection import Connection, PeerGone
 from .credentials import Credentials
 from .errors import (
     CLOSE_AUTH_FAILED,
+    CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
     CLOSE_REPLACED,
@@ -53,6 +54,7 @@ from .errors import (
     SubscriptionNotFound,
 )
 from .identities import PeerIdentity
+from .local import LocalSocket, Socket, local_pair
 from .policy import Grants, Policy, PolicyError, may_flow
 from .protocol import Request
 from .topics import SubscriptionIndex, validate_pattern, validate_topic
@@ -101,6 +103,7 @@ class Bus:
         self.peers: dict[str, Connection] = {}
         """Initialized connections by clientId."""
         self._connections: set[Connection] = set()
+        self._local_links: set[asyncio.Task[None]] = set()
         self._index: SubscriptionIndex[Connection] = SubscriptionIndex()
         self._server: Server | None = None
         self._closing = False
@@ -161,6 +164,11 @@ class Bus:
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
+        for conn in list(self._connections):
+            if isinstance(conn.ws, LocalSocket):
+                await conn.close(CLOSE_GOING_AWAY, "bus shutting down")
+        if self._local_links:
+            await asyncio.wait(set(self._local_links))
         if self._presence_task is not None:
             self._presence_task.cancel()
             try:
@@ -178,6 +186,24 @@ class Bus:
 
     # Connections
 
+    async def connect_local(self) -> LocalSocket:
+        """Open an in-process link to this bus and return the peer's end.
+
+        Pass this method as ``Peer(..., connector=bus.connect_local)``: the peer then
+        initializes, is authorized and logged as over a WebSocket, without a socket (see
+        :mod:`bus.local`). The bus closes the link with 1001 when it shuts down.
+
+        Raises:
+            ShuttingDown: the bus is closing.
+        """
+        if self._closing:
+            raise ShuttingDown()
+        bus_end, peer_end = local_pair()
+        link = asyncio.get_running_loop().create_task(self._handle_connection(bus_end))
+        self._local_links.add(link)
+        link.add_done_callback(self._local_links.discard)
+        return peer_end
+
     def _process_request(self, ws: ServerConnection, request: HTTPRequest) -> HTTPResponse | None:
         if request.path == "/healthz":
             return ws.respond(HTTPStatus.OK, "ok\n")
@@ -187,7 +213,7 @@ class Bus:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
         return None
 
-    async def _handle_connection(self, ws: ServerConnection) -> None:
+    async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
         conn = Connection(
             ws,
             self._handle_request,
@@ -685,7 +711,7 @@ def _grants(conn: Connection) -> Grants:
     return conn.grants
 
 
-def _bearer(ws: ServerConnection) -> str | None:
+def _bearer(ws: Socket) -> str | None:
     header = ws.request.headers.get("Authorization") if ws.request is not None else None
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None

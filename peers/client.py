@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bus import __version__
 from bus.calls import PendingCalls
 from bus.errors import AuthenticationFailed, BusError
+from bus.local import Socket
 from bus.protocol import ErrorResponse, Notification, Request, Response, Session
 
 __all__ = ["Handler", "Message", "Peer", "PeerClosed", "Reply", "backoff"]
@@ -107,6 +108,8 @@ class Peer:
         request_timeout: seconds to wait for the bus to answer a request; None waits forever.
         auth_header: send the token as ``Authorization: Bearer`` at the handshake instead of in
             ``initialize``.
+        connector: opens the connection instead of a WebSocket to ``url``; a peer in the bus's
+            own process passes :meth:`bus.server.Bus.connect_local` (see :mod:`bus.local`).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Peer:
         reconnect: bool = True,
         request_timeout: float | None = 30.0,
         auth_header: bool = False,
+        connector: Callable[[], Awaitable[Socket]] | None = None,
     ) -> None:
         self.url = url
         self.client_id = client_id
@@ -125,12 +129,13 @@ class Peer:
         self.reconnect = reconnect
         self.request_timeout = request_timeout
         self.auth_header = auth_header
+        self._connector = connector
         self.server_info: dict[str, Any] = {}
         """The last ``initialize`` result."""
         self.connected = asyncio.Event()
         self._handlers: dict[str | None, Handler] = {}
         self._subscriptions: list[str] = []
-        self._ws: ClientConnection | None = None
+        self._ws: Socket | None = None
         self._session = Session()
         self._pending = PendingCalls()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -171,13 +176,7 @@ class Peer:
         return result
 
     async def _open(self) -> dict[str, Any]:
-        headers = {"Authorization": f"Bearer {self._token}"} if self.auth_header else None
-        try:
-            self._ws = await connect(
-                self.url, additional_headers=headers, compression=None, max_size=None
-            )
-        except InvalidStatus as exc:
-            raise ConnectionError(f"bus refused the connection: {exc}") from exc
+        self._ws = await self._connect()
         self._session = Session()
         reader = asyncio.create_task(self._read(self._ws))
         try:
@@ -185,7 +184,7 @@ class Peer:
                 "clientId": self.client_id,
                 "clientInfo": {"name": "bcpbus-peer", "version": __version__},
             }
-            if not self.auth_header:
+            if not self.auth_header or self._connector is not None:  # no handshake, no header
                 params["auth"] = {"token": self._token}
             result: dict[str, Any] = await self.request("initialize", params, _ready=True)
             for pattern in self._subscriptions:
@@ -198,6 +197,17 @@ class Peer:
         self.server_info = result
         self.connected.set()
         return result
+
+    async def _connect(self) -> Socket:
+        if self._connector is not None:
+            return await self._connector()
+        headers = {"Authorization": f"Bearer {self._token}"} if self.auth_header else None
+        try:
+            return await connect(
+                self.url, additional_headers=headers, compression=None, max_size=None
+            )
+        except InvalidStatus as exc:
+            raise ConnectionError(f"bus refused the connection: {exc}") from exc
 
     async def _run(self) -> None:
         while True:
@@ -316,7 +326,7 @@ class Peer:
 
     # Reading
 
-    async def _read(self, ws: ClientConnection) -> None:
+    async def _read(self, ws: Socket) -> None:
         try:
             async for text in ws:
                 self._session.receive_text(text)
@@ -363,7 +373,7 @@ class Peer:
             return outcome
         return Reply(outcome is not False)
 
-    async def _flush(self, ws: ClientConnection) -> None:
+    async def _flush(self, ws: Socket) -> None:
         for text in self._session.data_to_send():
             try:
                 await ws.send(text)

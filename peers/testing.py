@@ -150,12 +150,20 @@ async def running_bcp(
     agents_dir: str | os.PathLike[str] | None = None,
     settings: GatewaySettings | None = None,
     limits: Limits | None = None,
+    local: bool = True,
 ) -> AsyncIterator[BcpHarness]:
-    """Start a bus and a gateway for the agents in ``agents_dir`` (default: the reference pair)."""
+    """Start a bus and a gateway for the agents in ``agents_dir`` (default: the reference pair).
+
+    The gateway connects as ``bcpbus serve`` connects it, over an in-process link
+    (:mod:`bus.local`); ``local=False`` connects it over a WebSocket, as ``bcpbus gateway``.
+    """
     agents = Path(agents_dir) if agents_dir is not None else default_agents_dir()
     if agents is None:
         raise FileNotFoundError("no agents directory")
     async with running_bus(directory, identities=load_identities(agents), limits=limits) as h:
         token = h.token("system:gateway")
-        async with running_gateway(h.url, token, h.log, agents, settings) as gateway:
+        connector = h.bus.connect_local if local else None
+        async with running_gateway(
+            h.url, token, h.log, agents, settings, connector=connector
+        ) as gateway:
             yield BcpHarness(h, gateway)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from bus.activity import ActivityLog
 from bus.config import GatewaySettings, ServeConfig
+from bus.local import Socket
 from bus.server import Bus
 from peers.client import Peer
 from schemas.agents import build_channels, load_agents
@@ -31,15 +32,19 @@ async def running_gateway(
     log: ActivityLog,
     agents_dir: str | Path,
     settings: GatewaySettings | None = None,
+    *,
+    connector: Callable[[], Awaitable[Socket]] | None = None,
 ) -> AsyncIterator[Gateway]:
-    """Run a gateway connected to ``url`` for the duration of the ``async with`` block.
+    """Run a gateway connected to ``url`` (or through ``connector``, see
+    :class:`peers.client.Peer`) for the duration of the ``async with`` block.
 
     Raises:
         DefinitionError: an agent definition is inconsistent (the message names file and field).
         AuthenticationFailed: the bus refused the gateway's token.
     """
     channels = build_channels(load_agents(agents_dir))
-    gateway = Gateway(Peer(url, GATEWAY_CLIENT_ID, token), channels, log, settings=settings)
+    peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector)
+    gateway = Gateway(peer, channels, log, settings=settings)
     await asyncio.to_thread(create_views, log.path)
     orphans = restore(gateway, log.path)
     await gateway.start()
@@ -54,12 +59,14 @@ async def running_gateway(
 async def run_beside(bus: Bus, config: ServeConfig, agents_dir: Path) -> AsyncIterator[Gateway]:
     """Run the gateway in the bus's process, sharing its activity log.
 
-    Its credential is made for this run only and never written to the peers file.
+    It connects over an in-process link (:mod:`bus.local`), not a socket, and authenticates
+    like any peer. Its credential is made for this run only and never written to the peers
+    file.
     """
     token = bus.credentials.add_ephemeral(GATEWAY_CLIENT_ID, [])
-    host = bus.host if bus.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    url = f"ws://{host}:{bus.port}"
-    async with running_gateway(url, token, bus.log, agents_dir, config.gateway) as gateway:
+    async with running_gateway(
+        bus.url, token, bus.log, agents_dir, config.gateway, connector=bus.connect_local
+    ) as gateway:
         yield gateway
 
 

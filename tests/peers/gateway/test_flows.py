@@ -135,9 +135,11 @@ def answers(*responses: Any) -> Any:
     return handler
 
 
-async def test_cat1_query_is_validated_normalized_and_charged(tmp_path):
-    """A Cat-1 answer reaches the controller normalized, with its bits and stepped-down taint."""
-    async with running_bcp(tmp_path) as h, Pair(h) as p:
+@pytest.mark.parametrize("local", [True, False], ids=["in-process link", "websocket"])
+async def test_cat1_query_is_validated_normalized_and_charged(tmp_path, local):
+    """A Cat-1 answer reaches the controller normalized, with its bits and stepped-down taint,
+    with the gateway on an in-process link (as ``bcpbus serve`` runs it) or on a WebSocket."""
+    async with running_bcp(tmp_path, local=local) as h, Pair(h) as p:
         p.reader.on_query(
             answers({"region": "eu", "rating": 4, "tier": "pro", "has_pricing": True})
         )
