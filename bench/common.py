@@ -313,20 +313,6 @@ async def _listening(child: Child) -> str:
     return line.removeprefix("listening on ")
 
 
-# The bus's CLI under uvloop: the same ``main`` with another event loop policy installed first.
-_UVLOOP_MAIN = (
-    "import asyncio, sys, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
-    "from bus.cli import main; sys.exit(main(sys.argv[1:]))"
-)
-
-
-def _python_argv(module: str, loop: str) -> list[str]:
-    """``python -m module`` for the default loop; a ``-c`` that installs uvloop first otherwise."""
-    if loop == "uvloop" and module == "bus":
-        return [sys.executable, "-c", _UVLOOP_MAIN]
-    return [sys.executable, "-m", module]
-
-
 @contextlib.asynccontextmanager
 async def running_bus(
     directory: Path,
@@ -342,8 +328,14 @@ async def running_bus(
     runs with its default limits and audit log; SIGTERM at the end flushes the log.
     """
     argv = [
-        *_python_argv("bus", loop),
+        sys.executable,
+        "-m",
+        "bus",
         "serve",
+        # Always the loop asked for: serve alone would pick uvloop whenever it is installed,
+        # and the relay it is compared with runs on the loop asked for.
+        "--loop",
+        loop,
         "--port",
         "0",
         "--db",

@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", type=Path, help="authorization policy YAML (default: built in)")
     serve.add_argument("--agents-dir", type=Path, help="agent definitions (default ./agents)")
     serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
+    serve.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop: uvloop when installed (auto, the default), or one of them",
+    )
     serve.set_defaults(command=_serve)
 
     peers = sub.add_parser("peers", help="manage peer credentials")
@@ -138,14 +144,24 @@ def _serve(args: argparse.Namespace) -> int:
     config = replace(config, **overrides)
     if args.no_gateway:
         config = replace(config, gateway=replace(config.gateway, enabled=False))
-    return _run(serve(config))
+    return _run(serve(config), args.loop)
 
 
-def _run(coro: Coroutine[Any, Any, int]) -> int:
-    """Run ``coro`` on uvloop when it is installed (the ``speed`` extra), else on asyncio."""
+def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
+    """Run ``coro`` on ``loop``: ``auto`` is uvloop when installed (the ``speed`` extra).
+
+    Raises:
+        ImportError: ``uvloop`` was asked for and is not installed; ``pip install
+            'bcpbus[speed]'``.
+    """
+    if loop == "asyncio":
+        return asyncio.run(coro)
     try:
         import uvloop
     except ImportError:
+        if loop == "uvloop":
+            coro.close()
+            raise ImportError("--loop uvloop needs uvloop: pip install 'bcpbus[speed]'") from None
         return asyncio.run(coro)
     return uvloop.run(coro)
 

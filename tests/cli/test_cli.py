@@ -202,3 +202,24 @@ async def test_kill_9_keeps_every_answered_message(tmp_path):
             "process_finish",
             "send_finish",
         }, message_id
+
+
+async def _loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+def test_serve_runs_on_the_loop_asked_for(monkeypatch):
+    """--loop asyncio is asyncio even with uvloop installed; --loop uvloop without uvloop is a
+    clear error, not a silent fallback; auto falls back to asyncio."""
+    from bus.cli import _run
+
+    assert _run(_loop_module(), "asyncio").startswith("asyncio")  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    with pytest.raises(ImportError, match=r"pip install 'bcpbus\[speed\]'"):
+        _run(_loop_module(), "uvloop")  # type: ignore[arg-type]
+    assert _run(_loop_module(), "auto").startswith("asyncio")  # type: ignore[arg-type]
+
+
+def test_serve_loop_flag_is_checked(tmp_path):
+    result = run("serve", "--loop", "trio", cwd=tmp_path)
+    assert result.returncode == 2 and "invalid choice: 'trio'" in result.stderr
