@@ -312,6 +312,7 @@ class ActivityLog:
         status: str | None = None,
         payload: Any = None,
         error: str | None = None,
+        payload_json: str | None = None,
     ) -> None:
         """Buffer one row, stamped now, for the writer. Never waits.
 
@@ -323,6 +324,8 @@ class ActivityLog:
             payload: anything JSON can represent; stored as ``payload_json``. A value it can't
                 (NaN, a cycle) is stored as the JSON string of its ``repr`` rather than lost.
             rpc_id: the JSON-RPC id; stored as text.
+            payload_json: the payload already encoded as JSON, instead of ``payload``, for a
+                caller that stores the same payload many times.
 
         Raises:
             AuditUnavailable: the log is closed, or ``queue_max`` rows are already waiting for
@@ -341,7 +344,7 @@ class ActivityLog:
                 actor,
                 topic,
                 status,
-                None if payload is None else _payload_json(payload),
+                payload_json if payload is None else _payload_json(payload),
                 error,
             )
         )

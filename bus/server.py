@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import re
 import secrets
@@ -494,7 +496,7 @@ class Bus:
             rpc_id=rpc_id,
             actor=actor,
             topic=topic,
-            payload={"type": message_type},
+            payload_json=_type_payload(message_type),
         )
         targets: list[Connection] = []
         for target in self._index.match(topic):
@@ -716,6 +718,12 @@ def _bearer(ws: Socket) -> str | None:
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _type_payload(message_type: str) -> str:
+    """``send_start``'s payload, ``{"type": ...}`` as JSON, encoded once per message type."""
+    return json.dumps({"type": message_type}, separators=(",", ":"), ensure_ascii=False)
 
 
 def _rpc_id(request: Request) -> str | None:

@@ -115,6 +115,14 @@ def test_timestamps_match_the_clock_across_seconds(
         assert activity._now() == expected.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+async def test_payload_json_is_stored_as_given(log: ActivityLog) -> None:
+    """A caller that encoded the payload once passes the text; it is stored unchanged."""
+    async with asyncio.timeout(TIMEOUT):
+        await log.write("send_start", payload_json='{"type":"tg_message"}')
+    [row] = read_rows(log.path)
+    assert row["payload_json"] == '{"type":"tg_message"}'
+
+
 async def test_missing_payload_stays_null(log: ActivityLog) -> None:
     """A row recorded without a payload has NULL payload_json, not the text 'null'."""
     async with asyncio.timeout(TIMEOUT):
