@@ -238,7 +238,7 @@ class ActivityLog:
                 # Durable across a process crash; an OS crash may lose the last commits.
                 "PRAGMA synchronous = NORMAL;" + SCHEMA
             )
-            inline = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            inline = sqlite3.connect(self.path, isolation_level=None)
         except BaseException:
             await db.close()
             raise
