@@ -238,15 +238,10 @@ class ActivityLog:
                 # Durable across a process crash; an OS crash may lose the last commits.
                 "PRAGMA synchronous = NORMAL;" + SCHEMA
             )
-            inline = sqlite3.connect(self.path, isolation_level=None)
+            inline = _open_inline(self.path)
         except BaseException:
             await db.close()
             raise
-        # Never wait for another process's lock on the loop (it goes to the thread instead),
-        # and never checkpoint inside a commit on the loop (see _maybe_checkpoint).
-        inline.executescript(
-            "PRAGMA busy_timeout = 0; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;"
-        )
         self._db, self._inline = db, inline
         self._rows_per_statement = min(self.batch_max, _max_rows_per_statement())
         self._writer = asyncio.create_task(self._run(), name=f"activity-writer {self.path}")
@@ -525,6 +520,21 @@ def _payload_json(payload: Any) -> str:
         # An audit row must not be lost for its payload's sake: keep a readable form of it.
         logger.warning("activity payload is not JSON (%s); stored as its repr", exc)
         return _ENCODER.encode(repr(payload))
+
+
+def _open_inline(path: Path) -> sqlite3.Connection:
+    """The writer's connection on the loop's thread: it never waits for another process's lock
+    (that batch goes to the database thread instead) and never checkpoints inside a commit (see
+    :meth:`ActivityLog._maybe_checkpoint`)."""
+    inline = sqlite3.connect(path, isolation_level=None)
+    try:
+        inline.executescript(
+            "PRAGMA busy_timeout = 0; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;"
+        )
+    except BaseException:
+        inline.close()
+        raise
+    return inline
 
 
 @functools.lru_cache(maxsize=128)

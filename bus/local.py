@@ -11,7 +11,9 @@ Connection` and :class:`peers.client.Peer` use (``send``, ``close``, ``async for
 ``close_code``, ``remote_address``, ``request``), described by :class:`Socket`. Get one end from
 :meth:`bus.server.Bus.connect_local` and hand it to ``Peer(..., connector=...)``.
 
-Frames have no size limit here: only code in the bus's process can open a local link.
+Frames have no size limit here, and :meth:`LocalSocket.send` never waits for the other end to
+read: only code in the bus's process can open a local link, and the bus's own limit on
+deliveries in flight (``max_inflight_deliveries``) bounds what it queues for the peer.
 """
 
 from __future__ import annotations
