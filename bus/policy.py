@@ -58,7 +58,7 @@ from typing import Any, Final, cast
 import yaml
 
 from schemas import strict_yaml
-from schemas.bus import CLIENT_ID_PATTERN
+from schemas.bus import CLIENT_ID_PATTERN, ROLE_NAME_PATTERN
 from schemas.common import TAINT_LEVELS, TaintLevel, taint_rank
 
 __all__ = [
@@ -88,7 +88,7 @@ GATEWAY_ONLY_TYPES: Final[frozenset[str]] = frozenset(
 """Message types only a declassifier role may send: whoever sends them speaks for the gateway."""
 
 _NAME = "{name}"
-_ROLE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+_ROLE_NAME = re.compile(ROLE_NAME_PATTERN)
 _TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")  # as the payload envelope's `type`
 _PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # the clientId prefix, as in CLIENT_ID_PATTERN
 _CLIENT_ID = re.compile(CLIENT_ID_PATTERN)

@@ -31,7 +31,15 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 
-from schemas.bus import Envelope, InitializeParams, SendMessageParams, SubscribeParams
+from schemas.bus import (
+    Envelope,
+    InitializeParams,
+    PeerJoined,
+    PeerLeft,
+    PresenceType,
+    SendMessageParams,
+    SubscribeParams,
+)
 
 from . import __version__
 from .activity import ActivityLog
@@ -260,7 +268,7 @@ class Bus:
         if self.peers.get(conn.client_id) is conn:
             del self.peers[conn.client_id]
         self.log.record("disconnect", actor=conn.client_id, status=str(conn.ws.close_code))
-        self._announce("peer_left", conn.client_id, reason="disconnected")
+        self._announce("peer_left", PeerLeft(client_id=conn.client_id, reason="disconnected"))
 
     # Requests
 
@@ -361,7 +369,7 @@ class Bus:
             status="ok",
             payload={"roles": sorted(roles), "taint": grants.taint},
         )
-        self._announce("peer_joined", client_id, roles=sorted(roles))
+        self._announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
         return {
             "serverId": self.server_id,
             "serverInfo": {"name": "bcpbus", "version": __version__},
@@ -382,7 +390,7 @@ class Bus:
             self._index.discard(pattern, old)
         old.subscriptions.clear()
         self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))
-        self._announce("peer_left", client_id, reason="replaced")
+        self._announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
     async def _subscribe(self, conn: Connection, request: Request) -> Any:
@@ -567,8 +575,10 @@ class Bus:
 
     # Presence
 
-    def _announce(self, event: str, client_id: str, **details: Any) -> None:
-        self._presence.put_nowait((event, {"clientId": client_id, **details}))
+    def _announce(self, event: PresenceType, content: PeerJoined | PeerLeft) -> None:
+        # The content goes through its model (schemas/json/peer_*.json), so what peers in
+        # other languages validate against is exactly what the bus sends.
+        self._presence.put_nowait((event, content.model_dump(mode="json", by_alias=True)))
 
     async def _presence_loop(self) -> None:
         # One task, one event at a time: subscribers see joins and departures in order.

@@ -1,25 +1,35 @@
-"""Pydantic models of the bus methods' params and results, and of the payload envelope.
+"""Pydantic models of the bus methods' params and results, the payload envelope, and presence.
 
 Field names on the wire are camelCase as the protocol has them; the Python attributes are
 snake_case. Validate incoming params with ``Model.model_validate(params)``; the bus answers a
 :class:`pydantic.ValidationError` with -32602.
+
+The bus itself publishes ``peer_joined`` and ``peer_left`` on ``system:presence``; their content
+models are :class:`PeerJoined` and :class:`PeerLeft`, looked up by type in
+:data:`PRESENCE_MODELS`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "CLIENT_ID_PATTERN",
+    "PRESENCE_MODELS",
+    "ROLE_NAME_PATTERN",
     "Auth",
     "Capabilities",
     "ClientInfo",
     "Envelope",
     "InitializeParams",
     "InitializeResult",
+    "LeaveReason",
+    "PeerJoined",
+    "PeerLeft",
     "PingResult",
+    "PresenceType",
     "ProcessMessageParams",
     "ProcessMessageResult",
     "SendMessageParams",
@@ -32,6 +42,9 @@ __all__ = [
 CLIENT_ID_PATTERN = r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9_-][A-Za-z0-9._-]{0,95}$"
 """``prefix:name``: lowercase prefix, then a name of letters, digits, ``.``, ``_``, ``-`` that
 does not start with ``.`` (Telegram group chats are ``tg:-100123``)."""
+
+ROLE_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+"""A role name in the authorization policy (``controller``, ``gateway``, ``tg-peer``)."""
 
 _TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 _TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
@@ -138,3 +151,55 @@ class ProcessMessageResult(_Wire):
 class PingResult(_Wire):
     pong: Literal[True] = True
     server_time: AwareDatetime = Field(alias="serverTime")
+
+
+# Presence: what the bus publishes on system:presence, from system:bus.
+
+PresenceType = Literal["peer_joined", "peer_left"]
+"""The ``type`` of every presence payload."""
+
+LeaveReason = Literal["disconnected", "replaced"]
+"""Why a peer left: its socket closed, or a newer connection for its clientId took over."""
+
+
+class _Presence(_Wire):
+    # Events as the bus sent them: nothing coerced, nothing changed after the fact.
+    model_config = ConfigDict(strict=True, frozen=True)
+
+
+class PeerJoined(_Presence):
+    """``peer_joined`` (bus -> ``system:presence``): a peer completed ``initialize``.
+
+    ``roles`` are the roles it holds, sorted, each once.
+    """
+
+    client_id: str = Field(alias="clientId", pattern=CLIENT_ID_PATTERN)
+    roles: list[Annotated[str, Field(pattern=ROLE_NAME_PATTERN)]] = Field(
+        json_schema_extra={"uniqueItems": True}
+    )
+
+    @field_validator("roles")
+    @classmethod
+    def _check_sorted(cls, roles: list[str]) -> list[str]:
+        # A schema can say "each once" but not "sorted": the model checks both.
+        if roles != sorted(set(roles)):
+            raise ValueError("roles are sorted, each once")
+        return roles
+
+
+class PeerLeft(_Presence):
+    """``peer_left`` (bus -> ``system:presence``): a peer's connection is gone.
+
+    ``reason`` is ``disconnected`` (its socket closed) or ``replaced`` (a newer connection for
+    the same clientId took over; a ``peer_joined`` for that connection follows).
+    """
+
+    client_id: str = Field(alias="clientId", pattern=CLIENT_ID_PATTERN)
+    reason: LeaveReason
+
+
+PRESENCE_MODELS: dict[str, type[BaseModel]] = {
+    "peer_joined": PeerJoined,
+    "peer_left": PeerLeft,
+}
+"""The content model of each presence ``type``: ``PRESENCE_MODELS[type].model_validate(c)``."""

@@ -8,9 +8,10 @@ so regenerate after changing a model and commit the result::
 
 Files are named after the wire: the JSON-RPC frames (``jsonrpc.request.json``, ...), each bus
 method's params and result (``initialize.params.json``, ``sendMessage.result.json``), the payload
-envelope (``envelope.json``), the content of each BCP message type (``bcp_query.json``), and
-the frontmatter of an agent definition (``agent_definition.json``). The output is deterministic
-(sorted keys, two-space indent, a trailing newline), so ``--check`` compares text.
+envelope (``envelope.json``), the content of each presence event (``peer_joined.json``), the
+content of each BCP message type (``bcp_query.json``), and the frontmatter of an agent
+definition (``agent_definition.json``). The output is deterministic (sorted keys, two-space
+indent, a trailing newline), so ``--check`` compares text.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "processMessage.result": bus.ProcessMessageResult,
     # The payload of every sendMessage and processMessage.
     "envelope": bus.Envelope,
+    # The content of each presence event the bus publishes on system:presence.
+    **bus.PRESENCE_MODELS,
     # The content of each BCP message type.
     **bcp.CONTENT_MODELS,
     # Agent definitions: the YAML frontmatter of agents/*.md.

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -20,13 +22,23 @@ from bus.errors import (
     SubscriptionNotFound,
 )
 from bus.identities import PeerIdentity
+from bus.server import BUS_CLIENT_ID, PRESENCE_TOPIC
 from peers import Message, Peer, Reply
 from peers.testing import Inbox, running_bus, scaled
+from schemas.bus import PRESENCE_MODELS, Envelope
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 
 IDENTITIES = {
     "agent:main": PeerIdentity(frozenset({"controller"}), "none"),
     "agent:researcher": PeerIdentity(frozenset({"reader"}), "high"),
 }
+
+
+def _schema_errors(name: str, instance: Any) -> list[str]:
+    """What the committed ``schemas/json/<name>.json`` finds wrong with ``instance``."""
+    schema = json.loads((SCHEMAS / f"{name}.json").read_text(encoding="utf-8"))
+    return [error.message for error in Draft202012Validator(schema).iter_errors(instance)]
 
 
 async def raw_call(ws: Any, method: str, params: Any = None, request_id: int = 1) -> Any:
@@ -298,6 +310,35 @@ async def test_presence_events(tmp_path):
             assert joined.sender == "system:bus"
         left = await inbox.get_type("peer_left")
         assert left.content == {"clientId": "agent:w9", "reason": "disconnected"}
+
+
+async def test_presence_content_satisfies_its_models_and_schema_files(tmp_path):
+    """peer_joined and both kinds of peer_left, as published, validate as schemas/json says."""
+    async with running_bus(tmp_path, identities=IDENTITIES) as h:
+        inbox = Inbox()
+        async with h.peer("system:gateway") as gateway:
+            gateway.handle(None, inbox)
+            await gateway.subscribe("system:presence")
+            token = h.token("agent:main")
+            first = Peer(h.url, "agent:main", token, reconnect=False)
+            await first.connect()
+            async with Peer(h.url, "agent:main", token, reconnect=False):
+                async with asyncio.timeout(scaled(5)):
+                    await first._ws.wait_closed()  # type: ignore[union-attr]
+            await first.close()
+            events = [await inbox.get() for _ in range(4)]
+        assert [(event.type, event.content.get("reason")) for event in events] == [
+            ("peer_joined", None),
+            ("peer_left", "replaced"),
+            ("peer_joined", None),
+            ("peer_left", "disconnected"),
+        ]
+        assert events[0].content == {"clientId": "agent:main", "roles": ["agent", "controller"]}
+        for event in events:
+            assert event.sender == BUS_CLIENT_ID and event.topic == PRESENCE_TOPIC
+            Envelope.model_validate(event.payload)
+            PRESENCE_MODELS[event.type].model_validate(event.content)
+            assert _schema_errors(event.type, event.content) == []
 
 
 async def test_subscription_limit(tmp_path):

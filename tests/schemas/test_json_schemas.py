@@ -180,6 +180,8 @@ def test_schemas_refuse_what_the_models_refuse():
     assert _errors("bcp_query_failed", {"query_id": "q1", "error": "no_such_reason"})
     assert _errors("processMessage.result", {"status": "ok"})
     assert _errors("jsonrpc.request", {"jsonrpc": "2.0", "id": 1.5, "method": "ping"})
+    assert _errors("peer_joined", {"clientId": "agent:w1", "roles": ["agent", "agent"]})
+    assert _errors("peer_left", {"clientId": "agent:w1", "reason": "crashed"})
 
 
 # docs/protocol.md
