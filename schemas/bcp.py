@@ -30,7 +30,8 @@ checked by one set of rules wherever it comes from.
 
 Each ``type`` of payload the gateway sends or receives has a content model here; look one up by
 its type in :data:`CONTENT_MODELS`. The codes a refused query, a failed publish or a rejected
-answer carry are :class:`ReasonCode`, :class:`ValidationCode` and :class:`AnomalyCode`.
+answer carry are :class:`ReasonCode`, :class:`ValidationCode` and :class:`AnomalyCode`; why the
+gateway did not take an approver's decision is a :class:`DecisionRefusal`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ __all__ = [
     "BcpSubscriptionsActive",
     "BcpValidationResult",
     "Category",
+    "DecisionRefusal",
     "ExpectedFormat",
     "FieldType",
     "NormalizedResponse",
@@ -222,6 +224,28 @@ class ReasonCode(StrEnum):
     VALIDATION_FAILED = "validation_failed"
     RATE_LIMITED = "rate_limited"
     CONTROLLER_UNAVAILABLE = "controller_unavailable"
+
+
+class DecisionRefusal(StrEnum):
+    """Why the gateway did not take a ``bcp_approval_decision``.
+
+    The ``status`` of the gateway's ``processMessage`` reply (``processed: false``), so the
+    bus's ``process_finish`` row for the decision has ``error`` ``"<code>: <detail>"``. Not a
+    :class:`ReasonCode`: no controller or reader ever receives one.
+
+    - ``invalid_decision``: the content is not a ``bcp_approval_decision``.
+    - ``unknown_approval``: the gateway never asked for an approval with this id (or decided
+      it so long ago that it no longer remembers it).
+    - ``already_decided``: the approval was decided before, by an approver or by expiring; the
+      detail says how and when. The first decision is final.
+    - ``invalid_edit``: an ``edit`` of an escalation, or an edited response that fails
+      validation; the approval stays open.
+    """
+
+    INVALID_DECISION = "invalid_decision"
+    UNKNOWN_APPROVAL = "unknown_approval"
+    ALREADY_DECIDED = "already_decided"
+    INVALID_EDIT = "invalid_edit"
 
 
 class ValidationCode(StrEnum):

@@ -45,7 +45,7 @@ from peers.approver import (
     render_request,
 )
 from peers.client import Peer, PeerClosed
-from schemas.bcp import BcpApprovalRequest
+from schemas.bcp import BcpApprovalRequest, DecisionRefusal
 
 from .commands import add_budget, add_demo, add_gateway
 
@@ -242,9 +242,16 @@ async def _decide(
     if taken:
         print(f"{done} {approval_id}: the gateway took the decision")
         return EXIT_OK
-    why = _refusal(db, message_id) or (
-        "it is unknown, already decided or expired, or the edit failed validation"
-    )
+    why = _refusal(db, message_id)
+    code, _, detail = (why or "").partition(": ")
+    if code == DecisionRefusal.ALREADY_DECIDED and detail:
+        # Someone decided first, or it expired: say so first, not as a generic refusal.
+        _error(
+            f"{detail}; the gateway did not take this decision ({code}); "
+            f"see `bcpbus approve show {approval_id}`"
+        )
+        return EXIT_REFUSED
+    why = why or "it is unknown, already decided or expired, or the edit failed validation"
     _error(
         f"the gateway did not take the decision on {approval_id}: {why}; "
         f"see `bcpbus approve show {approval_id}`"
@@ -253,7 +260,8 @@ async def _decide(
 
 
 def _refusal(db: Path, message_id: str) -> str | None:
-    """The gateway's answer to the decision, from the activity log if it is at hand."""
+    """The gateway's answer to the decision, ``"<code>: <detail>"`` (a :class:`DecisionRefusal`),
+    from the activity log if it is at hand."""
     with contextlib.suppress(FileNotFoundError, ValueError, sqlite3.Error):
         rows = audit.query_rows(db, message_id=message_id, event="process_finish")
         for row in rows:

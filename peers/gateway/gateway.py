@@ -41,6 +41,7 @@ from schemas.bcp import (
     BcpApprovalDecision,
     BcpQueryRequest,
     BcpResponse,
+    DecisionRefusal,
     NormalizedResponse,
     QuerySpec,
     ReasonCode,
@@ -48,7 +49,7 @@ from schemas.bcp import (
 from schemas.common import step_down
 
 from .bits import spec_bits
-from .state import ChannelKey, Ledger, RateLimiter, TaskTracker
+from .state import ChannelKey, Decided, DecidedApprovals, Ledger, RateLimiter, TaskTracker
 from .validation import ValidationResult, validate_response
 
 __all__ = ["GATEWAY_CLIENT_ID", "Gateway"]
@@ -138,6 +139,9 @@ class Gateway:
         self.used_query_ids: set[tuple[str, str]] = set()
         self.pending: dict[tuple[str, str], _Query] = {}
         self.approvals: dict[str, _Approval] = {}
+        self.decided = DecidedApprovals()
+        """Approvals that ended, so a late decision is refused as ``already_decided``; bounded
+        (see :data:`~peers.gateway.state.DEFAULT_MAX_DECIDED`) and rebuilt by :mod:`.restore`."""
         self.outbox: dict[str, list[Held]] = {}
         self.readers = {reader for _c, reader in self.channels}
         self.controllers = {controller for controller, _r in self.channels}
@@ -177,12 +181,12 @@ class Gateway:
         """
         for controller, reader, approval_id in orphans.approvals:
             channel = self.channels[(controller, reader)]
+            reason = "the gateway restarted"
+            self.decided.remember(
+                approval_id, Decided("expired", GATEWAY_CLIENT_ID, _iso(self.clock()), reason)
+            )
             self._record(
-                "bcp_approval_decided",
-                channel,
-                "expired",
-                approval_id=approval_id,
-                reason="the gateway restarted",
+                "bcp_approval_decided", channel, "expired", approval_id=approval_id, reason=reason
             )
         for controller, reader, query_id in orphans.queries:
             channel = self.channels[(controller, reader)]
@@ -691,18 +695,30 @@ class Gateway:
         try:
             decision = BcpApprovalDecision.model_validate(message.content)
         except ValidationError:
-            return Reply(False, "invalid_decision", "not a bcp_approval_decision")
-        approval = self.approvals.get(decision.approval_id)
+            return Reply(False, DecisionRefusal.INVALID_DECISION, "not a bcp_approval_decision")
+        approval_id = decision.approval_id
+        approval = self.approvals.get(approval_id)
         if approval is None:
-            return Reply(False, "unknown_approval", "no pending approval with this id")
+            # The bus logs this reply in the decision's process_finish row (error "code: detail").
+            decided = self.decided.get(approval_id)
+            if decided is not None:
+                detail = f"approval {approval_id} was already decided: {decided.describe()}"
+                refusal = DecisionRefusal.ALREADY_DECIDED
+            else:
+                detail = f"no pending or recently decided approval {approval_id}"
+                refusal = DecisionRefusal.UNKNOWN_APPROVAL
+            logger.info("refused %s's decision on %s: %s", message.sender, approval_id, refusal)
+            return Reply(False, refusal, detail)
         response = approval.response
         if decision.decision == "edit":
             if approval.kind != "response" or decision.edited_response is None:
-                return Reply(False, "invalid_edit", "only a response can be edited, with text")
+                return Reply(
+                    False, DecisionRefusal.INVALID_EDIT, "only a response can be edited, with text"
+                )
             # The human's text is validated again: an edit cannot smuggle in what screening stops.
             result = validate_response(approval.spec, decision.edited_response)
             if not result.accepted:
-                return Reply(False, "invalid_edit", result.detail()[:500])
+                return Reply(False, DecisionRefusal.INVALID_EDIT, result.detail()[:500])
             response = result.response
         status = {"approve": "approved", "reject": "rejected", "edit": "edited"}[decision.decision]
         await self._decide(approval, status, message.sender, response, decision.reason)
@@ -721,6 +737,11 @@ class Gateway:
         reason: str | None,
     ) -> None:
         self.approvals.pop(approval.approval_id, None)
+        # Before any await: a decision arriving meanwhile must find it decided, not unknown.
+        note = reason if status == "expired" else None
+        self.decided.remember(
+            approval.approval_id, Decided(status, decided_by, _iso(self.clock()), note)
+        )
         if approval.timer is not None:
             approval.timer.cancel()
         channel = approval.channel

@@ -2,9 +2,10 @@
 
 The log is the gateway's one durable record (see :mod:`peers.gateway.state`): bits charged
 since each channel's last ``bcp_budget_reset``, the categories each task reached, the query ids
-used, recent pushes for rate limits, and deliveries still held for offline controllers. Queries
-and approvals that were pending when the gateway stopped are returned so the gateway can fail
-them: a controller is never left waiting in silence.
+used, recent pushes for rate limits, deliveries still held for offline controllers, and the
+approvals already decided (a late decision is still refused as ``already_decided``). Queries and
+approvals that were pending when the gateway stopped are returned so the gateway can fail them:
+a controller is never left waiting in silence.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .gateway import Gateway, Held
+from .state import Decided
 
 __all__ = ["APPROVALS_VIEW", "Orphans", "create_views", "restore"]
 
@@ -63,7 +65,7 @@ class Orphans:
 
 
 def restore(gateway: Gateway, db: str | Path) -> Orphans:
-    """Load the gateway's budgets, tasks, rates and outbox from the log at ``db``.
+    """Load the gateway's budgets, tasks, rates, outbox and decided approvals from the log.
 
     Call it inside the running event loop before :meth:`Gateway.start`; then pass the result
     to :meth:`Gateway.settle`. A database without the table (a first start) restores nothing.
@@ -77,7 +79,7 @@ def restore(gateway: Gateway, db: str | Path) -> Orphans:
         ).fetchone():
             return orphans
         rows = conn.execute(
-            "SELECT ts, event, status, payload_json FROM activity_log WHERE event IN ("
+            "SELECT ts, event, status, actor, payload_json FROM activity_log WHERE event IN ("
             "'bcp_budget_reset','bcp_bits_charged','bcp_query_accepted','bcp_query_failed',"
             "'bcp_delivered','bcp_expired','bcp_held','bcp_approval_requested',"
             "'bcp_approval_decided') ORDER BY id"
@@ -85,8 +87,11 @@ def restore(gateway: Gateway, db: str | Path) -> Orphans:
     open_queries: dict[tuple[str, str], str] = {}
     open_approvals: dict[str, str] = {}
     held: dict[str, dict[str, Any]] = {}
-    for ts, event, _status, payload_json in rows:
+    for ts, event, status, actor, payload_json in rows:
         payload = json.loads(payload_json or "{}")
+        if event == "bcp_approval_decided":
+            # Before the channel check: an approval id is the gateway's own, on any channel.
+            _remember_decided(gateway, ts, status, actor, payload)
         key = _channel_key(payload.get("channel"))
         if key is None or key not in gateway.channels:
             continue
@@ -135,6 +140,17 @@ def restore(gateway: Gateway, db: str | Path) -> Orphans:
             )
         )
     return orphans
+
+
+def _remember_decided(
+    gateway: Gateway, ts: str, status: str | None, actor: str | None, payload: dict[str, Any]
+) -> None:
+    approval_id = payload.get("approval_id")
+    if not isinstance(approval_id, str) or status is None:
+        return
+    note = payload.get("reason") if status == "expired" else None
+    decided = Decided(status, actor or "", ts, note if isinstance(note, str) else None)
+    gateway.decided.remember(approval_id, decided)
 
 
 def _channel_key(topic: Any) -> tuple[str, str] | None:

@@ -1,9 +1,10 @@
-"""The gateway's bookkeeping, pure: bit budgets, per-task escalation, and push rate limits.
+"""The gateway's bookkeeping, pure: bit budgets, per-task escalation, push rate limits, and the
+approvals already decided.
 
 No I/O here: the gateway records every change as an activity-log row (``bcp_bits_charged``,
-``bcp_query_accepted``, ``bcp_delivered``) and rebuilds these objects from those rows when it
-starts (:mod:`peers.gateway.restore`), so the log is the one durable ledger and a restart neither
-resets nor forgets a budget.
+``bcp_query_accepted``, ``bcp_delivered``, ``bcp_approval_decided``) and rebuilds these objects
+from those rows when it starts (:mod:`peers.gateway.restore`), so the log is the one durable
+ledger and a restart neither resets nor forgets a budget or a decision.
 
 A channel's budget is counted per *session*: from the channel's first use, or from the last
 ``bcp_budget_reset`` row an operator wrote with ``bcpbus gateway reset-budget``, to now. A
@@ -12,10 +13,19 @@ controller reconnecting or the gateway restarting does not start a new session.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-__all__ = ["ChannelKey", "Ledger", "RateLimiter", "TaskTracker", "Verdict"]
+__all__ = [
+    "DEFAULT_MAX_DECIDED",
+    "ChannelKey",
+    "Decided",
+    "DecidedApprovals",
+    "Ledger",
+    "RateLimiter",
+    "TaskTracker",
+    "Verdict",
+]
 
 ChannelKey = tuple[str, str]
 """``(controller, reader)`` agent names."""
@@ -171,3 +181,66 @@ class RateLimiter:
     def record(self, key: tuple[str, str, str], now: float) -> None:
         """Note an accepted push at ``now``."""
         self._times.setdefault(key, deque()).append(now)
+
+
+DEFAULT_MAX_DECIDED = 10_000
+"""How many decided approvals :class:`DecidedApprovals` remembers by default.
+
+Every approval ends (decided or expired after ``approval_timeout``), and a hostile reader can
+cause approvals as fast as its budget and rate limits allow, so an unbounded record would grow
+with the log. An entry is a few hundred bytes: the bound keeps it to a few megabytes. A late
+decision comes from an approver who saw the request minutes earlier, and approvals are decided
+at human speed, so the latest 10,000 cover that many times over; a decision on an older one
+is refused as ``unknown_approval``."""
+
+
+@dataclass(frozen=True)
+class Decided:
+    """How an approval ended: what the ``bcp_approval_decided`` row says."""
+
+    status: str
+    """``approved``, ``rejected``, ``edited`` or ``expired``."""
+    decided_by: str
+    """The approver's clientId, or ``system:gateway`` for an expiry."""
+    decided_ts: str
+    """When, RFC 3339."""
+    note: str | None = None
+    """Why an approval expired (the gateway's words; an approver's own reason is not kept)."""
+
+    def describe(self) -> str:
+        """Return how it ended in words: ``rejected by human:bob at ...`` or ``expired at ...``."""
+        if self.status == "expired":
+            text = f"expired at {self.decided_ts}"
+            return f"{text} ({self.note})" if self.note else text
+        return f"{self.status} by {self.decided_by} at {self.decided_ts}"
+
+
+class DecidedApprovals:
+    """The most recently decided approvals, by ``approval_id``, oldest forgotten first.
+
+    The gateway keeps them so that a decision on an approval it already decided is refused as
+    ``already_decided`` rather than ``unknown_approval``. Past ``max_entries`` the oldest is
+    forgotten, and a late decision on it is refused as ``unknown_approval``; the
+    ``bcp_approvals`` view still tells the whole story.
+    """
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_DECIDED) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, Decided] = OrderedDict()
+
+    def remember(self, approval_id: str, decided: Decided) -> None:
+        """Note that ``approval_id`` ended as ``decided``; the first record of it stands."""
+        if approval_id in self._entries:
+            return  # BCP: the first decision is final.
+        self._entries[approval_id] = decided
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def get(self, approval_id: str) -> Decided | None:
+        """Return how ``approval_id`` ended, or None if it is unknown or forgotten."""
+        return self._entries.get(approval_id)
+
+    def __len__(self) -> int:
+        return len(self._entries)

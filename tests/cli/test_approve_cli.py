@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from peers.testing import BusHarness, running_bus, scaled
+from peers.approver import Approver
+from peers.testing import BusHarness, running_bcp, running_bus, scaled
 from tests.peers.test_approver import (
     HOSTILE,
     FakeGateway,
@@ -172,6 +173,40 @@ async def test_a_refused_decision_exits_1_with_the_gateway_reason(tmp_path):
             # Without the log, the refusal is still reported.
             code, _, err = await arun(*args, "--db", "none.db", "reject", "gone", cwd=tmp_path)
             assert code == 1 and "did not take the decision" in err, err
+
+
+async def test_a_decision_on_a_decided_approval_says_it_was_already_decided(tmp_path):
+    """With the real gateway, `reject` of an approval someone approved first exits 1 and says
+    who decided it and when (already_decided); a typo stays unknown_approval."""
+    summary = {"category": 3, "directive": "Summarize the document.", "max_words": 40}
+    async with running_bcp(tmp_path) as h:
+        async with (
+            h.controller("main") as main,
+            h.reader("researcher") as reader,
+            Approver(h.bus.peer("human:bob")) as bob,
+        ):
+
+            async def answer(query: dict[str, object]) -> dict[str, str]:
+                return {"summary": "Quiet text."}
+
+            reader.on_query(answer)
+            asked = asyncio.create_task(main.ask("researcher", summary, timeout=scaled(10)))
+            async with asyncio.timeout(scaled(10)):
+                request = await bob.next_request()
+            assert await bob.approve(request.approval_id)
+            await asked
+        args = ["approve", "--url", h.bus.url, "--as", "alice", "--db", str(h.bus.db)]
+        token = h.bus.token("human:alice")
+        code, out, err = await arun(
+            *args, "reject", request.approval_id, cwd=tmp_path, BCPBUS_TOKEN=token
+        )
+        assert (code, out) == (1, ""), err
+        assert (
+            f"approval {request.approval_id} was already decided: approved by human:bob at" in err
+        )
+        assert "the gateway did not take this decision (already_decided)" in err
+        code, _, err = await arun(*args, "approve", "ap-typo", cwd=tmp_path, BCPBUS_TOKEN=token)
+        assert code == 1 and "unknown_approval" in err and "already" not in err, err
 
 
 async def test_usage_and_connection_errors_exit_2(tmp_path):

@@ -52,12 +52,15 @@ def request_content(approval_id: str = "appr-1", **overrides: Any) -> dict[str, 
 
 
 class FakeGateway:
-    """Stands in for the gateway: publishes requests and takes each open one's first decision."""
+    """Stands in for the gateway: publishes requests and takes each open one's first decision,
+    refusing later ones as ``already_decided`` and ids it never asked about as
+    ``unknown_approval``, as the real gateway does."""
 
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
         self.decisions = Inbox()
         self.open: set[str] = set()
+        self.decided: dict[str, str] = {}
 
     async def start(self) -> FakeGateway:
         self.peer.handle("bcp_approval_decision", self._decide)
@@ -73,9 +76,15 @@ class FakeGateway:
     async def _decide(self, message: Message) -> Reply:
         await self.decisions(message)
         approval_id = message.content["approval_id"]
+        if approval_id in self.decided:
+            detail = f"approval {approval_id} was already decided: {self.decided[approval_id]}"
+            return Reply(False, "already_decided", detail)
         if approval_id not in self.open:
-            return Reply(False, "unknown_approval", f"no pending approval {approval_id}")
+            return Reply(
+                False, "unknown_approval", f"no pending or recently decided approval {approval_id}"
+            )
         self.open.discard(approval_id)
+        self.decided[approval_id] = f"{message.content['decision']} by {message.sender}"
         return Reply(True)
 
 
@@ -235,6 +244,12 @@ async def test_a_refused_decision_returns_false_even_with_other_approvers_listen
             # bob answered alice's two decisions processed: false.
             observed = h.rows(event="process_finish", actor="human:bob", status="not_processed")
             assert [row["error"].split(":")[0] for row in observed] == ["observed", "observed"]
+            # The gateway's replies: never asked, then already decided.
+            refused = h.rows(event="process_finish", actor="system:gateway", status="not_processed")
+            assert [row["error"].split(":")[0] for row in refused] == [
+                "unknown_approval",
+                "already_decided",
+            ]
 
 
 async def test_a_malformed_decision_is_refused_before_sending(tmp_path):

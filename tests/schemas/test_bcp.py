@@ -21,6 +21,7 @@ from schemas.bcp import (
     BcpResponseDelivery,
     BcpSubscriptionsActive,
     BcpValidationResult,
+    DecisionRefusal,
     QuerySpec,
     ReasonCode,
     SpecField,
@@ -479,7 +480,15 @@ def test_reason_codes_cover_the_flow():
         "duplicate_query_id",
     }
     assert expected <= {code.value for code in ReasonCode}
-    for enum in (ReasonCode, ValidationCode, AnomalyCode):
+    assert {code.value for code in DecisionRefusal} == {
+        "invalid_decision",
+        "unknown_approval",
+        "already_decided",
+        "invalid_edit",
+    }
+    # A refused decision is the gateway's reply to an approver, never a controller's or reader's.
+    assert not {code.value for code in DecisionRefusal} & {code.value for code in ReasonCode}
+    for enum in (ReasonCode, ValidationCode, AnomalyCode, DecisionRefusal):
         assert all(code.value == code.name.lower() for code in enum)
         assert all(f"``{code.value}``" in (enum.__doc__ or "") for code in enum)
 

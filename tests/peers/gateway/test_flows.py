@@ -12,7 +12,7 @@ import pytest
 
 from bus.config import GatewaySettings
 from bus.errors import InvalidParams
-from peers import QueryFailed
+from peers import Peer, QueryFailed
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
 
 CAT1 = {
@@ -330,6 +330,94 @@ async def test_approval_timeout_rejects(tmp_path):
             await p.main.ask("researcher", CAT3, timeout=scaled(10))
         assert failed.value.reason == "approval_rejected"
         assert p.rows(event="bcp_approval_decided", status="expired")
+
+
+async def decide(peer: Peer, approval_id: str, decision: str, **extra: Any) -> dict[str, Any]:
+    """Send a ``bcp_approval_decision`` from ``peer``; return the bus's sendMessage result."""
+    content = {"approval_id": approval_id, "decision": decision, **extra}
+    return await peer.send("system:approval", "bcp_approval_decision", content)
+
+
+def refusal(p: Pair, result: dict[str, Any]) -> str:
+    """The gateway's refusal of a decision: the error of its process_finish row."""
+    rows = p.rows(event="process_finish", message_id=result["messageId"], actor="system:gateway")
+    [row] = rows
+    assert row["status"] == "not_processed"
+    return str(row["error"])
+
+
+async def test_a_second_decision_is_refused_as_already_decided(tmp_path):
+    """A decision on an approval already decided gets already_decided, naming the first decision;
+    an id the gateway never issued still gets unknown_approval."""
+    async with running_bcp(tmp_path) as h, Pair(h) as p, h.bus.peer("human:bob") as bob:
+        bob.handle(None, Inbox())
+        p.reader.on_query(answers({"summary": "Quiet text."}))
+        task = asyncio.create_task(p.main.ask("researcher", CAT3, timeout=scaled(10)))
+        approval_id = (await p.approvals.get_type("bcp_approval_request")).content["approval_id"]
+        assert (await p.decide(approval_id, "reject"))["deliveredTo"] == 1
+        with pytest.raises(QueryFailed) as failed:
+            await task
+        assert failed.value.reason == "approval_rejected"
+        first = f"already_decided: approval {approval_id} was already decided: rejected by "
+        for decider, decision, extra in [
+            (bob, "approve", {}),
+            (bob, "edit", {"edited_response": {"summary": "Other text."}}),
+            (p.human, "reject", {}),  # the same approver again
+        ]:
+            error = refusal(p, await decide(decider, approval_id, decision, **extra))
+            assert error.startswith(first + "human:alice at "), error
+        error = refusal(p, await decide(bob, "ap-000000000000", "approve"))
+        assert error == "unknown_approval: no pending or recently decided approval ap-000000000000"
+        # Nothing was decided twice.
+        assert [r["status"] for r in p.rows(event="bcp_approval_decided")] == ["rejected"]
+
+
+async def test_a_decision_after_the_timeout_is_refused_as_already_decided(tmp_path):
+    """An approval that expired answers a late decision with already_decided, saying so."""
+    settings = GatewaySettings(approval_timeout=0.2)
+    async with running_bcp(tmp_path, settings=settings) as h, Pair(h) as p:
+        p.reader.on_query(answers({"summary": "Quiet text."}))
+        task = asyncio.create_task(p.main.ask("researcher", CAT3, timeout=scaled(10)))
+        approval_id = (await p.approvals.get_type("bcp_approval_request")).content["approval_id"]
+        with pytest.raises(QueryFailed) as failed:
+            await task  # ends when the approval expires
+        assert failed.value.reason == "approval_rejected"
+        error = refusal(p, await p.decide(approval_id, "approve"))
+        expired = f"already_decided: approval {approval_id} was already decided: expired at "
+        assert error.startswith(expired) and error.endswith(" (no decision in time)"), error
+        assert [r["status"] for r in p.rows(event="bcp_approval_decided")] == ["expired"]
+
+
+async def test_already_decided_survives_a_gateway_restart(tmp_path):
+    """A restarted gateway refuses decisions on approvals decided before the restart, and on
+    those the restart expired, as already_decided; unknown ids stay unknown_approval."""
+    from peers.gateway.runner import running_gateway
+
+    directory = agents(tmp_path)
+    async with running_bcp(tmp_path, agents_dir=directory) as h, Pair(h) as p:
+        p.reader.on_query(answers({"summary": "First text."}, {"summary": "Second text."}))
+        first = asyncio.create_task(p.main.ask("researcher", CAT3, timeout=scaled(10)))
+        decided_id = (await p.approvals.get_type("bcp_approval_request")).content["approval_id"]
+        assert (await p.decide(decided_id, "approve"))["deliveredTo"] == 1
+        await first
+        second = asyncio.create_task(p.main.ask("researcher", CAT3, timeout=scaled(10)))
+        open_id = (await p.approvals.get_type("bcp_approval_request")).content["approval_id"]
+        await h.gateway.close()
+        token = h.bus.token("system:gateway")
+        async with running_gateway(h.bus.url, token, h.bus.log, directory) as again:
+            assert again.decided.get(decided_id) is not None
+            with pytest.raises(QueryFailed) as failed:
+                await second  # the restart failed the query whose approval was open
+            assert failed.value.reason == "timeout"
+            error = refusal(p, await p.decide(decided_id, "reject"))
+            approved = f"already_decided: approval {decided_id} was already decided: approved by "
+            assert error.startswith(approved + "human:alice at "), error
+            error = refusal(p, await p.decide(open_id, "approve"))
+            expired = f"already_decided: approval {open_id} was already decided: expired at "
+            assert error.startswith(expired), error
+            assert error.endswith(" (the gateway restarted)"), error
+            error = refusal(p, await p.decide("ap-000000000000", "approve"))
+            assert error.startswith("unknown_approval: "), error
 
 
 async def test_escalation_rules(tmp_path):

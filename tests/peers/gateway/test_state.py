@@ -1,11 +1,11 @@
-"""The gateway's pure bookkeeping: ledger, task escalation, push rate limits."""
+"""The gateway's pure bookkeeping: ledger, task escalation, push rate limits, decided approvals."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, strategies as st
 
-from peers.gateway.state import Ledger, RateLimiter, TaskTracker
+from peers.gateway.state import Decided, DecidedApprovals, Ledger, RateLimiter, TaskTracker
 
 CHANNEL = ("main", "researcher")
 
@@ -81,3 +81,22 @@ def test_rate_limits(times, now, interval, per_hour, allowed):
     for t in times:
         rates.record(key, t)
     assert rates.allows(key, now, min_interval_s=interval, max_per_hour=per_hour) is allowed
+
+
+def test_decided_approvals_keep_the_first_decision_and_forget_the_oldest():
+    """The first decision of an id stands; past the bound the oldest id is forgotten."""
+    decided = DecidedApprovals(max_entries=2)
+    decided.remember("ap-1", Decided("rejected", "human:bob", "2026-01-01T00:00:00Z"))
+    decided.remember("ap-1", Decided("approved", "human:alice", "2026-01-01T00:00:01Z"))
+    decided.remember("ap-2", Decided("expired", "system:gateway", "2026-01-01T00:00:02Z", "late"))
+    first = decided.get("ap-1")
+    assert first is not None
+    assert first.describe() == "rejected by human:bob at 2026-01-01T00:00:00Z"
+    late = decided.get("ap-2")
+    assert late is not None and late.describe() == "expired at 2026-01-01T00:00:02Z (late)"
+    assert Decided("expired", "system:gateway", "T").describe() == "expired at T"
+    decided.remember("ap-3", Decided("edited", "human:alice", "2026-01-01T00:00:03Z"))
+    assert len(decided) == 2 and decided.get("ap-1") is None
+    assert decided.get("ap-3") is not None and decided.get("never") is None
+    with pytest.raises(ValueError):
+        DecidedApprovals(max_entries=0)
