@@ -26,6 +26,7 @@ from typing import Any
 
 from peers.bcp import Controller, Reader
 from peers.client import Peer
+from peers.demo.run import CAT1, CAT2  # the reference specs, as the demo asks them
 
 from .common import (
     cpu_seconds,
@@ -42,27 +43,6 @@ from .common import (
 
 __all__ = ["Options", "controller", "options", "reader", "report", "run"]
 
-CAT1 = {
-    "category": 1,
-    "fields": [
-        {"name": "has_pricing", "type": "boolean"},
-        {"name": "tier", "type": "enum", "values": ["free", "pro", "enterprise"]},
-        {"name": "rating", "type": "integer", "min": 1, "max": 5},
-        {"name": "region", "type": "enum", "values": ["eu", "us", "apac", "other"]},
-    ],
-}
-CAT2 = {
-    "category": 2,
-    "questions": [
-        {
-            "id": "company",
-            "question": "Which company?",
-            "max_words": 5,
-            "expected_format": "short_text",
-        },
-        {"id": "founded", "question": "Founded when?", "max_words": 3, "expected_format": "date"},
-    ],
-}
 SPECS = {1: CAT1, 2: CAT2}
 ANSWERS: dict[int, dict[str, Any]] = {
     1: {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"},
