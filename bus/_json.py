@@ -1,12 +1,22 @@
 """JSON in and out, with orjson when it is installed (``pip install 'bcpbus[speed]'``).
 
-Both paths give the same results for what the wire carries: ``loads`` raises ``ValueError`` on
-anything that is not JSON (including nesting too deep to parse), ``dumps`` returns compact text.
+Both paths accept exactly the same texts and give the same values, because a frame one bus
+accepts and another refuses would make the wire depend on an optional extra:
+
+- ``loads`` raises ``ValueError`` on anything that is not strict JSON (RFC 8259): ``NaN``,
+  ``Infinity`` and numbers that overflow a double (``1e999``) are refused, as is a lone UTF-16
+  surrogate escape (``"\\ud800"``), which is not a Unicode character and which SQLite, orjson and
+  every strict receiver refuse to encode. Nesting too deep to parse is a ``ValueError`` too.
+  Integers outside 64 bits become floats, as orjson reads them.
+- ``dumps`` returns compact text and raises ``ValueError`` on a non-finite float or a lone
+  surrogate, rather than write a frame a strict parser would reject.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 __all__ = ["dumps", "loads"]
@@ -16,29 +26,111 @@ try:
 except ImportError:  # pragma: no cover - depends on the optional extra being installed
     _orjson = None  # type: ignore[assignment]
 
+_INT_MIN, _UINT_MAX = -(1 << 63), (1 << 64) - 1
+
+# A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
+# Bounded pattern, linear on any input; only texts that contain "\\u" can match at all.
+_LONE_SURROGATE = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("number is infinity when parsed as double")
+    return value
+
+
+def _int(text: str) -> int | float:
+    value = int(text)  # more than 4300 digits raises ValueError (sys.int_max_str_digits)
+    if _INT_MIN <= value <= _UINT_MAX:
+        return value
+    return _finite_float(text)
+
+
+_DECODER = json.JSONDecoder(
+    parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_int
+)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _has_lone_surrogate(text: str | bytes) -> bool:
+    if isinstance(text, bytes):
+        if b"\\u" not in text:
+            return False
+        text = text.decode("utf-8", "replace")
+    elif "\\u" not in text:
+        return False
+    # An escaped backslash before "u" ("\\\\ud800") is text, not an escape: drop those first.
+    return _LONE_SURROGATE.search(text.replace("\\\\", "")) is not None
+
 
 def _std_loads(text: str | bytes) -> Any:
+    if _has_lone_surrogate(text):
+        raise ValueError("lone surrogate in string")
     try:
-        return json.loads(text)
+        return _DECODER.decode(text if isinstance(text, str) else text.decode("utf-8"))
     except RecursionError as exc:
         # The stdlib parser recurses per nesting level; report it as what it is for the peer.
         raise ValueError("JSON nested too deeply") from exc
 
 
 def _std_dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    text = _ENCODER.encode(obj)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("lone surrogate in string") from exc
+    return text
+
+
+def _orjson_loads(text: str | bytes) -> Any:
+    try:
+        return _orjson.loads(text)
+    except RecursionError as exc:  # pragma: no cover - depends on orjson's own depth limit
+        raise ValueError("JSON nested too deeply") from exc
+
+
+def _orjson_dumps(obj: Any) -> str:
+    try:
+        return _orjson.dumps(obj).decode()
+    except TypeError as exc:  # orjson.JSONEncodeError: surrogates, unsupported types
+        raise ValueError(str(exc)) from exc
+
+
+def _orjson_dumps_finite(obj: Any) -> str:
+    text = _orjson_dumps(obj)
+    # orjson writes NaN and infinities as null; refuse them as the stdlib path does.
+    if "null" in text and _has_non_finite(obj):
+        raise ValueError("Out of range float values are not JSON compliant")
+    return text
+
+
+def _has_non_finite(obj: Any) -> bool:
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 if _orjson is not None:
-
-    def loads(text: str | bytes) -> Any:
-        """Parse JSON text; raise ``ValueError`` if it is not JSON."""
-        return _orjson.loads(text)
-
-    def dumps(obj: Any) -> str:
-        """Serialize ``obj`` to compact JSON text."""
-        return _orjson.dumps(obj).decode()
-
-else:  # pragma: no cover - exercised when orjson is absent
+    loads = _orjson_loads
+    dumps = _orjson_dumps_finite
+else:  # pragma: no cover - exercised when orjson is absent (tests/bus/test_json.py)
     loads = _std_loads
     dumps = _std_dumps
+
+loads.__doc__ = "Parse strict JSON text; raise ``ValueError`` if it is anything else."
+dumps.__doc__ = "Serialize ``obj`` to compact JSON text; raise ``ValueError`` if it is not JSON."

@@ -163,7 +163,8 @@ def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
             coro.close()
             raise ImportError("--loop uvloop needs uvloop: pip install 'bcpbus[speed]'") from None
         return asyncio.run(coro)
-    return uvloop.run(coro)
+    result: int = uvloop.run(coro)
+    return result
 
 
 async def serve(config: ServeConfig, *, ready: Callable[[Bus], None] | None = None) -> int:

@@ -16,13 +16,22 @@ import yaml
 from schemas import strict_yaml
 
 __all__ = [
+    "DEFAULT_DEDUP_MAX_IDS",
+    "DEFAULT_DEDUP_WINDOW",
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "DEFAULT_INITIALIZE_TIMEOUT",
+    "DEFAULT_MAX_ANONYMOUS_CONNECTIONS",
+    "DEFAULT_MAX_ANONYMOUS_PER_ADDRESS",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_INFLIGHT_DELIVERIES",
+    "DEFAULT_MAX_INFLIGHT_REQUESTS",
     "DEFAULT_MAX_SUBSCRIPTIONS",
+    "DEFAULT_MAX_WRITE_BUFFER",
     "DEFAULT_PROCESS_TIMEOUT",
+    "DEFAULT_SHUTDOWN_GRACE",
+    "DEFAULT_SLOW_CONSUMER_TIMEOUT",
     "ConfigError",
     "GatewaySettings",
     "Limits",
@@ -36,6 +45,15 @@ DEFAULT_INITIALIZE_TIMEOUT = 10.0
 DEFAULT_MAX_SUBSCRIPTIONS = 100
 DEFAULT_MAX_INFLIGHT_DELIVERIES = 256
 DEFAULT_PROCESS_TIMEOUT = 30.0
+DEFAULT_MAX_ANONYMOUS_CONNECTIONS = 1_000
+DEFAULT_MAX_ANONYMOUS_PER_ADDRESS = 32
+DEFAULT_MAX_INFLIGHT_REQUESTS = 256
+DEFAULT_MAX_INFLIGHT_BYTES = 256 << 20
+DEFAULT_MAX_WRITE_BUFFER = 4 << 20
+DEFAULT_SLOW_CONSUMER_TIMEOUT = 10.0
+DEFAULT_DEDUP_WINDOW = 300.0
+DEFAULT_DEDUP_MAX_IDS = 100_000
+DEFAULT_SHUTDOWN_GRACE = 10.0
 
 
 class ConfigError(ValueError):
@@ -50,12 +68,30 @@ class Limits:
     max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES
     """Largest incoming text frame; a larger one closes the connection with 1009."""
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS
-    """Open connections; the handshake of one more is answered with HTTP 503."""
+    """Authenticated peers; one more ``initialize`` gets -32005 and close 1013. A takeover of a
+    connected clientId does not count as one more."""
+    max_anonymous_connections: int | None = DEFAULT_MAX_ANONYMOUS_CONNECTIONS
+    """Sockets that have not (yet) initialized, counted apart from peers so that they cannot
+    lock peers out; the handshake of one more is answered with HTTP 503."""
+    max_anonymous_per_address: int | None = DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
+    """Sockets not yet initialized from one remote IP address; one more gets HTTP 503."""
     max_subscriptions: int | None = DEFAULT_MAX_SUBSCRIPTIONS
     """Patterns per connection; one more ``subscribe`` gets -32005."""
     max_inflight_deliveries: int | None = DEFAULT_MAX_INFLIGHT_DELIVERIES
     """``processMessage`` calls awaiting one peer's answer; more wait for a slot, within the
     same ``process_timeout``, and count as ``timeout`` if none frees up."""
+    max_inflight_requests: int | None = DEFAULT_MAX_INFLIGHT_REQUESTS
+    """Requests from one connection being handled at once; past it the bus stops reading that
+    socket until one is answered (backpressure: TCP then slows the sender)."""
+    max_inflight_bytes: int | None = DEFAULT_MAX_INFLIGHT_BYTES
+    """Bytes of request frames being handled, for the whole bus; a request that would go over
+    it gets -32005 at once."""
+    max_write_buffer: int | None = DEFAULT_MAX_WRITE_BUFFER
+    """Bytes written to one peer that it has not read yet. Above it deliveries to that peer fail
+    at once (status ``slow_consumer``); above it for ``slow_consumer_timeout``, the peer is
+    disconnected with close code 4004."""
+    dedup_max_ids: int | None = DEFAULT_DEDUP_MAX_IDS
+    """Recent ``(from, messageId)`` pairs remembered to refuse duplicates (-32008)."""
     # Timeouts
     handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
     """Seconds for the WebSocket opening handshake."""
@@ -63,6 +99,12 @@ class Limits:
     """Seconds from connect to a successful ``initialize``; then close code 4002."""
     process_timeout: float | None = DEFAULT_PROCESS_TIMEOUT
     """Seconds one peer has to answer one ``processMessage``."""
+    slow_consumer_timeout: float | None = DEFAULT_SLOW_CONSUMER_TIMEOUT
+    """Seconds a peer may stay above ``max_write_buffer`` before it is disconnected (4004)."""
+    dedup_window: float | None = DEFAULT_DEDUP_WINDOW
+    """Seconds a ``messageId`` is remembered per sender; None turns duplicate refusal off."""
+    shutdown_grace: float | None = DEFAULT_SHUTDOWN_GRACE
+    """Seconds a closing bus waits for the requests in flight to be answered."""
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,15 @@
 incoming request runs in its own task, so a peer may call ``sendMessage`` while it is still
 answering a ``processMessage`` the bus sent it, and neither waits for the other. What a request
 means is the bus's business: the connection hands it to a :class:`Handler`.
+
+What one peer can make the bus hold is bounded here, whatever the peer does:
+
+- requests: at most ``max_inflight_requests`` are handled at once; past that the read loop stops
+  reading, so the socket's buffers fill and TCP slows the sender down (backpressure) instead of
+  the bus queueing tasks without end;
+- bytes: every request frame is charged to a :class:`ByteBudget` shared by the whole bus until
+  its last request is answered; a frame that does not fit is answered -32005 at once;
+- frames: a binary frame closes the connection with 1003 (the wire is JSON text).
 """
 
 from __future__ import annotations
@@ -16,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 from websockets.exceptions import ConnectionClosed
 
 from .calls import PendingCalls
-from .errors import BusError, InternalError
+from .errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
 from .protocol import ErrorResponse, Notification, Request, Response, Session
 
 if TYPE_CHECKING:
     from .local import Socket
     from .policy import Grants
 
-__all__ = ["Connection", "Handler", "PeerGone"]
+__all__ = ["ByteBudget", "Connection", "Handler", "PeerGone"]
 
 logger = logging.getLogger("bus.connection")
 
@@ -35,6 +44,47 @@ class PeerGone(ConnectionError):
 Handler = Callable[["Connection", Request], Awaitable[Any]]
 """What the bus does with one request from one connection: returns the result or raises."""
 
+FORCED_CLOSE_WAIT = 1.0
+"""Seconds :meth:`Connection.force_close` lets the close frame go out before it drops the TCP
+connection; a peer that reads nothing would otherwise hold the close for ``close_timeout``."""
+
+
+class ByteBudget:
+    """Bytes of request frames being handled, for the whole bus, against a limit.
+
+    Args:
+        limit: the most bytes at once; None for no limit.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        """Charge ``size`` bytes; return False (charging nothing) if they do not fit."""
+        if self.limit is not None and self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        """Return ``size`` bytes charged by :meth:`take`."""
+        self.used -= size
+
+
+class _FrameCharge:
+    """The bytes one frame holds in the budget until its last request is answered."""
+
+    __slots__ = ("budget", "requests", "size")
+
+    def __init__(self, budget: ByteBudget, size: int, requests: int) -> None:
+        self.budget, self.size, self.requests = budget, size, requests
+
+    def done(self) -> None:
+        self.requests -= 1
+        if self.requests == 0:
+            self.budget.give(self.size)
+
 
 class Connection:
     """The bus side of one peer connection.
@@ -44,8 +94,11 @@ class Connection:
         handler: called for every request; its return value is the result, a raised
             :class:`BusError` the error answer.
         max_inflight: most ``processMessage`` calls awaiting this peer at once; None for no limit.
+        max_requests: most requests from this peer handled at once; past it the read loop
+            waits. None for no limit.
+        budget: the bus-wide bytes in flight; None for no limit.
         on_protocol_error: told of every error the session answered on its own (parse errors,
-            invalid requests), so that the bus can log them.
+            invalid requests, frames over the byte budget), so that the bus can log them.
     """
 
     def __init__(
@@ -54,6 +107,8 @@ class Connection:
         handler: Handler,
         *,
         max_inflight: int | None = None,
+        max_requests: int | None = None,
+        budget: ByteBudget | None = None,
         on_protocol_error: Callable[[Connection, BusError], None] | None = None,
     ) -> None:
         self.ws = ws
@@ -72,9 +127,17 @@ class Connection:
         self.close_after_answer: tuple[int, str] | None = None
         self.anonymous_errors = 0
         """Error answers sent before a successful ``initialize``."""
+        self.refused_frame: str | None = None
+        """Why the read loop closed the connection itself (``binary``), for the bus's log."""
+        self.slow_since: float | None = None
+        """Loop time since which this peer's unread bytes have been above the limit."""
         self._pending = PendingCalls()
         self._tasks: set[asyncio.Task[None]] = set()
         self._gone = False
+        self._max_requests = max_requests
+        self._budget = budget
+        self._requests = 0
+        self._request_done = asyncio.Event()
 
     @property
     def name(self) -> str:
@@ -87,42 +150,87 @@ class Connection:
         """Read frames until the peer goes; then fail the calls still waiting for an answer."""
         try:
             async for text in self.ws:
+                if isinstance(text, bytes):
+                    # The wire is UTF-8 JSON in text frames; decoding binary frames as well
+                    # would accept encodings (UTF-16) that no other peer could read back.
+                    self.refused_frame = "binary"
+                    await self.ws.close(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
+                    return
                 self.session.receive_text(text)
+                self._dispatch(len(text))
                 if self._on_protocol_error is not None:
                     for error in self.session.errors_sent():
                         self._on_protocol_error(self, error)
-                self._dispatch()
                 await self.flush()
+                while self._max_requests is not None and self._requests >= self._max_requests:
+                    # Backpressure: read nothing more until a request is answered.
+                    self._request_done.clear()
+                    await self._request_done.wait()
         finally:
             self._gone = True
             self._pending.fail_all(PeerGone(self.name))
 
-    def _dispatch(self) -> None:
-        for event in self.session.events_received():
+    def _dispatch(self, size: int) -> None:
+        events = self.session.events_received()
+        requests = [event for event in events if isinstance(event, Request)]
+        charge = None
+        if requests and self._budget is not None:
+            if not self._budget.take(size):
+                for request in requests:
+                    self.session.refuse(
+                        request,
+                        LimitExceeded(
+                            "Limit exceeded: the bus is handling too many bytes of requests "
+                            "(max_inflight_bytes); retry later"
+                        ),
+                    )
+                requests = []
+            else:
+                charge = _FrameCharge(self._budget, size, len(requests))
+        for event in events:
             match event:
                 case Request():
-                    self.spawn(self._answer(event))
+                    if requests:
+                        self._requests += 1
+                        self.spawn(self._answer(event, charge))
                 case Response() | ErrorResponse():
                     self._pending.settle(event)
                 case Notification(method=method):
                     # JSON-RPC 2.0 §4.1: a notification is never answered, even with an error.
                     logger.debug("%s: ignored notification %s", self.name, method)
 
-    async def _answer(self, request: Request) -> None:
+    async def _answer(self, request: Request, charge: _FrameCharge | None) -> None:
         try:
-            result = await self._handler(self, request)
-        except BusError as exc:
-            self.session.respond_error(request, exc)
-        except Exception:
-            # Don't include exception details, which may be security-sensitive.
-            logger.exception("%s: internal error in %s", self.name, request.method)
-            self.session.respond_error(request, InternalError())
-        else:
-            self.session.respond(request, result)
-        await self.flush()
+            try:
+                result = await self._handler(self, request)
+            except BusError as exc:
+                self.session.respond_error(request, exc)
+            except Exception:
+                # Don't include exception details, which may be security-sensitive.
+                logger.exception("%s: internal error in %s", self.name, request.method)
+                self.session.respond_error(request, InternalError())
+            else:
+                self.session.respond(request, result)
+            await self.flush()
+        finally:
+            self._requests -= 1
+            self._request_done.set()
+            if charge is not None:
+                charge.done()
         if self.close_after_answer is not None:
             code, reason = self.close_after_answer
             await self.ws.close(code, reason)
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests from this peer being handled now."""
+        return self._requests
+
+    async def wait_requests_answered(self) -> None:
+        """Return once no request of this peer is being handled."""
+        while self._requests:
+            self._request_done.clear()
+            await self._request_done.wait()
 
     # Writing
 
@@ -133,6 +241,25 @@ class Connection:
                 await self.ws.send(text)
             except ConnectionClosed:
                 return
+
+    def write_buffer_size(self) -> int:
+        """Bytes written to this peer that it has not read yet (0 for an in-process link)."""
+        transport = getattr(self.ws, "transport", None)
+        if transport is None:
+            return 0
+        size: int = transport.get_write_buffer_size()
+        return size
+
+    async def force_close(self, code: int, reason: str) -> None:
+        """Close with ``code``, dropping the TCP connection if the close frame cannot go out
+        within :data:`FORCED_CLOSE_WAIT` seconds (a peer that reads nothing)."""
+        try:
+            async with asyncio.timeout(FORCED_CLOSE_WAIT):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            transport = getattr(self.ws, "transport", None)
+            if transport is not None:
+                transport.abort()
 
     async def call(self, method: str, params: Any) -> Any:
         """Send a request to the peer and return its result.

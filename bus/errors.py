@@ -21,6 +21,7 @@ raise.
     ├── LimitExceeded           -32005  a configured limit (subscriptions, in-flight) is reached
     ├── AuditUnavailable        -32006  the activity log could not commit: fail closed
     ├── ShuttingDown            -32007  the bus is closing and takes no new work
+    ├── DuplicateMessage        -32008  this sender already sent this messageId recently
     └── RemoteError             (any)   an error response a peer sent us, see ``from_error``
 
 WebSocket close codes the bus uses are listed in :data:`CLOSE_CODES`.
@@ -33,6 +34,9 @@ from typing import Any, ClassVar
 __all__ = [
     "CLOSE_CODES",
     "CLOSE_AUTH_FAILED",
+    "CLOSE_SLOW_CONSUMER",
+    "CLOSE_TRY_AGAIN_LATER",
+    "CLOSE_UNSUPPORTED_DATA",
     "CLOSE_INITIALIZE_TIMEOUT",
     "CLOSE_REPLACED",
     "CLOSE_GOING_AWAY",
@@ -41,6 +45,7 @@ __all__ = [
     "AuditUnavailable",
     "AuthenticationFailed",
     "BusError",
+    "DuplicateMessage",
     "Forbidden",
     "InternalError",
     "InvalidParams",
@@ -175,7 +180,7 @@ class AlreadyInitialized(BusError):
 
 
 class LimitExceeded(BusError):
-    """A configured limit (subscriptions per connection, in-flight deliveries) is reached."""
+    """A configured limit (subscriptions, peers, bytes in flight) is reached; retry later."""
 
     code = -32005
     default_message = "Limit exceeded"
@@ -193,6 +198,17 @@ class ShuttingDown(BusError):
 
     code = -32007
     default_message = "The bus is shutting down"
+
+
+class DuplicateMessage(BusError):
+    """The sender already sent a message with this ``messageId`` within the dedup window.
+
+    The first one was accepted (and delivered); a publisher that retries after a lost answer
+    can take this error as "already done".
+    """
+
+    code = -32008
+    default_message = "Duplicate messageId: a message with this id was already accepted"
 
 
 class RemoteError(BusError):
@@ -231,21 +247,29 @@ _BY_CODE: dict[int, type[BusError]] = {
         LimitExceeded,
         AuditUnavailable,
         ShuttingDown,
+        DuplicateMessage,
     )
 }
 
 # WebSocket close codes (RFC 6455 §7.4.2: 4000-4999 are for applications).
 CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_POLICY_VIOLATION = 1008
+CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_REPLACED = 4001
 CLOSE_INITIALIZE_TIMEOUT = 4002
 CLOSE_AUTH_FAILED = 4003
+CLOSE_SLOW_CONSUMER = 4004
 
 CLOSE_CODES: dict[int, str] = {
     1001: "the bus is shutting down",
+    CLOSE_UNSUPPORTED_DATA: "a binary frame: the bus speaks JSON in text frames only",
     CLOSE_POLICY_VIOLATION: "too many errors before a successful initialize",
     1009: "frame larger than the configured max_frame_bytes",
+    CLOSE_TRY_AGAIN_LATER: "the bus already has max_connections authenticated peers",
     CLOSE_REPLACED: "replaced: another connection authenticated as the same clientId",
     CLOSE_INITIALIZE_TIMEOUT: "no successful initialize within initialize_timeout",
     CLOSE_AUTH_FAILED: "authentication failed",
+    CLOSE_SLOW_CONSUMER: "slow consumer: more than max_write_buffer bytes unread for "
+    "slow_consumer_timeout seconds",
 }

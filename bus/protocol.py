@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _json
-from .errors import BusError, InvalidRequest, ParseError
+from .errors import BusError, InternalError, InvalidRequest, ParseError
 
 __all__ = [
     "ErrorResponse",
@@ -210,9 +210,15 @@ class Session:
         """Answer ``request`` with ``error``; then call :meth:`data_to_send`."""
         self._answer(request, _error(request.id, error))
 
+    def refuse(self, request: Request, error: BusError) -> None:
+        """Answer ``request`` with ``error`` without handing it to the application (a limit),
+        and count the error in :meth:`errors_sent`; then call :meth:`data_to_send`."""
+        self._errors.append(error)
+        self.respond_error(request, error)
+
     def _answer(self, request: Request, answer: dict[str, Any]) -> None:
         if request.batch is None:
-            self._out.append(_json.dumps(answer))
+            self._out.append(_dumps_answer(answer))
             return
         batch = self._batches.get(request.batch)
         if batch is None:
@@ -228,7 +234,7 @@ class Session:
         del self._batches[batch_id]
         # §6: a batch of notifications only is answered with nothing at all.
         if batch.answers:
-            self._out.append(_json.dumps(batch.answers))
+            self._out.append(_dumps_answer(batch.answers))
 
     def send_request(self, method: str, params: Params = None) -> int:
         """Queue a request to the other side and return its id.
@@ -268,6 +274,25 @@ class Session:
     def _invalid(self, request_id: RequestId, error: BusError) -> dict[str, Any]:
         self._errors.append(error)
         return _error(request_id, error)
+
+
+def _dumps_answer(answer: Any) -> str:
+    try:
+        return _json.dumps(answer)
+    except ValueError:
+        # A result that is not JSON (NaN, a lone surrogate) must not become a frame that strict
+        # peers reject, nor an exception in the I/O layer: answer -32603 in its place.
+        if isinstance(answer, list):
+            return _json.dumps([_unencodable(item) for item in answer])
+        return _json.dumps(_unencodable(answer))
+
+
+def _unencodable(answer: dict[str, Any]) -> dict[str, Any]:
+    try:
+        _json.dumps(answer)
+    except ValueError:
+        return _error(answer.get("id"), InternalError())
+    return answer
 
 
 def _valid_id(value: Any) -> bool:

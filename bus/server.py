@@ -14,6 +14,7 @@ Use it as an async context manager::
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -44,7 +45,7 @@ from schemas.bus import (
 from . import __version__
 from .activity import ActivityLog
 from .config import Limits
-from .connection import Connection, PeerGone
+from .connection import ByteBudget, Connection, PeerGone
 from .credentials import Credentials
 from .errors import (
     CLOSE_AUTH_FAILED,
@@ -52,9 +53,12 @@ from .errors import (
     CLOSE_INITIALIZE_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
     CLOSE_REPLACED,
+    CLOSE_SLOW_CONSUMER,
+    CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
     AuthenticationFailed,
     BusError,
+    DuplicateMessage,
     Forbidden,
     InvalidParams,
     LimitExceeded,
@@ -67,6 +71,7 @@ from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .policy import Grants, Policy, PolicyError, may_flow
 from .protocol import Request
+from .recent import RecentIds
 from .topics import SubscriptionIndex, validate_pattern, validate_topic
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
@@ -113,6 +118,16 @@ class Bus:
         self.peers: dict[str, Connection] = {}
         """Initialized connections by clientId."""
         self._connections: set[Connection] = set()
+        self._anonymous: collections.Counter[str] = collections.Counter()
+        """Connections not initialized yet, per remote IP address."""
+        self._budget = ByteBudget(self.limits.max_inflight_bytes)
+        window = self.limits.dedup_window
+        self._recent = (
+            RecentIds(window=window, max_ids=self.limits.dedup_max_ids)
+            if window is not None
+            else None
+        )
+        self._sweeper: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
         self._index: SubscriptionIndex[Connection] = SubscriptionIndex()
         self._server: Server | None = None
@@ -141,6 +156,8 @@ class Bus:
             compression=None,
         )
         self._presence_task = asyncio.create_task(self._presence_loop())
+        if limits.max_write_buffer is not None and limits.slow_consumer_timeout is not None:
+            self._sweeper = asyncio.create_task(self._sweep_slow_consumers())
         logger.info("listening on %s", self.url)
 
     @property
@@ -172,21 +189,40 @@ class Bus:
             return
         self._closing = True
         if self._server is not None:
-            self._server.close(close_connections=True)
-            await self._server.wait_closed()
+            # Stop accepting, but keep reading: requests in flight need their deliveries'
+            # answers, and every one of them gets its answer (its result, or -32007 for what
+            # arrives from now on) before the connections close.
+            self._server.close(close_connections=False)
+        await self._wait_requests_answered()
         for conn in list(self._connections):
-            if isinstance(conn.ws, LocalSocket):
-                await conn.close(CLOSE_GOING_AWAY, "bus shutting down")
+            conn.spawn(conn.close(CLOSE_GOING_AWAY, "bus shutting down"))
+        if self._server is not None:
+            await self._server.wait_closed()
         if self._local_links:
             await asyncio.wait(set(self._local_links))
-        if self._presence_task is not None:
-            self._presence_task.cancel()
-            try:
-                await self._presence_task
-            except asyncio.CancelledError:
-                pass
+        for task in (self._presence_task, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self.log.record("shutdown", actor=BUS_CLIENT_ID)
         logger.info("closed")
+
+    async def _wait_requests_answered(self) -> None:
+        busy = [conn for conn in self._connections if conn.requests_in_flight]
+        if not busy:
+            return
+        grace = self.limits.shutdown_grace
+        done, pending = await asyncio.wait(
+            [asyncio.ensure_future(conn.wait_requests_answered()) for conn in busy],
+            timeout=grace,
+        )
+        for waiter in pending:
+            waiter.cancel()
+        if pending:
+            logger.warning(
+                "closing with requests unanswered after %ss on %d peers", grace, len(pending)
+            )
 
     async def __aenter__(self) -> Bus:
         return self
@@ -217,10 +253,29 @@ class Bus:
     def _process_request(self, ws: ServerConnection, request: HTTPRequest) -> HTTPResponse | None:
         if request.path == "/healthz":
             return ws.respond(HTTPStatus.OK, "ok\n")
-        limit = self.limits.max_connections
-        if limit is not None and len(self._connections) >= limit:
-            self.log.record("limit_exceeded", status="max_connections", error=str(limit))
-            return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections\n")
+        if self._closing:
+            return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
+        # Sockets that have not authenticated are counted apart from peers, in total and per
+        # address, so that anonymous sockets can never take the places of peers.
+        limits, address = self.limits, _address(ws)
+        for name, limit, count in (
+            (
+                "max_anonymous_connections",
+                limits.max_anonymous_connections,
+                self._anonymous.total(),
+            ),
+            (
+                "max_anonymous_per_address",
+                limits.max_anonymous_per_address,
+                self._anonymous[address],
+            ),
+        ):
+            if limit is not None and count >= limit:
+                self.log.record("limit_exceeded", actor=address, status=name, error=str(limit))
+                return ws.respond(
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                    "too many connections that have not initialized\n",
+                )
         return None
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
@@ -228,13 +283,19 @@ class Bus:
             ws,
             self._handle_request,
             max_inflight=self.limits.max_inflight_deliveries,
+            max_requests=self.limits.max_inflight_requests,
+            budget=self._budget,
             on_protocol_error=self._protocol_error,
         )
         self._connections.add(conn)
+        address = _address(ws)
+        self._anonymous[address] += 1
         self.log.record("connect", actor=str(ws.remote_address))
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
             await conn.run()
+            if conn.refused_frame is not None:
+                self.log.record("frame_refused", actor=conn.name, status=conn.refused_frame)
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
                 self.log.record(
@@ -242,6 +303,8 @@ class Bus:
                 )
         finally:
             watchdog.cancel()
+            if conn.client_id is None:
+                self._leave_anonymous(address)
             self._connections.discard(conn)
             self._forget(conn)
             await conn.drain_tasks()
@@ -256,6 +319,11 @@ class Bus:
         except TimeoutError:
             self.log.record("initialize_timeout", actor=conn.name, error=f"{timeout}s")
             await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
+
+    def _leave_anonymous(self, address: str) -> None:
+        self._anonymous[address] -= 1
+        if self._anonymous[address] <= 0:
+            del self._anonymous[address]
 
     def _forget(self, conn: Connection) -> None:
         for pattern in conn.subscriptions:
@@ -334,6 +402,13 @@ class Bus:
             await self.log.commit()
             conn.close_after_answer = (CLOSE_AUTH_FAILED, "authentication failed")
             raise AuthenticationFailed()
+        limit = self.limits.max_connections
+        if limit is not None and client_id not in self.peers and len(self.peers) >= limit:
+            self.log.record(
+                "limit_exceeded", rpc_id=_rpc_id(request), actor=client_id, status="max_connections"
+            )
+            conn.close_after_answer = (CLOSE_TRY_AGAIN_LATER, "too many peers")
+            raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
         identity = self.identities.get(client_id, PeerIdentity())
         try:
             roles = self.policy.roles_for(client_id, (*record.roles, *identity.roles))
@@ -353,6 +428,7 @@ class Bus:
                 "Authentication failed: this clientId's roles are not allowed by the policy"
             ) from None
         self._take_over(client_id)
+        self._leave_anonymous(_address(conn.ws))
         conn.client_id = client_id
         conn.grants = grants
         self.peers[client_id] = conn
@@ -466,12 +542,28 @@ class Bus:
                 f"send {fields.type!r} to {topic!r}"
             )
         assert isinstance(request.params, dict)  # validated as an object above
-        delivered = await self.publish(
+        key = (conn.client_id, fields.message_id)
+        if self._recent is not None and not self._recent.claim(key, _clock()):
+            self._refuse(conn, request, "duplicate", topic=topic, message_id=fields.message_id)
+            raise DuplicateMessage(
+                f"Duplicate messageId: {conn.client_id} already sent {fields.message_id!r} within "
+                f"the last {self._recent.window:g} s; it was accepted then, do not send it again",
+                data={"messageId": fields.message_id},
+            )
+        try:
+            targets = await self._accept(
+                topic, fields.message_id, fields.type, sender=conn, rpc_id=_rpc_id(request)
+            )
+        except BusError:
+            if self._recent is not None:
+                self._recent.release(key)  # nothing was delivered: a retry may go through
+            raise
+        delivered = await self._fan_out(
+            targets,
             topic,
             request.params["payload"],
             fields.message_id,
-            fields.type,
-            sender=conn,
+            actor=conn.client_id,
             rpc_id=_rpc_id(request),
         )
         return {"accepted": True, "messageId": fields.message_id, "deliveredTo": delivered}
@@ -489,11 +581,30 @@ class Bus:
         """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
         answered ``processed: true``.
 
-        The rows are committed before this returns; BCP traffic (a ``bcp_`` type or a ``bcp:``
-        topic) is not delivered until its ``send_start`` row is committed.
+        Nothing is delivered before the ``send_start`` row is committed, and every row is
+        committed before this returns.
 
         Raises:
-            AuditUnavailable: the activity log could not commit.
+            AuditUnavailable: the activity log could not commit; if it failed on the first
+                commit, nothing was delivered.
+        """
+        targets = await self._accept(topic, message_id, message_type, sender=sender, rpc_id=rpc_id)
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        return await self._fan_out(targets, topic, payload, message_id, actor=actor, rpc_id=rpc_id)
+
+    async def _accept(
+        self,
+        topic: str,
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Connection | None,
+        rpc_id: str | None,
+    ) -> list[Connection]:
+        """Record the message and its targets, commit the rows, and return the targets.
+
+        Raises:
+            AuditUnavailable: the rows could not be committed; deliver nothing.
         """
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         grants = sender.grants if sender is not None else None
@@ -521,9 +632,25 @@ class Bus:
                 continue
             log.record("process_start", message_id=message_id, actor=target.client_id, topic=topic)
             targets.append(target)
-        if message_type.startswith("bcp_") or topic.startswith("bcp:"):
-            # Fail closed: BCP traffic is never delivered without its audit row.
+        if targets:
+            # Fail closed, for every message: nothing is delivered without its audit row, so a
+            # peer that gets -32006 knows that nobody received the message and may resend it.
             await log.commit()
+        return targets
+
+    async def _fan_out(
+        self,
+        targets: list[Connection],
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        *,
+        actor: str | None,
+        rpc_id: str | None,
+    ) -> int:
+        """Deliver to ``targets`` concurrently, record ``send_finish``, commit; return how many
+        answered ``processed: true``."""
+        log = self.log
         params = {"topic": topic, "payload": payload}
         if len(targets) == 1:
             results = [await self._deliver(targets[0], params, message_id, topic)]
@@ -547,7 +674,11 @@ class Bus:
         self, target: Connection, params: dict[str, Any], message_id: str, topic: str
     ) -> bool:
         status, error = "processed", None
+        limit = self.limits.max_write_buffer
         try:
+            if limit is not None and target.write_buffer_size() > limit:
+                # A peer that does not read gets nothing more written: fail fast, hold nothing.
+                raise _SlowConsumer()
             async with asyncio.timeout(self.limits.process_timeout):
                 if target.inflight is not None:
                     async with target.inflight:
@@ -561,6 +692,8 @@ class Bus:
             status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
         except PeerGone:
             status, error = "disconnected", None
+        except _SlowConsumer:
+            status, error = "slow_consumer", f"more than {limit} bytes unread"
         except BusError as exc:
             status, error = "error", str(exc)
         self.log.record(
@@ -572,6 +705,39 @@ class Bus:
             error=error,
         )
         return status == "processed"
+
+    # Slow consumers
+
+    async def _sweep_slow_consumers(self) -> None:
+        """Disconnect (4004) every peer whose unread bytes stay above ``max_write_buffer`` for
+        ``slow_consumer_timeout`` seconds.
+
+        One task for the whole bus, not one per connection: it checks each socket's buffer,
+        which costs well under a microsecond. The WebSocket keepalive cannot catch such a peer:
+        its ping waits behind the unread bytes, so its timeout never starts.
+        """
+        limit, timeout = self.limits.max_write_buffer, self.limits.slow_consumer_timeout
+        assert limit is not None and timeout is not None
+        interval = min(1.0, timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = _clock()
+            for conn in list(self._connections):
+                size = conn.write_buffer_size()
+                if size <= limit:
+                    conn.slow_since = None
+                elif conn.slow_since is None:
+                    conn.slow_since = now
+                elif now - conn.slow_since >= timeout:
+                    conn.slow_since = None
+                    self.log.record(
+                        "slow_consumer",
+                        actor=conn.name,
+                        status=str(CLOSE_SLOW_CONSUMER),
+                        error=f"{size} bytes unread for {timeout:g}s (limit {limit})",
+                    )
+                    logger.info("disconnecting slow consumer %s (%d bytes unread)", conn.name, size)
+                    conn.spawn(conn.force_close(CLOSE_SLOW_CONSUMER, "slow consumer"))
 
     # Presence
 
@@ -597,6 +763,10 @@ class Bus:
                 )
             except BusError:
                 logger.exception("could not announce %s of %s", event, content["clientId"])
+
+
+class _SlowConsumer(Exception):
+    """A delivery refused because the target has too many unread bytes."""
 
 
 class _SendFields(NamedTuple):
@@ -734,6 +904,16 @@ def _bearer(ws: Socket) -> str | None:
 def _type_payload(message_type: str) -> str:
     """``send_start``'s payload, ``{"type": ...}`` as JSON, encoded once per message type."""
     return json.dumps({"type": message_type}, separators=(",", ":"), ensure_ascii=False)
+
+
+def _address(ws: Socket) -> str:
+    """The remote IP address of a socket, the unit of the anonymous-connection limit."""
+    remote = ws.remote_address
+    return str(remote[0]) if isinstance(remote, tuple) and remote else str(remote)
+
+
+def _clock() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _rpc_id(request: Request) -> str | None:

@@ -366,14 +366,37 @@ async def test_oversized_frame_closes_with_1009(tmp_path):
         assert h.rows(event="frame_too_large")
 
 
-async def test_connection_limit_answers_503(tmp_path):
-    """The handshake past max_connections is refused with HTTP 503."""
-    async with running_bus(tmp_path, limits=Limits(max_connections=1)) as h:
+async def test_anonymous_connection_limit_answers_503(tmp_path):
+    """The handshake past max_anonymous_connections is refused with HTTP 503."""
+    async with running_bus(tmp_path, limits=Limits(max_anonymous_connections=1)) as h:
         async with connect(h.url):
             with pytest.raises(InvalidStatus) as caught:
                 async with connect(h.url):
                     pass
             assert caught.value.response.status_code == 503
+            await h.log.commit()
+            assert h.rows(event="limit_exceeded", status="max_anonymous_connections")
+
+
+async def test_peer_limit_refuses_initialize_with_32005_and_1013(tmp_path):
+    """The initialize past max_connections peers gets -32005 and close 1013; a takeover of a
+    connected clientId still works."""
+    async with running_bus(tmp_path, limits=Limits(max_connections=1)) as h:
+        async with h.peer("tg:1"):
+            token = h.token("tg:2")
+            async with connect(h.url) as ws:
+                answer = await raw_call(
+                    ws, "initialize", {"clientId": "tg:2", "auth": {"token": token}}
+                )
+                assert answer["error"]["code"] == -32005
+                with pytest.raises(ConnectionClosed) as caught:
+                    async with asyncio.timeout(scaled(5)):
+                        await ws.recv()
+                assert caught.value.rcvd is not None and caught.value.rcvd.code == 1013
+            async with h.peer("tg:1") as again:  # replaces the first tg:1, not one more
+                assert (await again.ping())["pong"] is True
+            await h.log.commit()
+            assert h.rows(event="limit_exceeded", status="max_connections")
 
 
 async def test_initialize_timeout_closes_with_4002(tmp_path):
