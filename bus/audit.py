@@ -24,6 +24,7 @@ from .errors import InvalidParams
 from .topics import matches, validate_pattern
 
 __all__ = [
+    "MAX_LIMIT",
     "REFUSAL_EVENTS",
     "bits_per_channel",
     "format_table",
@@ -44,6 +45,9 @@ REFUSAL_EVENTS: tuple[str, ...] = (
 )
 """The events :func:`refusals_per_reason` counts; each carries its reason in ``status``."""
 
+MAX_LIMIT = (1 << 63) - 1
+"""The largest ``limit`` of :func:`query_rows`: SQLite's integers are signed 64-bit."""
+
 # Rows whose payload is not valid JSON (another writer, a damaged file) must not make the whole
 # query fail: json_extract() raises on malformed text, so check json_valid() first.
 _QUERY_ID = "CASE WHEN json_valid(payload_json) THEN json_extract(payload_json, '$.query_id') END"
@@ -60,8 +64,11 @@ def read_only(db: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
 
     Raises:
         FileNotFoundError: there is no such file.
+        IsADirectoryError: ``db`` is a directory.
     """
     path = Path(db).resolve()
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a database file")
     if not path.is_file():
         raise FileNotFoundError(f"database not found: {path}")
     # mode=ro: readers never write; as_uri() percent-encodes the path for the URI.
@@ -83,11 +90,27 @@ def has_relation(conn: sqlite3.Connection, name: str) -> bool:
 
 @contextlib.contextmanager
 def _connect(db: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
-    """:func:`read_only`, refusing a file that is not an activity log (``ValueError``)."""
-    with read_only(db) as conn:
-        if not has_relation(conn, "activity_log"):
-            raise ValueError(f"{db} is not an activity log: it has no activity_log table")
-        yield conn
+    """:func:`read_only` for an activity log; SQLite's errors, here or in the caller's queries,
+    become a ``ValueError`` that names the file (the CLI prints it as one line)."""
+    try:
+        with read_only(db) as conn:
+            # Text another writer or a damaged page stored as invalid UTF-8 still prints.
+            conn.text_factory = _lenient_text
+            if not has_relation(conn, "activity_log"):
+                raise ValueError(f"{db} is not an activity log: it has no activity_log table")
+            yield conn
+    except sqlite3.OperationalError as exc:
+        # Locked, unreadable (permissions), or an I/O error: the file may be fine later.
+        raise ValueError(f"{db}: cannot read the activity log: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(
+            f"{db} is not an SQLite database, or it is damaged ({exc}): give the file "
+            "`bcpbus serve --db` writes"
+        ) from exc
+
+
+def _lenient_text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
 
 
 def _fetch(
@@ -120,22 +143,26 @@ def query_rows(
         since: keep rows at or after this ISO-8601 date or datetime (a bare date is midnight UTC,
             a datetime without offset is UTC).
         until: keep rows strictly before it, so ``since=D, until=D+1`` is the whole day D.
-        limit: most rows returned; ``None`` for all.
+        limit: most rows returned, 0 to :data:`MAX_LIMIT`; ``None`` for all.
 
     Returns:
         One dict per row with every column of ``activity_log``.
 
     Raises:
         FileNotFoundError: ``db`` does not exist.
-        ValueError: ``db`` is not an activity log, or a filter is malformed (the message says
-            which); show it to the user.
+        IsADirectoryError: ``db`` is a directory.
+        ValueError: ``db`` is not an activity log or not readable, or a filter is malformed (the
+            message says which); show it to the user.
     """
+    if limit is not None and not 0 <= limit <= MAX_LIMIT:
+        # SQLite cannot bind a larger integer, and reads a negative LIMIT as "no limit".
+        raise ValueError(f"limit: {limit} is out of range: give a number from 0 to {MAX_LIMIT}")
     where: list[str] = []
     params: list[Any] = []
     for column, value in (("message_id", message_id), ("actor", actor), ("event", event)):
         if value is not None:
             where.append(f"{column} = ?")
-            params.append(value)
+            params.append(_text(value, column))
     if since is not None:
         where.append("ts >= ?")
         params.append(_normalize_time(since, "since"))
@@ -226,6 +253,7 @@ def query_story(db: str | os.PathLike[str], query_id: str) -> list[dict[str, Any
         FileNotFoundError: ``db`` does not exist.
         ValueError: ``db`` is not an activity log.
     """
+    _text(query_id, "query_id")
     sql = f"""
         WITH story AS (SELECT id, message_id FROM activity_log WHERE {_QUERY_ID} = ?)
         SELECT * FROM activity_log
@@ -248,13 +276,29 @@ def _normalize_time(value: str, name: str) -> str:
     try:
         # Python 3.11 reads a bare date as midnight, and accepts a trailing "Z".
         moment = datetime.fromisoformat(value)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     except ValueError:
         raise ValueError(
             f"{name}: {value!r} is not an ISO-8601 date or datetime (2026-05-09T14:30:00Z)"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except OverflowError:
+        # 9999-12-31T23:00:00-05:00 is a valid datetime past the last one UTC can hold.
+        raise ValueError(f"{name}: {value!r} is out of range in UTC") from None
+
+
+def _text(value: str, name: str) -> str:
+    """``value``, if SQLite can bind it: a lone surrogate (from undecodable bytes in argv) not.
+
+    Raises:
+        ValueError: ``value`` is not valid Unicode; the message names the filter.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name}: {value!r} is not valid text (it is not UTF-8)") from None
+    return value
 
 
 def _topic_matches(pattern: str, topic: str | None) -> bool:

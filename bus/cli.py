@@ -99,14 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     rm.set_defaults(command=_peers_remove)
 
     aud = sub.add_parser("audit", help="read the activity log")
-    aud.add_argument("--db", type=Path, default=Path("bcpbus.db"))
+    aud.add_argument(
+        "--db", type=Path, default=Path("bcpbus.db"), help="activity log (default ./bcpbus.db)"
+    )
     aud.add_argument("--message-id", help="rows of one message")
     aud.add_argument("--topic", help="topic pattern, '*' segments allowed")
     aud.add_argument("--actor", help="clientId")
     aud.add_argument("--since", help="ISO-8601 date or time, inclusive")
     aud.add_argument("--until", help="ISO-8601 date or time, exclusive")
     aud.add_argument("--event", help="event name, e.g. send_start, refused")
-    aud.add_argument("--limit", type=int, default=1000)
+    aud.add_argument("--limit", type=int, default=1000, help="most rows shown (default 1000)")
     aud.add_argument("--bits", action="store_true", help="bits charged per BCP channel")
     aud.add_argument("--refusals", action="store_true", help="refusals per reason")
     aud.add_argument("--query", metavar="QUERY_ID", help="one BCP query's whole story")
@@ -253,6 +255,15 @@ def _peers_remove(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    # Checked here rather than by argparse, so that a mistake is one line, not the usage text.
+    if not 0 <= args.limit <= audit.MAX_LIMIT:
+        raise ValueError(f"--limit {args.limit}: give a number of rows from 0 to {audit.MAX_LIMIT}")
+    if not args.db.is_file():
+        what = "is a directory" if args.db.is_dir() else "does not exist"
+        raise FileNotFoundError(
+            f"--db {args.db} {what}: give the activity log's file (`bcpbus serve` writes "
+            "./bcpbus.db unless told otherwise)"
+        )
     rows: list[dict[str, Any]]
     if args.bits:
         rows = audit.bits_per_channel(args.db)

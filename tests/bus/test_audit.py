@@ -87,6 +87,43 @@ def test_file_without_the_table_is_refused(tmp_path: Path) -> None:
         audit.refusals_per_reason(other)
 
 
+@pytest.mark.parametrize(
+    "read",
+    [
+        audit.query_rows,
+        audit.bits_per_channel,
+        audit.refusals_per_reason,
+        lambda path: audit.query_story(path, "q1"),
+    ],
+)
+def test_file_that_is_not_sqlite_is_a_value_error_naming_it(tmp_path: Path, read: Any) -> None:
+    """Every query on a file that is not SQLite raises ValueError naming the file, not
+    sqlite3.DatabaseError."""
+    junk = tmp_path / "notes.db"
+    junk.write_text("these are not the rows you are looking for\n" * 100)
+    with pytest.raises(ValueError, match=r"notes\.db is not an SQLite database"):
+        read(junk)
+
+
+def test_directory_is_refused_as_one(tmp_path: Path) -> None:
+    """A directory given as the database raises IsADirectoryError saying so."""
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        audit.query_rows(tmp_path)
+
+
+def test_rows_with_invalid_utf8_are_read_with_replacement_characters(tmp_path: Path) -> None:
+    """Text stored as invalid UTF-8 (another writer, a damaged page) reads as U+FFFD."""
+    log = make_log(tmp_path / "activity.db", [])
+    with sqlite3.connect(log) as conn:
+        conn.execute(
+            "INSERT INTO activity_log (ts, event, error) "
+            "VALUES ('2026-05-09T10:00:00.000000Z', 'connect', CAST(x'ff41' AS TEXT))"
+        )
+    conn.close()
+    [read] = audit.query_rows(log)
+    assert read["error"] == "\ufffdA"
+
+
 def test_reads_a_log_the_writer_is_using(tmp_path: Path) -> None:
     """Rows written by ActivityLog are readable while it is still open."""
 
@@ -137,6 +174,15 @@ def test_limit_caps_rows_and_none_lifts_it(db: Path) -> None:
     """limit returns the first rows only; None returns them all."""
     assert [row["id"] for row in audit.query_rows(db, limit=2)] == [1, 2]
     assert len(audit.query_rows(db, limit=None)) == 7
+    assert audit.query_rows(db, limit=0) == []
+    assert len(audit.query_rows(db, limit=audit.MAX_LIMIT)) == 7
+
+
+@pytest.mark.parametrize("limit", [-1, audit.MAX_LIMIT + 1, 10**20])
+def test_limit_out_of_range_is_a_value_error(db: Path, limit: int) -> None:
+    """A negative limit, or one past SQLite's integers, raises ValueError naming limit."""
+    with pytest.raises(ValueError, match=f"limit: {limit} is out of range"):
+        audit.query_rows(db, limit=limit)
 
 
 @pytest.mark.parametrize(
@@ -158,6 +204,22 @@ def test_bad_time_says_which_option(db: Path) -> None:
     """A since/until that is not ISO-8601 raises ValueError naming the option."""
     with pytest.raises(ValueError, match="until: 'yesterday'"):
         audit.query_rows(db, until="yesterday")
+
+
+def test_time_past_what_utc_holds_says_which_option(db: Path) -> None:
+    """A valid datetime that overflows when converted to UTC raises ValueError, not
+    OverflowError."""
+    with pytest.raises(ValueError, match="since: '9999-12-31T23:00:00-05:00' is out of range"):
+        audit.query_rows(db, since="9999-12-31T23:00:00-05:00")
+
+
+@pytest.mark.parametrize("column", ["message_id", "actor", "event"])
+def test_filter_that_is_not_unicode_says_which(db: Path, column: str) -> None:
+    """A filter holding a lone surrogate (undecodable bytes in argv) raises ValueError naming it."""
+    with pytest.raises(ValueError, match=f"{column}: .* is not valid text"):
+        audit.query_rows(db, **{column: "agent:\udcff"})
+    with pytest.raises(ValueError, match="query_id"):
+        audit.query_story(db, "\udcff")
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bus.activity import SCHEMA
 from bus.errors import AuthenticationFailed
 from peers import Peer
 from peers.testing import Inbox, scaled
@@ -102,6 +103,51 @@ def test_audit_of_a_missing_db_is_a_clear_error(tmp_path):
     """`audit` on a missing file says which file."""
     result = run("audit", "--db", "nope.db", cwd=tmp_path)
     assert result.returncode == 2 and "nope.db" in result.stderr
+
+
+def _audit_log(path: Path) -> Path:
+    """An empty activity log at ``path``, as the bus creates it."""
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA)
+    db.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--limit", "99999999999999999999"], "--limit 99999999999999999999"),
+        (["--limit", "-1"], "--limit -1"),
+        (["--db", "notes.txt"], "notes.txt is not an SQLite database"),
+        (["--db", "notes.txt", "--bits"], "notes.txt is not an SQLite database"),
+        (["--db", "notes.txt", "--refusals"], "notes.txt is not an SQLite database"),
+        (["--db", "notes.txt", "--query", "q-1"], "notes.txt is not an SQLite database"),
+        (["--db", "missing.db"], "--db missing.db does not exist"),
+        (["--db", "."], "--db . is a directory"),
+        (["--since", "last tuesday"], "since: 'last tuesday'"),
+        (["--until", "2026-13-01"], "until: '2026-13-01'"),
+        (["--until", "9999-12-31T23:00:00-05:00"], "until: '9999-12-31T23:00:00-05:00'"),
+        (["--topic", "agent::x"], "invalid pattern 'agent::x'"),
+    ],
+)
+def test_audit_mistakes_are_one_line_not_a_traceback(tmp_path, args, named):
+    """A bad --limit, --db, --since or --until is one `bcpbus: error:` line naming it, exit 2."""
+    _audit_log(tmp_path / "bcpbus.db")
+    (tmp_path / "notes.txt").write_text("not a database\n" * 200)
+    result = run("audit", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("bcpbus: error: ") and named in line, line
+
+
+def test_audit_limit_zero_and_the_largest_limit_work(tmp_path):
+    """--limit 0 and --limit 9223372036854775807 (SQLite's largest integer) are answered."""
+    _audit_log(tmp_path / "bcpbus.db")
+    for limit in ("0", "9223372036854775807"):
+        result = run("audit", "--limit", limit, "--json", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == []
 
 
 async def test_serve_two_peers_and_audit(tmp_path):
