@@ -1,7 +1,8 @@
 """``python -m bench SCENARIO [--quick] [--json OUT]``: run a benchmark and print its table.
 
 Scenarios: ``delivery`` (1 and 2: the bus and the baseline relay, interleaved), ``bcp`` (3),
-``fanout`` (4), ``connections`` (5), ``log`` (6), or ``all``; the numbers 1-6 work too.
+``fanout`` (4), ``connections`` (5), ``log`` (6), ``all`` of those, or ``soak`` (7, ten minutes
+unless ``--duration`` says otherwise, so it runs only when named); the numbers work too.
 ``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 from .common import machine, machine_line, raise_fd_limit
 
 SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log")
+LONG_SCENARIOS = ("soak",)
+"""Run only when named: too long for ``all``."""
 _ALIASES = {
     "1": "delivery",
     "2": "delivery",
@@ -29,6 +32,7 @@ _ALIASES = {
     "4": "fanout",
     "5": "connections",
     "6": "log",
+    "7": "soak",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.
@@ -40,6 +44,8 @@ ROLES = {
     "reader": "bench.bcp:reader",
     "idlers": "bench.connections:idlers",
     "log": "bench.log:writer",
+    "soakers": "bench.soak:soakers",
+    "misbehavers": "bench.soak:misbehavers",
 }
 
 
@@ -59,8 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n## {name}{' (quick)' if options.quick else ''}", flush=True)
         started = time.monotonic()
         settings = module.options(options.quick, options.loop)
-        if options.reps is not None:
-            settings = dataclasses.replace(settings, reps=options.reps)
+        overrides = {"reps": options.reps, "peers": options.peers, "duration": options.duration}
+        fields = {field.name for field in dataclasses.fields(settings)}
+        settings = dataclasses.replace(
+            settings, **{k: v for k, v in overrides.items() if v is not None and k in fields}
+        )
         result = asyncio.run(module.run(settings))
         result["seconds"] = time.monotonic() - started
         result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -78,10 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("scenario", choices=(*SCENARIOS, *_ALIASES, "all"))
+    parser.add_argument("scenario", choices=(*SCENARIOS, *LONG_SCENARIOS, *_ALIASES, "all"))
     parser.add_argument("--quick", action="store_true", help="a tiny load: checks it runs")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the results here")
     parser.add_argument("--reps", type=int, metavar="N", help="repetitions (default per scenario)")
+    parser.add_argument("--peers", type=int, metavar="N", help="peers (soak, connections)")
+    parser.add_argument("--duration", type=float, metavar="S", help="seconds of load (soak)")
     parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
