@@ -6,8 +6,9 @@ accepts and another refuses would make the wire depend on an optional extra:
 - ``loads`` raises ``ValueError`` on anything that is not strict JSON (RFC 8259): ``NaN``,
   ``Infinity`` and numbers that overflow a double (``1e999``) are refused, as is a lone UTF-16
   surrogate escape (``"\\ud800"``), which is not a Unicode character and which SQLite, orjson and
-  every strict receiver refuse to encode. Nesting too deep to parse is a ``ValueError`` too.
-  Integers outside 64 bits become floats, as orjson reads them.
+  every strict receiver refuse to encode. Arrays and objects nested more than :data:`MAX_DEPTH`
+  levels deep are refused too: the bus wraps what it forwards in a few more levels, and orjson
+  cannot write more than 254. Integers outside 64 bits become floats, as orjson reads them.
 - ``dumps`` returns compact text and raises ``ValueError`` on a non-finite float or a lone
   surrogate, rather than write a frame a strict parser would reject.
 """
@@ -19,7 +20,10 @@ import math
 import re
 from typing import Any
 
-__all__ = ["dumps", "loads"]
+__all__ = ["MAX_DEPTH", "dumps", "loads"]
+
+MAX_DEPTH = 128
+"""The deepest nesting of arrays and objects a frame may have."""
 
 try:
     import orjson as _orjson
@@ -71,14 +75,45 @@ def _has_lone_surrogate(text: str | bytes) -> bool:
     return _LONE_SURROGATE.search(text.replace("\\\\", "")) is not None
 
 
+def _check_depth(text: str | bytes, value: Any) -> Any:
+    # Only a text with more brackets than the limit can be nested that deep; counting them is a
+    # C loop, so ordinary frames never pay for the walk.
+    opened = (
+        text.count("[") + text.count("{")
+        if isinstance(text, str)
+        else (text.count(b"[") + text.count(b"{"))
+    )
+    if opened > MAX_DEPTH and _depth(value) > MAX_DEPTH:
+        raise ValueError(f"JSON nested more than {MAX_DEPTH} levels deep")
+    return value
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def _std_loads(text: str | bytes) -> Any:
     if _has_lone_surrogate(text):
         raise ValueError("lone surrogate in string")
     try:
-        return _DECODER.decode(text if isinstance(text, str) else text.decode("utf-8"))
+        value = _DECODER.decode(text if isinstance(text, str) else text.decode("utf-8"))
     except RecursionError as exc:
         # The stdlib parser recurses per nesting level; report it as what it is for the peer.
         raise ValueError("JSON nested too deeply") from exc
+    return _check_depth(text, value)
 
 
 def _std_dumps(obj: Any) -> str:
@@ -92,9 +127,10 @@ def _std_dumps(obj: Any) -> str:
 
 def _orjson_loads(text: str | bytes) -> Any:
     try:
-        return _orjson.loads(text)
+        value = _orjson.loads(text)
     except RecursionError as exc:  # pragma: no cover - depends on orjson's own depth limit
         raise ValueError("JSON nested too deeply") from exc
+    return _check_depth(text, value)
 
 
 def _orjson_dumps(obj: Any) -> str:

@@ -87,9 +87,8 @@ class Limits:
     """Bytes of request frames being handled, for the whole bus; a request that would go over
     it gets -32005 at once."""
     max_write_buffer: int | None = DEFAULT_MAX_WRITE_BUFFER
-    """Bytes written to one peer that it has not read yet. Above it deliveries to that peer fail
-    at once (status ``slow_consumer``); above it for ``slow_consumer_timeout``, the peer is
-    disconnected with close code 4004."""
+    """Bytes written to one peer that it has not read yet; above it deliveries to that peer fail
+    at once (status ``slow_consumer``) instead of queueing more."""
     dedup_max_ids: int | None = DEFAULT_DEDUP_MAX_IDS
     """Recent ``(from, messageId)`` pairs remembered to refuse duplicates (-32008)."""
     # Timeouts
@@ -100,7 +99,8 @@ class Limits:
     process_timeout: float | None = DEFAULT_PROCESS_TIMEOUT
     """Seconds one peer has to answer one ``processMessage``."""
     slow_consumer_timeout: float | None = DEFAULT_SLOW_CONSUMER_TIMEOUT
-    """Seconds a peer may stay above ``max_write_buffer`` before it is disconnected (4004)."""
+    """Seconds the bus may be unable to write to a peer (its unread bytes above the socket's 32
+    KiB write limit all along) before it disconnects it with 4004."""
     dedup_window: float | None = DEFAULT_DEDUP_WINDOW
     """Seconds a ``messageId`` is remembered per sender; None turns duplicate refusal off."""
     shutdown_grace: float | None = DEFAULT_SHUTDOWN_GRACE

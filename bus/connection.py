@@ -99,6 +99,8 @@ class Connection:
         budget: the bus-wide bytes in flight; None for no limit.
         on_protocol_error: told of every error the session answered on its own (parse errors,
             invalid requests, frames over the byte budget), so that the bus can log them.
+        on_frame_refused: told why, before the connection closes itself over a frame it does
+            not take (``binary``).
     """
 
     def __init__(
@@ -110,11 +112,13 @@ class Connection:
         max_requests: int | None = None,
         budget: ByteBudget | None = None,
         on_protocol_error: Callable[[Connection, BusError], None] | None = None,
+        on_frame_refused: Callable[[Connection, str], None] | None = None,
     ) -> None:
         self.ws = ws
         self.session = Session()
         self._handler = handler
         self._on_protocol_error = on_protocol_error
+        self._on_frame_refused = on_frame_refused
         self.client_id: str | None = None
         """Set by a successful ``initialize``; None before."""
         self.grants: Grants | None = None
@@ -127,13 +131,12 @@ class Connection:
         self.close_after_answer: tuple[int, str] | None = None
         self.anonymous_errors = 0
         """Error answers sent before a successful ``initialize``."""
-        self.refused_frame: str | None = None
-        """Why the read loop closed the connection itself (``binary``), for the bus's log."""
         self.slow_since: float | None = None
         """Loop time since which this peer's unread bytes have been above the limit."""
         self._pending = PendingCalls()
         self._tasks: set[asyncio.Task[None]] = set()
         self._gone = False
+        self._closed = asyncio.Event()
         self._max_requests = max_requests
         self._budget = budget
         self._requests = 0
@@ -153,7 +156,8 @@ class Connection:
                 if isinstance(text, bytes):
                     # The wire is UTF-8 JSON in text frames; decoding binary frames as well
                     # would accept encodings (UTF-16) that no other peer could read back.
-                    self.refused_frame = "binary"
+                    if self._on_frame_refused is not None:
+                        self._on_frame_refused(self, "binary")
                     await self.ws.close(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
                     return
                 self.session.receive_text(text)
@@ -169,6 +173,11 @@ class Connection:
         finally:
             self._gone = True
             self._pending.fail_all(PeerGone(self.name))
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Return once the read loop has ended: the peer is gone or was disconnected."""
+        await self._closed.wait()
 
     def _dispatch(self, size: int) -> None:
         events = self.session.events_received()
@@ -249,6 +258,18 @@ class Connection:
             return 0
         size: int = transport.get_write_buffer_size()
         return size
+
+    def write_blocked(self) -> bool:
+        """Whether this peer is not keeping up: more bytes unread than the socket's low water
+        mark. Writers wait once the buffer passes the high mark (websockets' ``write_limit``,
+        32 KiB) and go on only when it falls below the low one (8 KiB), so above the low mark
+        the bus is, or is about to be, waiting for this peer."""
+        transport = getattr(self.ws, "transport", None)
+        if transport is None:
+            return False
+        size: int = transport.get_write_buffer_size()
+        low: int = transport.get_write_buffer_limits()[0]
+        return size > low
 
     async def force_close(self, code: int, reason: str) -> None:
         """Close with ``code``, dropping the TCP connection if the close frame cannot go out

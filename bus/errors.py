@@ -270,6 +270,6 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_REPLACED: "replaced: another connection authenticated as the same clientId",
     CLOSE_INITIALIZE_TIMEOUT: "no successful initialize within initialize_timeout",
     CLOSE_AUTH_FAILED: "authentication failed",
-    CLOSE_SLOW_CONSUMER: "slow consumer: more than max_write_buffer bytes unread for "
+    CLOSE_SLOW_CONSUMER: "slow consumer: the bus could not write to the peer for "
     "slow_consumer_timeout seconds",
 }

@@ -156,7 +156,7 @@ class Bus:
             compression=None,
         )
         self._presence_task = asyncio.create_task(self._presence_loop())
-        if limits.max_write_buffer is not None and limits.slow_consumer_timeout is not None:
+        if limits.slow_consumer_timeout is not None:
             self._sweeper = asyncio.create_task(self._sweep_slow_consumers())
         logger.info("listening on %s", self.url)
 
@@ -206,6 +206,8 @@ class Bus:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self.log.record("shutdown", actor=BUS_CLIENT_ID)
+        with contextlib.suppress(BusError):
+            await self.log.commit()  # the disconnect and shutdown rows, before close() returns
         logger.info("closed")
 
     async def _wait_requests_answered(self) -> None:
@@ -286,6 +288,7 @@ class Bus:
             max_requests=self.limits.max_inflight_requests,
             budget=self._budget,
             on_protocol_error=self._protocol_error,
+            on_frame_refused=self._frame_refused,
         )
         self._connections.add(conn)
         address = _address(ws)
@@ -294,8 +297,6 @@ class Bus:
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
             await conn.run()
-            if conn.refused_frame is not None:
-                self.log.record("frame_refused", actor=conn.name, status=conn.refused_frame)
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
                 self.log.record(
@@ -371,6 +372,9 @@ class Bus:
     def _protocol_error(self, conn: Connection, error: BusError) -> None:
         self.log.record("rpc_error", actor=conn.name, status=str(error.code), error=error.message)
         self._count_anonymous_error(conn)
+
+    def _frame_refused(self, conn: Connection, reason: str) -> None:
+        self.log.record("frame_refused", actor=conn.name, status=reason)
 
     def _count_anonymous_error(self, conn: Connection) -> None:
         # A connection that has not authenticated gets a few errors to learn from, then is
@@ -709,32 +713,33 @@ class Bus:
     # Slow consumers
 
     async def _sweep_slow_consumers(self) -> None:
-        """Disconnect (4004) every peer whose unread bytes stay above ``max_write_buffer`` for
-        ``slow_consumer_timeout`` seconds.
+        """Disconnect (4004) every peer the bus has not been able to write to for
+        ``slow_consumer_timeout`` seconds, as NATS's write deadline does.
 
-        One task for the whole bus, not one per connection: it checks each socket's buffer,
-        which costs well under a microsecond. The WebSocket keepalive cannot catch such a peer:
-        its ping waits behind the unread bytes, so its timeout never starts.
+        "Not able to write" means the socket's unread bytes stayed above its low water mark
+        (:meth:`Connection.write_blocked`) at every check. The WebSocket keepalive cannot catch
+        such a peer: its ping waits behind the unread bytes, so its timeout never starts. One
+        task checks every socket, which costs well under a microsecond each.
         """
-        limit, timeout = self.limits.max_write_buffer, self.limits.slow_consumer_timeout
-        assert limit is not None and timeout is not None
+        timeout = self.limits.slow_consumer_timeout
+        assert timeout is not None
         interval = min(1.0, timeout / 4)
         while True:
             await asyncio.sleep(interval)
             now = _clock()
             for conn in list(self._connections):
-                size = conn.write_buffer_size()
-                if size <= limit:
+                if not conn.write_blocked():
                     conn.slow_since = None
                 elif conn.slow_since is None:
                     conn.slow_since = now
                 elif now - conn.slow_since >= timeout:
                     conn.slow_since = None
+                    size = conn.write_buffer_size()
                     self.log.record(
                         "slow_consumer",
                         actor=conn.name,
                         status=str(CLOSE_SLOW_CONSUMER),
-                        error=f"{size} bytes unread for {timeout:g}s (limit {limit})",
+                        error=f"{size} bytes unread, nothing written for {timeout:g}s",
                     )
                     logger.info("disconnecting slow consumer %s (%d bytes unread)", conn.name, size)
                     conn.spawn(conn.force_close(CLOSE_SLOW_CONSUMER, "slow consumer"))
