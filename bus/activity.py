@@ -17,6 +17,10 @@ The database itself refuses to change history, for every connection: triggers ab
 overwrite a row). Anyone who can write the file can still drop the triggers; protect the file with
 filesystem permissions.
 
+Timestamps are stamped when a row is recorded and never go backwards in row order (a clock
+stepped back holds the last value until it catches up), so ``audit --since/--until`` find every
+row.
+
 Several processes may write one file (WAL mode, ``busy_timeout``). Read it with plain SQL or with
 :mod:`bus.audit`.
 """
@@ -495,17 +499,39 @@ class ActivityLog:
                 future.set_exception(exc)
 
 
-# The formatted date and time of the last second _now() saw: every row needs a timestamp, and
-# formatting only the microseconds is a third of the cost of datetime.isoformat().
-_second: list[Any] = [None, ""]
+class _Clock:
+    """Row timestamps: the wall clock, held while it is behind the last stamp given."""
+
+    def __init__(self) -> None:
+        self.last = 0  # microseconds since the epoch of the last stamp
+        # The formatted date and time of the last second stamped: every row needs a timestamp,
+        # and formatting only the microseconds is a third of the cost of datetime.isoformat().
+        self.second: int | None = None
+        self.prefix = ""
+
+    def now(self) -> str:
+        micros = time.time_ns() // 1000
+        if micros < self.last:
+            # The clock was stepped back: rows must stay in time order for audit --since.
+            micros = self.last
+        self.last = micros
+        return self.format(micros)
+
+    def format(self, micros: int) -> str:
+        seconds, micros = divmod(micros, 1_000_000)
+        if seconds != self.second:
+            self.second = seconds
+            self.prefix = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds))
+        return f"{self.prefix}{micros:06d}Z"
+
+
+_clock = _Clock()
 
 
 def _now() -> str:
-    """Now in UTC, ``2026-05-09T07:35:25.123456Z``: fixed width, so text order is time order."""
-    seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
-    if seconds != _second[0]:
-        _second[:] = seconds, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds))
-    return f"{_second[1]}{micros:06d}Z"
+    """Now in UTC, ``2026-05-09T07:35:25.123456Z``: fixed width, so text order is time order;
+    never earlier than the previous stamp, so row order is time order too."""
+    return _clock.now()
 
 
 # One encoder for every row: json.dumps() with options builds a new encoder on each call.

@@ -100,19 +100,63 @@ async def test_timestamps_are_utc_microseconds_and_sort_as_text(log: ActivityLog
         [0, 59_000_000_000, 86_400_123_456_789],
     ],
 )
-def test_timestamps_match_the_clock_across_seconds(
-    monkeypatch: pytest.MonkeyPatch, ns: list[int]
-) -> None:
+def test_timestamps_match_the_clock_across_seconds(ns: list[int]) -> None:
     """The cached date-and-time prefix is renewed whenever the second changes, either way."""
     from datetime import UTC, datetime
 
     from bus import activity
 
+    clock = activity._Clock()
     for value in ns:
-        monkeypatch.setattr(activity.time, "time_ns", lambda value=value: value)
         seconds, micros = divmod(value // 1000, 1_000_000)
         expected = datetime.fromtimestamp(seconds, UTC).replace(microsecond=micros)
-        assert activity._now() == expected.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert clock.format(value // 1000) == expected.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_timestamps_never_go_backwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock stepped back holds the last stamp until it catches up, then follows it again."""
+    from bus import activity
+
+    monkeypatch.setattr(activity, "_clock", activity._Clock())
+    readings = iter(
+        [
+            1_800_000_000_500_000_000,
+            1_799_999_999_000_000_000,  # stepped back 1.5 s, across a second
+            1_800_000_000_400_000_000,  # still behind
+            1_800_000_000_600_000_000,  # caught up
+        ]
+    )
+    monkeypatch.setattr(activity.time, "time_ns", lambda: next(readings))
+    stamps = [activity._now() for _ in range(4)]
+    assert stamps == [
+        "2027-01-15T08:00:00.500000Z",
+        "2027-01-15T08:00:00.500000Z",
+        "2027-01-15T08:00:00.500000Z",
+        "2027-01-15T08:00:00.600000Z",
+    ]
+
+
+async def test_rows_keep_time_order_when_the_clock_steps_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows recorded after a backward clock jump are still found by a --since of the row before."""
+    from bus import activity
+
+    monkeypatch.setattr(activity, "_clock", activity._Clock())
+    now = [1_800_000_000_000_000_000]
+    monkeypatch.setattr(activity.time, "time_ns", lambda: now[0])
+    async with ActivityLog(tmp_path / "a.db") as log:
+        log.record("send_start", message_id="before")
+        now[0] -= 3_600 * 10**9  # an hour back
+        log.record("send_finish", message_id="after")
+        async with asyncio.timeout(TIMEOUT):
+            await log.commit()
+    first, second = read_rows(log.path)
+    assert second["ts"] >= first["ts"]
+    with sqlite3.connect(log.path) as conn:
+        since = conn.execute("SELECT message_id FROM activity_log WHERE ts >= ?", (first["ts"],))
+        assert [row[0] for row in since] == ["before", "after"]
+    conn.close()
 
 
 async def test_payload_json_is_stored_as_given(log: ActivityLog) -> None:
