@@ -6,20 +6,34 @@ it answers each ``sendMessage``, so a message is never delivered without its aud
 closed). One writer task drains the buffer: each batch is one ``INSERT`` statement, which SQLite
 runs as one transaction, however many callers wait on it (group commit).
 
-The writer runs the ``INSERT`` on the event loop's own thread, on a connection that never waits
-for a lock: a small transaction costs tens of microseconds there, less than a hop to another
-thread and back. When another process holds the write lock, the batch goes to the database
-thread (:mod:`aiosqlite`), which may wait for it. WAL checkpoints, which copy the log into the
-database file and ``fsync``, also run on that thread, so the loop never stalls on the disk.
+Every statement runs on one database thread, never on the event loop's: a stalled disk (a
+frozen filesystem, a lock held by another process for ``busy_timeout``) stalls the log's
+commits, not the loop, its pings and the peers that are not waiting for the log. The writer
+hands the thread one batch at a time and rows recorded meanwhile form the next batch, so the
+cost is one hop per transaction, not per row. DRAFT-FIGURES
+
+Nothing one row holds can stop the rows after it. A batch that fails with an error that is not
+worth retrying as is (see :func:`_retry_as_is`) is split in halves until the rows that cannot be
+stored are alone; each is replaced by a ``row_unwritable`` row that keeps its timestamp, the
+columns that are valid text, and the SHA-256 of the row (:func:`_unwritable`), and the writer
+moves on. A row is only replaced when its replacement can be written, so a database that refuses
+everything is reported as such (:class:`~bus.errors.AuditUnavailable`), never papered over.
+
+WAL checkpoints run on the same thread, after the batch's callers have been answered, every
+``checkpoint_rows`` rows, in ``TRUNCATE`` mode without waiting for readers: the WAL goes back to
+zero bytes unless a reader still holds an old snapshot, in which case as much as possible is
+copied and the next checkpoint tries again; ``journal_size_limit`` trims the file when the log
+restarts after such a partial checkpoint. SQLite's automatic checkpoint, which would run inside
+a commit and make its callers wait for the ``fsync``, is off. DRAFT-WAL
+
+Timestamps are stamped when a row is recorded and never go backwards in row order (a clock
+stepped back holds the last value until it catches up), so ``audit --since/--until`` find every
+row.
 
 The database itself refuses to change history, for every connection: triggers abort ``UPDATE``,
 ``DELETE``, and an ``INSERT`` that reuses an existing id (which is how ``INSERT OR REPLACE`` would
 overwrite a row). Anyone who can write the file can still drop the triggers; protect the file with
 filesystem permissions.
-
-Timestamps are stamped when a row is recorded and never go backwards in row order (a clock
-stepped back holds the last value until it catches up), so ``audit --since/--until`` find every
-row.
 
 Several processes may write one file (WAL mode, ``busy_timeout``). Read it with plain SQL or with
 :mod:`bus.audit`.
@@ -31,17 +45,19 @@ import asyncio
 import collections
 import contextlib
 import functools
+import hashlib
 import itertools
 import json
 import logging
 import os
+import queue
 import sqlite3
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
-
-import aiosqlite
+from typing import Any, TypeVar
 
 from .errors import AuditUnavailable
 
@@ -73,6 +89,8 @@ EVENTS: frozenset[str] = frozenset(
         "subscribe",  # topic = the pattern
         "unsubscribe",  # topic = the pattern
         "shutdown",  # the bus is closing
+        # The log itself.
+        "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)
         # The gateway (actor "system:gateway"). The payload carries query_id or subscription_id
         # and channel ("bcp:<controller>:<reader>").
         "bcp_query_accepted",
@@ -89,7 +107,15 @@ EVENTS: frozenset[str] = frozenset(
     }
 )
 """The event names bcpbus writes. :meth:`ActivityLog.record` accepts any string, so a new event
-needs no schema change; add it here so auditors know it exists."""
+needs no schema change; add it here so auditors know it exists.
+
+A ``row_unwritable`` row stands for a row SQLite could not store (text that is not valid
+Unicode, such as a lone surrogate). It keeps the original's ``ts`` and those of ``message_id``,
+``rpc_id``, ``actor``, ``topic`` and ``status`` that are valid text; ``error`` says why the row was
+refused; ``payload_json`` is ``{"event": ..., "columns": [...], "sha256": ...}``: the original
+event (non-text characters as ``\\uXXXX`` escapes), the columns that were not valid text, and
+the SHA-256 of ``json.dumps(list(row)).encode()``, the original row's nine columns in
+:data:`COLUMNS` order as a JSON array with Python's default separators and ASCII escapes."""
 
 COLUMNS: tuple[str, ...] = (
     "ts",
@@ -112,8 +138,18 @@ LINGER = 0.05
 """Seconds a recorded row may wait for a transaction when no caller commits it."""
 
 CHECKPOINT_ROWS = 20_000
-"""Rows committed between two WAL checkpoints (run off the event loop); SQLite's own automatic
-checkpoint, which would run inside a commit on the loop, is turned off for the writer."""
+"""Rows committed between two WAL checkpoints, run on the database thread between batches."""
+
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""Bytes the ``-wal`` file may grow by before a WAL checkpoint, whatever the rows: the WAL grows
+by pages, not rows, and a transaction of a few rows writes several pages."""
+
+JOURNAL_SIZE_LIMIT = CHECKPOINT_BYTES
+"""Bytes of ``-wal`` file SQLite keeps when the log restarts after a partial checkpoint; more is
+truncated."""
+
+BUSY_TIMEOUT = 5.0
+"""Seconds a write waits (on the database thread) for another process's lock."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS activity_log (
@@ -149,6 +185,7 @@ END;
 """The DDL :meth:`ActivityLog.open` runs; idempotent, so every process may run it."""
 
 _Row = tuple[str | None, ...]
+_T = TypeVar("_T")
 
 
 class ActivityLog:
@@ -165,8 +202,10 @@ class ActivityLog:
         retry_delay: seconds before the second attempt, doubling for each further one.
         queue_max: most rows held in memory waiting for the disk; past it :meth:`record` raises
             :class:`~bus.errors.AuditUnavailable` rather than drop anything.
-        checkpoint_rows: rows committed between two WAL checkpoints, which run on the database
-            thread; fewer keep the ``-wal`` file smaller, more cost less.
+        checkpoint_rows: rows committed between two WAL checkpoints; fewer keep the ``-wal``
+            file smaller, more cost less.
+        checkpoint_bytes: growth of the ``-wal`` file that starts a checkpoint sooner than
+            ``checkpoint_rows``; ``None`` counts rows only.
     """
 
     def __init__(
@@ -181,6 +220,7 @@ class ActivityLog:
         # Limits
         queue_max: int = 100_000,
         checkpoint_rows: int = CHECKPOINT_ROWS,
+        checkpoint_bytes: int | None = CHECKPOINT_BYTES,
     ) -> None:
         self.path = Path(path)
         """The SQLite file."""
@@ -189,12 +229,15 @@ class ActivityLog:
         self.retry_delay = retry_delay
         self.queue_max = queue_max
         self.checkpoint_rows = checkpoint_rows
+        self.checkpoint_bytes = checkpoint_bytes
         self.checkpoints = 0
-        """WAL checkpoints completed so far by this instance."""
+        """WAL checkpoints that completed (the WAL truncated) so far by this instance."""
         self.batches_committed = 0
         """Transactions committed so far; fewer than :meth:`commit` calls when they were grouped."""
         self.rows_committed = 0
-        """Rows committed so far by this instance."""
+        """Rows committed so far by this instance, ``row_unwritable`` replacements included."""
+        self.rows_unwritable = 0
+        """Rows replaced by a ``row_unwritable`` row so far."""
 
         # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
         # only once committed, so a failed batch is retried with the next one, in order.
@@ -207,16 +250,17 @@ class ActivityLog:
         # the first of them; commit() wakes it at once. Waking it on every record() would start
         # a transaction for the first row of each message and another for the rest.
         self._linger: asyncio.TimerHandle | None = None
-        # The thread connection: schema, writes that must wait for a lock, checkpoints.
-        self._db: aiosqlite.Connection | None = None
-        # The loop's connection: every batch is tried here first (busy_timeout 0).
-        self._inline: sqlite3.Connection | None = None
-        self._rows_since_checkpoint = 0
-        self._checkpoint: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._rows_per_statement = batch_max
         self._closing = False
         self._closed = asyncio.Event()
+
+        # The database thread and what only it touches.
+        self._thread: _DatabaseThread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._rows_since_checkpoint = 0
+        self._wal = self.path.with_name(self.path.name + "-wal")
+        self._wal_checkpointed = 0  # its size after the last checkpoint
 
     # Lifecycle
 
@@ -228,25 +272,17 @@ class ActivityLog:
                 permissions, since nothing can be logged (and so nothing delivered) without it.
             RuntimeError: the log was already opened.
         """
-        if self._db is not None or self._closing:
+        if self._thread is not None or self._closing:
             raise RuntimeError("the activity log was already opened")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit: each batch is a single INSERT statement, which SQLite makes atomic on its
-        # own, so a batch needs no separate COMMIT (and no second hop to the db thread).
-        db = await aiosqlite.connect(self.path, isolation_level=None)
+        thread = _DatabaseThread(f"activity-db {self.path}", after=self._checkpoint_if_due)
+        self._thread = thread
         try:
-            await db.executescript(
-                # busy_timeout first: switching to WAL takes a lock another process may hold.
-                "PRAGMA busy_timeout = 5000;"
-                "PRAGMA journal_mode = WAL;"
-                # Durable across a process crash; an OS crash may lose the last commits.
-                "PRAGMA synchronous = NORMAL;" + SCHEMA
-            )
-            inline = _open_inline(self.path)
+            await thread.run(self._connect)
         except BaseException:
-            await db.close()
+            await thread.stop(self._disconnect)
+            self._thread = None
             raise
-        self._db, self._inline = db, inline
         self._rows_per_statement = min(self.batch_max, _max_rows_per_statement())
         self._writer = asyncio.create_task(self._run(), name=f"activity-writer {self.path}")
         self._writer.add_done_callback(self._writer_done)
@@ -269,12 +305,8 @@ class ActivityLog:
                 # wait() rather than await: a writer that was cancelled must not cancel us.
                 await asyncio.wait({self._writer})
         finally:
-            if self._checkpoint is not None:
-                await asyncio.wait({self._checkpoint})
-            if self._inline is not None:
-                self._inline.close()
-            if self._db is not None:
-                await self._db.close()
+            if self._thread is not None:
+                await self._thread.stop(self._disconnect)
             self._closed.set()
         if self._pending:
             logger.error("activity log closed with %d rows unwritten", len(self._pending))
@@ -398,11 +430,8 @@ class ActivityLog:
                 await self._drain()
             except AuditUnavailable as exc:
                 self._fail_waiters(exc)
-                if self._closing:
-                    return
-            else:
-                if self._closing:
-                    return
+            if self._closing:
+                return
 
     def _writer_done(self, task: asyncio.Task[None]) -> None:
         """Fail the waiters however the writer ended: nobody may wait on it forever."""
@@ -411,29 +440,17 @@ class ActivityLog:
         self._fail_waiters(AuditUnavailable("activity log is closed"))
 
     async def _drain(self) -> None:
-        """Write every pending row, one batch at a time, releasing waiters as batches commit.
+        """Write every pending row, one batch at a time, releasing waiters as rows commit.
 
         Raises:
             AuditUnavailable: a batch failed every attempt; it is still pending.
         """
+        attempt, delay = 1, self.retry_delay
         while self._pending:
             batch = self._pending[: self._rows_per_statement]
-            await self._write_with_retries(batch)
-            del self._pending[: len(batch)]
-            self.rows_committed += len(batch)
-            self.batches_committed += 1
-            self._release_waiters()
-            self._rows_since_checkpoint += len(batch)
-        self._maybe_checkpoint()
-
-    async def _write_with_retries(self, batch: list[_Row]) -> None:
-        delay = self.retry_delay
-        attempt = 1
-        while True:
             try:
-                await self._write_batch(batch)
-                return
-            except Exception as exc:  # sqlite3.Error, or ValueError from a closed connection
+                await self._write_rows(batch)
+            except Exception as exc:  # sqlite3.Error, OSError, ...: the database's trouble
                 logger.warning(
                     "activity log write of %d rows failed (attempt %d of %d): %r",
                     len(batch),
@@ -445,47 +462,58 @@ class ActivityLog:
                     raise AuditUnavailable(
                         f"activity log could not write {len(batch)} rows: {exc}"
                     ) from exc
-            await asyncio.sleep(delay)
-            delay *= 2
-            attempt += 1
+                await asyncio.sleep(delay)
+                attempt, delay = attempt + 1, delay * 2
+            else:
+                attempt, delay = 1, self.retry_delay
 
-    async def _write_batch(self, batch: list[_Row]) -> None:
-        """Insert ``batch`` in one statement, one transaction: on the loop's connection, or on
-        the database thread when another process holds the write lock.
+    async def _write_rows(self, batch: list[_Row]) -> None:
+        """Commit ``batch``, the head of the pending rows, releasing its waiters; if SQLite
+        refuses it for what it holds, in halves, replacing each row it refuses alone.
 
-        This is the one place that writes rows after :meth:`open`; tests replace it to simulate
-        failures.
+        Raises:
+            Exception: the error of the first part that could not be written, which is still
+                pending with everything after it; the parts before it are committed.
         """
-        assert self._inline is not None and self._db is not None
-        sql, params = _insert_sql(len(batch)), list(itertools.chain.from_iterable(batch))
         try:
-            self._inline.execute(sql, params)
-            return
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # the primary code
+            await self._write_batch(batch)
+        except Exception as exc:
+            if _retry_as_is(exc):
                 raise
-        # Another writer holds the lock: wait for it (busy_timeout) off the loop.
-        await self._db.execute(sql, params)
+            if len(batch) > 1:
+                half = len(batch) // 2
+                await self._write_rows(batch[:half])
+                await self._write_rows(batch[half:])
+                return
+            await self._replace(batch[0], exc)
+        self._committed(len(batch))
 
-    def _maybe_checkpoint(self) -> None:
-        """Start a passive WAL checkpoint on the database thread every ``checkpoint_rows``."""
-        if self._rows_since_checkpoint < self.checkpoint_rows or self._checkpoint is not None:
+    async def _replace(self, row: _Row, exc: Exception) -> None:
+        """Write a ``row_unwritable`` row instead of ``row``, which SQLite refused alone.
+
+        Raises:
+            Exception: no replacement could be written either, so the fault is the database's,
+                not the row's: ``exc`` if even the smallest replacement was refused for what it
+                holds, else the error that stopped it.
+        """
+        for replacement in _unwritable(row, exc):
+            try:
+                await self._write_batch([replacement])
+            except Exception as error:
+                if _retry_as_is(error):
+                    raise
+                continue
+            self.rows_unwritable += 1
+            logger.warning(
+                "activity log stored a %r row as row_unwritable: %s", row[1], replacement[-1]
+            )
             return
-        self._rows_since_checkpoint = 0
-        self._checkpoint = asyncio.get_running_loop().create_task(self._run_checkpoint())
+        raise exc
 
-    async def _run_checkpoint(self) -> None:
-        assert self._db is not None
-        try:
-            # PASSIVE: copies what it can without blocking the writer; the next one continues.
-            await self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            self.checkpoints += 1
-        except Exception as exc:  # a failed checkpoint loses nothing; the WAL keeps the rows
-            logger.warning("activity log checkpoint failed: %r", exc)
-        finally:
-            self._checkpoint = None
-
-    def _release_waiters(self) -> None:
+    def _committed(self, rows: int) -> None:
+        del self._pending[:rows]
+        self.rows_committed += rows
+        self.batches_committed += 1
         while self._waiters and self._waiters[0][0] <= self.rows_committed:
             _, future = self._waiters.popleft()
             if not future.done():  # the caller may have been cancelled
@@ -497,6 +525,220 @@ class ActivityLog:
             _, future = self._waiters.popleft()
             if not future.done():
                 future.set_exception(exc)
+
+    async def _write_batch(self, batch: list[_Row]) -> None:
+        """Insert ``batch`` in one statement, one transaction, on the database thread.
+
+        This is the one place the writer task writes rows after :meth:`open`; tests replace it
+        (or :meth:`_insert`, which it runs on the thread) to simulate failures.
+
+        Raises:
+            Exception: what SQLite (or binding the rows) raised; nothing was written.
+        """
+        assert self._thread is not None
+        await self._thread.run(self._write_on_thread, batch)
+
+    # On the database thread
+
+    def _connect(self) -> None:
+        # Autocommit: each batch is a single INSERT statement, which SQLite makes atomic on its
+        # own, so a batch needs no separate BEGIN and COMMIT.
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            conn.executescript(
+                # busy_timeout first: switching to WAL takes a lock another process may hold.
+                f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)};"
+                "PRAGMA journal_mode = WAL;"
+                # Durable across a process crash; an OS crash may lose the last commits.
+                "PRAGMA synchronous = NORMAL;"
+                # Checkpoints run between batches (_checkpoint_if_due), never inside a commit.
+                "PRAGMA wal_autocheckpoint = 0;"
+                f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT};" + SCHEMA
+            )
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _write_on_thread(self, batch: list[_Row]) -> None:
+        self._insert(batch)
+        self._rows_since_checkpoint += len(batch)
+
+    def _insert(self, batch: list[_Row]) -> None:
+        """Run the ``INSERT`` of ``batch`` (database thread; tests replace it to block)."""
+        assert self._conn is not None
+        self._conn.execute(_insert_sql(len(batch)), list(itertools.chain.from_iterable(batch)))
+
+    def _checkpoint_if_due(self) -> None:
+        """After ``checkpoint_rows`` rows or ``checkpoint_bytes`` of WAL, copy the WAL into the
+        database and truncate it."""
+        if self._conn is None or not self._rows_since_checkpoint:
+            return
+        if self._rows_since_checkpoint < self.checkpoint_rows and (
+            self.checkpoint_bytes is None
+            or self._wal_size() - self._wal_checkpointed < self.checkpoint_bytes
+        ):
+            return
+        self._rows_since_checkpoint = 0
+        try:
+            # busy_timeout 0: a checkpoint that would wait for a reader or another writer
+            # copies what it can (like PASSIVE) and reports busy; the next one continues.
+            self._conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                [(busy, _, _)] = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)}")
+        # A checkpoint SQLite cannot finish reports busy; an error needs a failing disk.
+        except Exception as exc:  # pragma: no cover - a failed one loses nothing: the WAL keeps
+            logger.warning("activity log checkpoint failed: %r", exc)  # the rows
+            busy = 1
+        if not busy:
+            self.checkpoints += 1
+        # After a partial one, wait for as much growth again before the next try.
+        self._wal_checkpointed = self._wal_size()
+
+    def _wal_size(self) -> int:
+        try:
+            return os.stat(self._wal).st_size
+        except OSError:  # none yet, or unreadable: the row count still triggers checkpoints
+            return 0
+
+
+class _DatabaseThread:
+    """One thread that runs functions for the event loop, in order, one at a time.
+
+    :meth:`run` costs one hop to the thread and one back (``call_soon_threadsafe``) whatever the
+    function does; ``after`` runs on the thread once each result has been handed back, so its
+    work delays the next function, not the caller of this one.
+    """
+
+    def __init__(self, name: str, *, after: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._after = after
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any]] = (
+            queue.SimpleQueue()
+        )
+        self._stopped: asyncio.Future[None] = self._loop.create_future()
+        # A daemon: a log that is never closed must not keep the interpreter alive.
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, function: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        """Run ``function(*args)`` on the thread; the future gets its result or exception."""
+        future: asyncio.Future[_T] = self._loop.create_future()
+        self._jobs.put((function, args, future))
+        return future
+
+    async def stop(self, last: Callable[[], None]) -> None:
+        """Run ``last`` on the thread after every function queued, then end the thread."""
+        self._jobs.put((last, (), None))
+        await asyncio.wait({self._stopped})
+        self._thread.join()  # it has returned or is about to: only its exit is left
+
+    def _serve(self) -> None:
+        while True:
+            function, args, future = self._jobs.get()
+            if future is None:  # stop(): the last job
+                try:
+                    function()
+                except Exception:  # pragma: no cover - closing fails only on a failing disk
+                    logger.exception("activity log: closing the database failed")
+                self._hand_back(self._stopped, None, None)
+                return
+            try:
+                result = function(*args)
+            except BaseException as exc:
+                self._hand_back(future, None, exc)
+            else:
+                self._hand_back(future, result, None)
+            try:
+                self._after()
+            except Exception:  # pragma: no cover - _after catches its own; this guards a bug,
+                # which must not stop the thread every write waits on
+                logger.exception("activity log: work between batches failed")
+
+    def _hand_back(
+        self, future: asyncio.Future[Any], result: Any, exc: BaseException | None
+    ) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            self._loop.call_soon_threadsafe(_settle, future, result, exc)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():  # the caller was cancelled
+        return
+    if exc is None:
+        future.set_result(result)
+    else:
+        future.set_exception(exc)
+
+
+# Which failures are worth retrying the same batch for. Anything else may be the rows' fault, so
+# the batch is split (ActivityLog._write_rows): SQLITE_CONSTRAINT, TOOBIG, MISMATCH, RANGE,
+# MISUSE, and errors raised before SQLite sees the rows (a str that is not valid Unicode raises
+# UnicodeEncodeError while binding). Errors of the file (CORRUPT, NOTADB, READONLY, ...) split
+# too, then fail as a whole when no replacement row can be written: a few more statements, on a
+# path that is failing anyway.
+_RETRY_AS_IS = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,  # another connection holds the lock past busy_timeout
+        sqlite3.SQLITE_LOCKED,  # a conflict within this process's shared cache
+        sqlite3.SQLITE_IOERR,  # the disk failed the read or write
+        sqlite3.SQLITE_FULL,  # the disk or quota is full
+        sqlite3.SQLITE_NOMEM,  # out of memory
+        sqlite3.SQLITE_PROTOCOL,  # a WAL lock race between processes
+        sqlite3.SQLITE_CANTOPEN,  # the -wal or -shm file cannot be opened (e.g. out of fds)
+    }
+)
+
+
+def _retry_as_is(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a batch, is the database's passing trouble, not the rows'."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # absent when raised by Python code
+    return code is None or code & 0xFF in _RETRY_AS_IS  # the primary result code
+
+
+def _unwritable(row: _Row, exc: BaseException) -> list[_Row]:
+    """The ``row_unwritable`` rows that may stand for ``row``, best first (see :data:`EVENTS`):
+    one that keeps the columns that are valid text, and one that keeps only the timestamp."""
+    bad = [name for name, value in zip(COLUMNS, row, strict=True) if not _is_text(value)]
+    event = row[1]
+    payload = _ENCODER.encode(
+        {
+            "event": None if event is None else _escape(event),
+            "columns": bad,
+            "sha256": hashlib.sha256(json.dumps(list(row)).encode()).hexdigest(),
+        }
+    )
+    reason = _escape(f"{type(exc).__name__}: {exc}")[:500]
+    kept = tuple(value if _is_text(value) else None for value in row[2:7])
+    return [
+        (row[0], "row_unwritable", *kept, payload, reason),
+        (row[0], "row_unwritable", None, None, None, None, None, payload, reason),
+    ]
+
+
+def _is_text(value: str | None) -> bool:
+    """Whether SQLite can store ``value``: NULL, or a str that is valid Unicode."""
+    if value is None:
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escape(text: str) -> str:
+    """``text`` with what is not valid Unicode (lone surrogates) as ``\\uXXXX`` escapes."""
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 class _Clock:
@@ -546,21 +788,6 @@ def _payload_json(payload: Any) -> str:
         # An audit row must not be lost for its payload's sake: keep a readable form of it.
         logger.warning("activity payload is not JSON (%s); stored as its repr", exc)
         return _ENCODER.encode(repr(payload))
-
-
-def _open_inline(path: Path) -> sqlite3.Connection:
-    """The writer's connection on the loop's thread: it never waits for another process's lock
-    (that batch goes to the database thread instead) and never checkpoints inside a commit (see
-    :meth:`ActivityLog._maybe_checkpoint`)."""
-    inline = sqlite3.connect(path, isolation_level=None)
-    try:
-        inline.executescript(
-            "PRAGMA busy_timeout = 0; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;"
-        )
-    except BaseException:
-        inline.close()
-        raise
-    return inline
 
 
 @functools.lru_cache(maxsize=128)

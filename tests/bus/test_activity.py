@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import re
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,56 @@ class FlakyWrites:
         if self.failing:
             raise sqlite3.OperationalError("disk I/O error")
         await self.real(batch)
+
+
+class Inserts:
+    """Replaces a log's _insert, which runs on the database thread: reports each INSERT to the
+    loop (``entered``, ``batches``) and, if ``blocked``, holds it until ``release`` is set."""
+
+    def __init__(self, log: ActivityLog, *, blocked: bool = False) -> None:
+        self.real = log._insert
+        self.loop = asyncio.get_running_loop()
+        self.entered = asyncio.Event()
+        self.release = threading.Event()
+        if not blocked:
+            self.release.set()
+        self.batches: list[int] = []
+        log._insert = self  # type: ignore[method-assign]
+
+    def __call__(self, batch: list[tuple[str | None, ...]]) -> None:
+        self.batches.append(len(batch))
+        self.loop.call_soon_threadsafe(self.entered.set)
+        if not self.release.wait(TIMEOUT):
+            raise TimeoutError("the test never released the INSERT")
+        self.real(batch)
+
+
+async def ping_pong(rounds: int) -> None:
+    """Pass a token between two tasks ``rounds`` times: it only finishes if the loop runs."""
+    ping: asyncio.Queue[int] = asyncio.Queue()
+    pong: asyncio.Queue[int] = asyncio.Queue()
+
+    async def echo() -> None:
+        for _ in range(rounds):
+            await pong.put(await ping.get())
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(echo())
+        for n in range(rounds):
+            await ping.put(n)
+            assert await pong.get() == n
+
+
+async def idle(log: ActivityLog) -> None:
+    """Return once the database thread has finished what it was given (checkpoints included)."""
+    assert log._thread is not None
+    await log._thread.run(lambda: None)
+
+
+def wal_size(path: Path) -> int:
+    """The size of the database's -wal file, 0 if there is none."""
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
 
 
 # Writing
@@ -252,26 +304,18 @@ async def test_two_writers_share_one_file(tmp_path: Path) -> None:
     assert actors.count("bus") == actors.count("system:gateway") == 100
 
 
-async def test_a_held_lock_waits_off_the_loop(log: ActivityLog, tmp_path: Path) -> None:
+async def test_a_held_lock_waits_off_the_loop(log: ActivityLog) -> None:
     """While another process holds the write lock, commit() waits on the database thread: the
     loop keeps running, and the rows land once the lock is released."""
-    assert log._db is not None
-    thread_path = asyncio.Event()
-    real_execute = log._db.execute
-
-    def spy(sql: str, parameters: Any = None) -> Any:
-        if sql.startswith("INSERT"):
-            thread_path.set()
-        return real_execute(sql, parameters)
-
-    log._db.execute = spy  # type: ignore[method-assign]
+    inserts = Inserts(log)
     other = sqlite3.connect(log.path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")  # the write lock, as another process would hold it
         log.record("send_start", message_id="held")
         committing = asyncio.create_task(log.commit())
         async with asyncio.timeout(TIMEOUT):
-            await thread_path.wait()  # the loop ran on while the writer waited for the lock
+            await inserts.entered.wait()  # the INSERT started on the thread...
+            await ping_pong(100)  # ...and the loop runs on while it waits for the lock
         assert not committing.done()
         other.execute("COMMIT")
         async with asyncio.timeout(TIMEOUT):
@@ -281,23 +325,64 @@ async def test_a_held_lock_waits_off_the_loop(log: ActivityLog, tmp_path: Path) 
     assert [row["message_id"] for row in read_rows(log.path)] == ["held"]
 
 
+async def test_a_stalled_write_does_not_stop_the_loop(log: ActivityLog) -> None:
+    """An INSERT stuck on the database thread (a frozen disk) leaves the loop running; commit()
+    waits for it and returns once it completes."""
+    inserts = Inserts(log, blocked=True)
+    log.record("send_start", message_id="stalled")
+    committing = asyncio.create_task(log.commit())
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            await inserts.entered.wait()
+            await ping_pong(100)
+            log.record("send_finish", message_id="stalled")  # buffered meanwhile
+        assert not committing.done()
+    finally:
+        inserts.release.set()
+    async with asyncio.timeout(TIMEOUT):
+        await committing
+        await log.commit()
+    assert [row["event"] for row in read_rows(log.path)] == ["send_start", "send_finish"]
+
+
+async def test_rows_recorded_during_a_write_form_the_next_batch(log: ActivityLog) -> None:
+    """Group commit: rows recorded while one batch is on the thread go in one more transaction."""
+    inserts = Inserts(log, blocked=True)
+    log.record("send_start", message_id="first")
+    first = asyncio.create_task(log.commit())
+    async with asyncio.timeout(TIMEOUT):
+        await inserts.entered.wait()
+    for i in range(50):
+        log.record("send_start", message_id=f"m{i}")
+    rest = [asyncio.create_task(log.commit()) for _ in range(50)]
+    inserts.release.set()
+    async with asyncio.timeout(TIMEOUT):
+        await asyncio.gather(first, *rest)
+    assert inserts.batches == [1, 50]
+    assert log.batches_committed == 2
+
+
 async def test_checkpoints_run_every_checkpoint_rows(tmp_path: Path) -> None:
-    """The writer never checkpoints inside a commit; every ``checkpoint_rows`` rows a passive
-    checkpoint copies the WAL into the database file."""
+    """Every ``checkpoint_rows`` rows, after the commit is answered, a checkpoint copies the WAL
+    into the database file and truncates it."""
     path = tmp_path / "activity.db"
     async with ActivityLog(path, checkpoint_rows=500) as log:
         empty = path.stat().st_size
         async with asyncio.timeout(TIMEOUT):
-            for batch in range(3):
+            for batch in range(2):
                 for n in range(250):
                     log.record("connect", actor=f"peer-{batch}-{n}")
                 await log.commit()
-            while log.checkpoints < 1:
-                assert log._checkpoint is not None
-                await asyncio.wait({log._checkpoint})
-        assert log.checkpoints == 1  # 750 rows: one checkpoint at 500
+            await idle(log)
+        assert log.checkpoints == 1  # 500 rows: one checkpoint
+        assert wal_size(path) == 0
         assert path.stat().st_size > empty
-    assert len(read_rows(path)) == 750
+        async with asyncio.timeout(TIMEOUT):
+            await log.write("connect")
+            await idle(log)
+        assert log.checkpoints == 1
+        assert wal_size(path) > 0
+    assert len(read_rows(path)) == 501
 
 
 # Lifecycle
@@ -557,3 +642,263 @@ async def test_backlog_limit_fails_closed(tmp_path: Path) -> None:
             await log.commit()
         log.record("connect")
     assert len(read_rows(log.path)) == 4
+
+
+# Rows SQLite cannot store
+
+
+async def test_unwritable_rows_are_replaced_and_the_writer_moves_on(log: ActivityLog) -> None:
+    """Rows holding text that is not Unicode are stored as row_unwritable; the rows around them
+    land in order, the commit succeeds, and later commits work."""
+    log.record("send_start", message_id="m0")
+    log.record("rpc_error", rpc_id="\ud800", actor="anonymous", status="x")
+    log.record("send_start", message_id="m1", payload={"content": "bad \udc80 text"})
+    for i in range(2, 6):
+        log.record("send_start", message_id=f"m{i}")
+    async with asyncio.timeout(TIMEOUT):
+        await log.commit()
+        await log.write("send_finish", message_id="m5")
+    rows = read_rows(log.path)
+    assert [(row["event"], row["message_id"]) for row in rows] == [
+        ("send_start", "m0"),
+        ("row_unwritable", None),
+        ("row_unwritable", "m1"),
+        *(("send_start", f"m{i}") for i in range(2, 6)),
+        ("send_finish", "m5"),
+    ]
+    assert log.rows_unwritable == 2
+    assert log.rows_committed == 8
+    assert "UnicodeEncodeError" in rows[1]["error"]
+
+
+async def test_row_unwritable_keeps_what_it_can_and_a_digest(log: ActivityLog) -> None:
+    """The replacement keeps the timestamp and the columns that are text, names the others, and
+    carries the SHA-256 of the original row as documented in EVENTS."""
+    log.record(
+        "process_start",
+        message_id="m1",
+        rpc_id="7",
+        actor="agent:\ud83d",
+        topic="agent:main",
+        status="ok",
+        payload_json='{"text":"\udfff"}',
+    )
+    async with asyncio.timeout(TIMEOUT):
+        await log.commit()
+    [row] = read_rows(log.path)
+    assert row["event"] == "row_unwritable"
+    assert (row["message_id"], row["rpc_id"], row["actor"], row["topic"], row["status"]) == (
+        "m1",
+        "7",
+        None,
+        "agent:main",
+        "ok",
+    )
+    payload = json.loads(row["payload_json"])
+    original = [row["ts"], "process_start", "m1", "7", "agent:\ud83d", "agent:main", "ok"]
+    original += ['{"text":"\udfff"}', None]
+    assert payload == {
+        "event": "process_start",
+        "columns": ["actor", "payload_json"],
+        "sha256": hashlib.sha256(json.dumps(original).encode()).hexdigest(),
+    }
+
+
+async def test_an_unwritable_event_name_is_escaped(log: ActivityLog) -> None:
+    """An event name that is not Unicode text is named in the payload with escapes."""
+    async with asyncio.timeout(TIMEOUT):
+        await log.write("send_\udc00")
+    [row] = read_rows(log.path)
+    assert json.loads(row["payload_json"])["event"] == "send_\\udc00"
+    assert json.loads(row["payload_json"])["columns"] == ["event"]
+
+
+async def test_a_database_refusing_every_row_is_not_papered_over(log: ActivityLog) -> None:
+    """When even a replacement row is refused the fault is the database's: commit() raises,
+    nothing is replaced, and the rows land once the database accepts them again."""
+    with sqlite3.connect(log.path, isolation_level=None) as conn:
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON activity_log"
+            " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    conn.close()
+    for i in range(5):
+        log.record("send_start", message_id=f"m{i}")
+    async with asyncio.timeout(TIMEOUT):
+        with pytest.raises(AuditUnavailable, match="refused"):
+            await log.commit()
+    assert log.rows_unwritable == 0
+    with sqlite3.connect(log.path, isolation_level=None) as conn:
+        conn.execute("DROP TRIGGER refuse")
+    conn.close()
+    async with asyncio.timeout(TIMEOUT):
+        await log.commit()
+    assert [row["message_id"] for row in read_rows(log.path)] == [f"m{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    "failing_call",
+    [
+        3,  # the bad row alone (after the whole batch and its first half were refused)
+        4,  # the bad row's replacement
+        6,  # the second half, after the first half was committed
+    ],
+)
+async def test_a_failure_while_splitting_retries_only_what_is_left(
+    log: ActivityLog, failing_call: int
+) -> None:
+    """A disk error in the middle of a split batch keeps the parts already committed: the retry
+    writes only the rest, so no row is stored twice and none is lost."""
+    real = log._write_batch
+    calls = 0
+
+    async def fail_once(batch: list[tuple[str | None, ...]]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == failing_call:
+            raise sqlite3.OperationalError("disk I/O error")
+        await real(batch)
+
+    log._write_batch = fail_once  # type: ignore[method-assign]
+    for i in range(4):
+        log.record("send_start", message_id=f"m{i}", status="\ud800" if i == 0 else None)
+    async with asyncio.timeout(TIMEOUT):
+        await log.commit()
+    rows = read_rows(log.path)
+    assert [row["event"] for row in rows] == ["row_unwritable"] + ["send_start"] * 3
+    assert [row["message_id"] for row in rows] == ["m0", "m1", "m2", "m3"]
+
+
+@pytest.mark.parametrize(
+    ("code", "retried"),
+    [
+        (sqlite3.SQLITE_BUSY, True),
+        (sqlite3.SQLITE_LOCKED, True),
+        (sqlite3.SQLITE_IOERR, True),
+        (sqlite3.SQLITE_IOERR_WRITE, True),  # extended codes count by their primary code
+        (sqlite3.SQLITE_FULL, True),
+        (sqlite3.SQLITE_READONLY, False),
+        (sqlite3.SQLITE_CORRUPT, False),
+        (sqlite3.SQLITE_TOOBIG, False),
+        (sqlite3.SQLITE_CONSTRAINT_TRIGGER, False),
+    ],
+)
+def test_which_errors_are_retried_as_is(code: int, retried: bool) -> None:
+    """Lock, disk and memory trouble is retried as is; anything else splits the batch."""
+    from bus.activity import _retry_as_is
+
+    exc = sqlite3.OperationalError("x")
+    exc.sqlite_errorcode = code
+    assert _retry_as_is(exc) is retried
+    assert not _retry_as_is(UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"))
+    assert not _retry_as_is(sqlite3.IntegrityError("x"))
+    assert _retry_as_is(sqlite3.OperationalError("raised by hand, without a code"))
+
+
+# The WAL
+
+
+@pytest.mark.parametrize(
+    ("rows", "per_commit", "checkpoint_rows", "checkpoint_bytes", "bound"),
+    [
+        # A checkpoint every 2,000 rows: at most 2,500 rows of WAL (~0.5 MB measured).
+        (60_000, 500, 2_000, None, 1024 * 1024),
+        # A message a transaction writes ~6 pages for 4 rows: the size trigger bounds it
+        # (113 MB of WAL measured for these 20,000 rows with the row count alone).
+        (20_000, 4, 20_000, 1024 * 1024, 1024 * 1024 + 256 * 1024),
+    ],
+)
+async def test_the_wal_stays_bounded_under_load(
+    tmp_path: Path,
+    rows: int,
+    per_commit: int,
+    checkpoint_rows: int,
+    checkpoint_bytes: int | None,
+    bound: int,
+) -> None:
+    """Under steady writes the -wal file never grows past the checkpoint threshold plus one
+    transaction, since each checkpoint truncates it; every row is kept."""
+    path = tmp_path / "activity.db"
+    largest = 0
+    log = ActivityLog(path, checkpoint_rows=checkpoint_rows, checkpoint_bytes=checkpoint_bytes)
+    async with log:
+        async with asyncio.timeout(TIMEOUT * 6):
+            for batch in range(rows // per_commit):
+                for n in range(per_commit):
+                    log.record("send_start", message_id=f"m-{batch}-{n}", actor="tg:bench")
+                await log.commit()
+                largest = max(largest, wal_size(path))
+            await idle(log)
+        assert log.checkpoints >= rows // checkpoint_rows
+    assert largest <= bound
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM activity_log").fetchone() == (rows,)
+    conn.close()
+
+
+async def test_a_reader_holding_a_snapshot_only_delays_truncation(log: ActivityLog) -> None:
+    """A checkpoint that a reader's open snapshot stops from finishing neither fails nor waits;
+    a later one truncates the WAL once the reader is done."""
+    log.checkpoint_rows = 100
+    reader = sqlite3.connect(log.path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM activity_log").fetchall()  # holds a snapshot
+        async with asyncio.timeout(TIMEOUT):
+            for _ in range(3):
+                for _ in range(100):
+                    log.record("connect")
+                await log.commit()
+            await idle(log)
+        assert log.checkpoints == 0
+        assert wal_size(log.path) > 0
+    finally:
+        reader.close()
+    async with asyncio.timeout(TIMEOUT):
+        for _ in range(100):
+            log.record("connect")
+        await log.commit()
+        await idle(log)
+    assert log.checkpoints == 1
+    assert wal_size(log.path) == 0
+    assert len(read_rows(log.path)) == 400
+
+
+async def test_a_row_refused_for_a_text_column_keeps_only_its_timestamp(log: ActivityLog) -> None:
+    """When the database refuses a row for a column that is valid text, the replacement that
+    keeps only the timestamp and the digest is written instead."""
+    with sqlite3.connect(log.path, isolation_level=None) as conn:
+        conn.execute(
+            "CREATE TRIGGER no_evil BEFORE INSERT ON activity_log WHEN NEW.actor = 'evil'"
+            " BEGIN SELECT RAISE(ABORT, 'no evil'); END"
+        )
+    conn.close()
+    log.record("connect", actor="evil", message_id="m1")
+    log.record("connect", actor="good")
+    async with asyncio.timeout(TIMEOUT):
+        await log.commit()
+    first, second = read_rows(log.path)
+    assert (first["event"], first["actor"], first["message_id"]) == ("row_unwritable", None, None)
+    assert json.loads(first["payload_json"])["columns"] == []
+    assert "no evil" in first["error"]
+    assert second["actor"] == "good"
+
+
+async def test_a_writer_cancelled_during_a_write_fails_its_waiters(log: ActivityLog) -> None:
+    """A writer cancelled while its batch is on the thread (a bug) fails its committers; the
+    thread's late answer is dropped."""
+    inserts = Inserts(log, blocked=True)
+    log.record("connect")
+    committing = asyncio.create_task(log.commit())
+    async with asyncio.timeout(TIMEOUT):
+        await inserts.entered.wait()
+    assert log._writer is not None
+    log._writer.cancel()
+    async with asyncio.timeout(TIMEOUT):
+        with pytest.raises(AuditUnavailable):
+            await committing
+    inserts.release.set()
+    async with asyncio.timeout(TIMEOUT):
+        await idle(log)
+    assert len(read_rows(log.path)) == 1  # written, though nobody heard of it
+    log._pending.clear()  # so the fixture's close() does not report it as unwritten
