@@ -19,6 +19,12 @@ columns that are valid text, and the SHA-256 of the row (:func:`_unwritable`), a
 moves on. A row is only replaced when its replacement can be written, so a database that refuses
 everything is reported as such (:class:`~bus.errors.AuditUnavailable`), never papered over.
 
+Before each batch's ``INSERT``, the thread checks that ``path`` still names the file it opened
+(``os.stat``: device and inode, 2 µs). A deleted or replaced file would take every later row with
+it while SQLite kept reporting success (and the rows would land in the WAL of the file that
+replaced it), so from then on :meth:`~ActivityLog.commit` raises, nothing more is acknowledged,
+and the error log says so once; the bus must be restarted.
+
 WAL checkpoints run on the same thread, after the batch's callers have been answered, every
 ``checkpoint_rows`` rows, in ``TRUNCATE`` mode without waiting for readers: the WAL goes back to
 zero bytes unless a reader still holds an old snapshot, in which case as much as possible is
@@ -188,6 +194,10 @@ _Row = tuple[str | None, ...]
 _T = TypeVar("_T")
 
 
+class _FileGone(Exception):
+    """The file at the log's path is not the one its connection writes (database thread)."""
+
+
 class ActivityLog:
     """The activity log writer: buffer rows, write them in batches, report commits.
 
@@ -254,10 +264,13 @@ class ActivityLog:
         self._rows_per_statement = batch_max
         self._closing = False
         self._closed = asyncio.Event()
+        # Why the log stopped for good (its file deleted or replaced); None while it works.
+        self._unavailable: str | None = None
 
         # The database thread and what only it touches.
         self._thread: _DatabaseThread | None = None
         self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
         self._wal = self.path.with_name(self.path.name + "-wal")
         self._wal_checkpointed = 0  # its size after the last checkpoint
@@ -390,9 +403,10 @@ class ActivityLog:
         attempts, each bounded by SQLite's 5 s busy timeout.
 
         Raises:
-            AuditUnavailable: the rows could not be written after ``retries`` attempts, or the
-                log closed first. Do not carry out what they record; the rows stay buffered and
-                are retried with the next batch.
+            AuditUnavailable: the rows could not be written after ``retries`` attempts, the log
+                closed first, or its file was deleted or replaced (for good: the bus must be
+                restarted). Do not carry out what they record; the rows stay buffered and are
+                retried with the next batch.
             RuntimeError: the log was never opened.
         """
         target = self._rows_recorded
@@ -400,6 +414,8 @@ class ActivityLog:
             return
         if self._writer is None:
             raise RuntimeError("call ActivityLog.open() before commit()")
+        if self._unavailable is not None:
+            raise AuditUnavailable(self._unavailable)
         if self._writer.done():
             raise AuditUnavailable("activity log is closed")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -443,13 +459,22 @@ class ActivityLog:
         """Write every pending row, one batch at a time, releasing waiters as rows commit.
 
         Raises:
-            AuditUnavailable: a batch failed every attempt; it is still pending.
+            AuditUnavailable: a batch failed every attempt (it is still pending), or the file
+                was deleted or replaced (nothing more will be written).
         """
         attempt, delay = 1, self.retry_delay
         while self._pending:
+            if self._unavailable is not None:
+                raise AuditUnavailable(self._unavailable)
             batch = self._pending[: self._rows_per_statement]
             try:
                 await self._write_rows(batch)
+            except _FileGone as exc:
+                self._unavailable = (
+                    f"activity log file was {exc}; nothing more can be logged: restart the bus"
+                )
+                logger.error("activity log file %s was %s; restart the bus", self.path, exc)
+                raise AuditUnavailable(self._unavailable) from exc
             except Exception as exc:  # sqlite3.Error, OSError, ...: the database's trouble
                 logger.warning(
                     "activity log write of %d rows failed (attempt %d of %d): %r",
@@ -533,6 +558,7 @@ class ActivityLog:
         (or :meth:`_insert`, which it runs on the thread) to simulate failures.
 
         Raises:
+            _FileGone: the rows went to a file that is no longer at ``path``.
             Exception: what SQLite (or binding the rows) raised; nothing was written.
         """
         assert self._thread is not None
@@ -555,10 +581,11 @@ class ActivityLog:
                 "PRAGMA wal_autocheckpoint = 0;"
                 f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT};" + SCHEMA
             )
+            stat = os.stat(self.path)
         except BaseException:
             conn.close()
             raise
-        self._conn = conn
+        self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
 
     def _disconnect(self) -> None:
         if self._conn is not None:
@@ -566,6 +593,9 @@ class ActivityLog:
             self._conn = None
 
     def _write_on_thread(self, batch: list[_Row]) -> None:
+        # Before the INSERT: the connection's -wal file keeps its name, so rows written after
+        # the database file was replaced would land in the new file's WAL, over its pages.
+        self._check_file()
         self._insert(batch)
         self._rows_since_checkpoint += len(batch)
 
@@ -573,6 +603,17 @@ class ActivityLog:
         """Run the ``INSERT`` of ``batch`` (database thread; tests replace it to block)."""
         assert self._conn is not None
         self._conn.execute(_insert_sql(len(batch)), list(itertools.chain.from_iterable(batch)))
+
+    def _check_file(self) -> None:
+        """Raise :class:`_FileGone` unless ``path`` is still the file the connection writes."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            raise _FileGone("deleted") from None
+        except OSError as exc:  # cannot tell: fail closed rather than acknowledge blindly
+            raise _FileGone(f"not checkable ({exc.strerror})") from exc
+        if (stat.st_dev, stat.st_ino) != self._identity:
+            raise _FileGone("replaced by another file")
 
     def _checkpoint_if_due(self) -> None:
         """After ``checkpoint_rows`` rows or ``checkpoint_bytes`` of WAL, copy the WAL into the
@@ -699,6 +740,8 @@ _RETRY_AS_IS = frozenset(
 
 def _retry_as_is(exc: BaseException) -> bool:
     """Whether ``exc``, raised by a batch, is the database's passing trouble, not the rows'."""
+    if isinstance(exc, _FileGone):
+        return True
     if not isinstance(exc, sqlite3.OperationalError):
         return False
     code = getattr(exc, "sqlite_errorcode", None)  # absent when raised by Python code

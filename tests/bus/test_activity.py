@@ -795,6 +795,47 @@ def test_which_errors_are_retried_as_is(code: int, retried: bool) -> None:
     assert _retry_as_is(sqlite3.OperationalError("raised by hand, without a code"))
 
 
+# The file under the log
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_deleted_or_replaced_file_stops_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """Once the file at the log's path is gone or another file, commit() raises for good,
+    record() buffers up to queue_max, and one ERROR names the problem."""
+    path = tmp_path / "activity.db"
+    log = ActivityLog(path, queue_max=5)
+    await log.open()
+    async with asyncio.timeout(TIMEOUT):
+        await log.write("connect")
+    if how == "deleted":
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+    else:
+        other = tmp_path / "other.db"
+        async with ActivityLog(other) as fresh:
+            await fresh.write("connect")
+        other.replace(path)
+    log.record("send_start", message_id="after")
+    async with asyncio.timeout(TIMEOUT):
+        with pytest.raises(AuditUnavailable, match=f"{how}.*restart the bus"):
+            await log.commit()
+        with pytest.raises(AuditUnavailable, match=how):
+            await log.write("send_start")
+    for _ in range(3):
+        log.record("connect")
+    with pytest.raises(AuditUnavailable, match="backlog is full"):
+        log.record("connect")
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and how in r.getMessage()]
+    assert len(errors) == 1
+    async with asyncio.timeout(TIMEOUT):
+        with pytest.raises(AuditUnavailable, match="5 rows unwritten"):
+            await log.close()
+    if how == "replaced":
+        assert [row["message_id"] for row in read_rows(path)] == [None]  # fresh's row only
+
+
 # The WAL
 
 
@@ -882,6 +923,21 @@ async def test_a_row_refused_for_a_text_column_keeps_only_its_timestamp(log: Act
     assert json.loads(first["payload_json"])["columns"] == []
     assert "no evil" in first["error"]
     assert second["actor"] == "good"
+
+
+async def test_a_path_that_cannot_be_checked_stops_the_log(tmp_path: Path) -> None:
+    """If the log's path cannot even be looked up (its directory replaced by a file), the log
+    fails closed as for a deleted file."""
+    directory = tmp_path / "logs"
+    log = ActivityLog(directory / "activity.db")
+    await log.open()
+    directory.rename(tmp_path / "moved")
+    directory.write_text("not a directory")
+    async with asyncio.timeout(TIMEOUT):
+        with pytest.raises(AuditUnavailable, match="not checkable"):
+            await log.write("connect")
+        with pytest.raises(AuditUnavailable, match="1 rows unwritten"):
+            await log.close()
 
 
 async def test_a_writer_cancelled_during_a_write_fails_its_waiters(log: ActivityLog) -> None:
