@@ -87,6 +87,8 @@ EVENTS: frozenset[str] = frozenset(
         "replaced",  # a newer connection took over the clientId; the old one was closed
         "initialize_timeout",  # no initialize within the configured time
         "frame_too_large",  # a frame above the configured maximum size
+        "frame_refused",  # a frame the bus does not take (status binary); closed with 1003
+        "slow_consumer",  # the bus could not write to actor for slow_consumer_timeout; 4004
         # The bus, per request.
         "refused",  # authorization/policy refusal; status = reason
         "taint_refused",  # delivery from a tainted peer to an untainted one refused
@@ -272,6 +274,7 @@ class ActivityLog:
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
+        self._checkpoint_due = False
         self._wal = self.path.with_name(self.path.name + "-wal")
         self._wal_checkpointed = 0  # its size after the last checkpoint
 
@@ -598,6 +601,12 @@ class ActivityLog:
         self._check_file()
         self._insert(batch)
         self._rows_since_checkpoint += len(batch)
+        # Decided now, before the result is handed back: a system call after that would make
+        # this thread and the loop's, just woken, take turns at the GIL.
+        self._checkpoint_due = self._rows_since_checkpoint >= self.checkpoint_rows or (
+            self.checkpoint_bytes is not None
+            and self._wal_size() - self._wal_checkpointed >= self.checkpoint_bytes
+        )
 
     def _insert(self, batch: list[_Row]) -> None:
         """Run the ``INSERT`` of ``batch`` (database thread; tests replace it to block)."""
@@ -618,13 +627,9 @@ class ActivityLog:
     def _checkpoint_if_due(self) -> None:
         """After ``checkpoint_rows`` rows or ``checkpoint_bytes`` of WAL, copy the WAL into the
         database and truncate it."""
-        if self._conn is None or not self._rows_since_checkpoint:
+        if not self._checkpoint_due or self._conn is None:
             return
-        if self._rows_since_checkpoint < self.checkpoint_rows and (
-            self.checkpoint_bytes is None
-            or self._wal_size() - self._wal_checkpointed < self.checkpoint_bytes
-        ):
-            return
+        self._checkpoint_due = False
         self._rows_since_checkpoint = 0
         try:
             # busy_timeout 0: a checkpoint that would wait for a reader or another writer

@@ -205,8 +205,8 @@ class Bus:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self.log.record("shutdown", actor=BUS_CLIENT_ID)
-        with contextlib.suppress(BusError):
+        with contextlib.suppress(BusError):  # a log that failed or closed first
+            self.log.record("shutdown", actor=BUS_CLIENT_ID)
             await self.log.commit()  # the disconnect and shutdown rows, before close() returns
         logger.info("closed")
 

@@ -384,3 +384,21 @@ async def test_sdk_peer_sees_duplicate_as_an_error(tmp_path):
             with pytest.raises(Exception) as caught:
                 await tg.send("agent:w1", "tg_message", {"n": 1}, message_id="again")
             assert getattr(caught.value, "code", None) == -32008
+
+
+async def test_deleted_database_stops_acknowledging(tmp_path):
+    """Once the log's file is deleted under a running bus, sendMessage gets -32006 saying so,
+    the subscriber receives nothing, and closing the log reports the rows it could not write."""
+    with pytest.raises(AuditUnavailable, match="unwritten"):
+        async with running_bus(tmp_path) as h:
+            inbox = Inbox()
+            async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
+                agent.handle(None, inbox)
+                assert (await tg.send("agent:w1", "tg_message", {"n": 1}))["deliveredTo"] == 1
+                await inbox.get()
+                for suffix in ("", "-wal", "-shm"):
+                    h.db.with_name(h.db.name + suffix).unlink(missing_ok=True)
+                with pytest.raises(AuditUnavailable, match="deleted"):
+                    await tg.send("agent:w1", "tg_message", {"n": 2})
+                assert inbox.empty()
+                assert (await tg.ping())["pong"] is True  # writes no rows: still answered
