@@ -30,7 +30,6 @@ from .protocol import ErrorResponse, Notification, Request, Response, Session
 
 if TYPE_CHECKING:
     from .local import Socket
-    from .policy import Grants
 
 __all__ = ["ByteBudget", "Connection", "Handler", "PeerGone"]
 
@@ -120,19 +119,11 @@ class Connection:
         self._on_protocol_error = on_protocol_error
         self._on_frame_refused = on_frame_refused
         self.client_id: str | None = None
-        """Set by a successful ``initialize``; None before."""
-        self.grants: Grants | None = None
-        """What the policy lets this peer do; set with ``client_id``."""
-        self.subscriptions: set[str] = set()
-        self.replaced = False
-        """True once another connection took over this clientId."""
+        """The clientId this connection authenticated as (:meth:`authenticated`); None before.
+        What it may do and what it subscribes to are the bus's business (:mod:`bus.router`)."""
         self.initialized = asyncio.Event()
         self.inflight = asyncio.Semaphore(max_inflight) if max_inflight else None
-        self.close_after_answer: tuple[int, str] | None = None
-        self.anonymous_errors = 0
-        """Error answers sent before a successful ``initialize``."""
-        self.slow_since: float | None = None
-        """Loop time since which this peer's unread bytes have been above the limit."""
+        self._close_after: tuple[int, str] | None = None
         self._pending = PendingCalls()
         self._tasks: set[asyncio.Task[None]] = set()
         self._gone = False
@@ -226,9 +217,22 @@ class Connection:
             self._request_done.set()
             if charge is not None:
                 charge.done()
-        if self.close_after_answer is not None:
-            code, reason = self.close_after_answer
-            await self.ws.close(code, reason)
+        if self._close_after is not None:
+            await self.ws.close(*self._close_after)
+
+    def authenticated(self, client_id: str) -> None:
+        """Record that the peer proved it is ``client_id``; wakes :attr:`initialized`."""
+        self.client_id = client_id
+        self.initialized.set()
+
+    def close_after_answer(self, code: int, reason: str) -> None:
+        """Close with ``code`` once the request being handled has its answer written."""
+        self._close_after = (code, reason)
+
+    @property
+    def closing_after_answer(self) -> bool:
+        """Whether :meth:`close_after_answer` was called."""
+        return self._close_after is not None
 
     @property
     def requests_in_flight(self) -> int:

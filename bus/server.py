@@ -19,26 +19,22 @@ import contextlib
 import functools
 import json
 import logging
-import re
 import secrets
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 
 from schemas.bus import (
-    Envelope,
     InitializeParams,
     PeerJoined,
     PeerLeft,
     PresenceType,
-    SendMessageParams,
     SubscribeParams,
 )
 
@@ -60,7 +56,6 @@ from .errors import (
     BusError,
     DuplicateMessage,
     Forbidden,
-    InvalidParams,
     LimitExceeded,
     MethodNotFound,
     NotInitialized,
@@ -69,16 +64,16 @@ from .errors import (
 )
 from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
-from .policy import Grants, Policy, PolicyError, may_flow
+from .params import SendFields, parse, read_send_message
+from .policy import Policy, PolicyError, may_flow
 from .protocol import Request
 from .recent import RecentIds
-from .topics import SubscriptionIndex, validate_pattern, validate_topic
+from .router import Route, Router
+from .topics import validate_pattern, validate_topic
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
 logger = logging.getLogger("bus.server")
-
-M = TypeVar("M", bound=BaseModel)
 
 BUS_CLIENT_ID = "system:bus"
 """The ``from`` of messages the bus itself sends (presence events)."""
@@ -115,8 +110,6 @@ class Bus:
         self.identities = dict(identities or {})
         self.limits = limits or Limits()
         self.server_id = server_id or f"bus-{secrets.token_hex(4)}"
-        self.peers: dict[str, Connection] = {}
-        """Initialized connections by clientId."""
         self._connections: set[Connection] = set()
         self._anonymous: collections.Counter[str] = collections.Counter()
         """Connections not initialized yet, per remote IP address."""
@@ -129,7 +122,9 @@ class Bus:
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
-        self._index: SubscriptionIndex[Connection] = SubscriptionIndex()
+        self._router: Router[Connection] = Router()
+        self._errors_before_init: dict[Connection, int] = {}
+        self._slow_since: dict[Connection, float] = {}
         self._server: Server | None = None
         self._closing = False
         self._presence: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
@@ -159,6 +154,11 @@ class Bus:
         if limits.slow_consumer_timeout is not None:
             self._sweeper = asyncio.create_task(self._sweep_slow_consumers())
         logger.info("listening on %s", self.url)
+
+    @property
+    def peers(self) -> Mapping[str, Connection]:
+        """The authenticated connections by clientId (a read-only snapshot)."""
+        return self._router.peers
 
     @property
     def port(self) -> int:
@@ -307,6 +307,8 @@ class Bus:
             if conn.client_id is None:
                 self._leave_anonymous(address)
             self._connections.discard(conn)
+            self._errors_before_init.pop(conn, None)
+            self._slow_since.pop(conn, None)
             self._forget(conn)
             await conn.drain_tasks()
 
@@ -327,17 +329,11 @@ class Bus:
             del self._anonymous[address]
 
     def _forget(self, conn: Connection) -> None:
-        for pattern in conn.subscriptions:
-            self._index.discard(pattern, conn)
-        conn.subscriptions.clear()
-        if conn.client_id is None:
-            return
-        if conn.replaced:
-            return  # The takeover already logged it and announced the departure.
-        if self.peers.get(conn.client_id) is conn:
-            del self.peers[conn.client_id]
-        self.log.record("disconnect", actor=conn.client_id, status=str(conn.ws.close_code))
-        self._announce("peer_left", PeerLeft(client_id=conn.client_id, reason="disconnected"))
+        route = self._router.leave(conn)
+        if route is None:
+            return  # Never authenticated, or replaced: the takeover logged and announced it.
+        self.log.record("disconnect", actor=route.client_id, status=str(conn.ws.close_code))
+        self._announce("peer_left", PeerLeft(client_id=route.client_id, reason="disconnected"))
 
     # Requests
 
@@ -348,12 +344,13 @@ class Bus:
                 raise ShuttingDown()
             if request.method == "initialize":
                 return await self._initialize(conn, request)
-            if conn.client_id is None:
+            route = self._router.route(conn)
+            if route is None:
                 raise NotInitialized()
             method = self._methods.get(request.method)
             if method is None:
                 raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
-            return await method(conn, request)
+            return await method(route, request)
         except BusError as exc:
             # Every error answer has its row, committed before the peer reads the answer.
             self.log.record(
@@ -380,18 +377,19 @@ class Bus:
         # A connection that has not authenticated gets a few errors to learn from, then is
         # closed: otherwise anyone could fill the audit log with error rows until the
         # initialize timeout.
-        if conn.client_id is not None or conn.close_after_answer is not None:
+        if conn.client_id is not None or conn.closing_after_answer:
             return
-        conn.anonymous_errors += 1
-        if conn.anonymous_errors >= MAX_ANONYMOUS_ERRORS:
+        errors = self._errors_before_init[conn] = self._errors_before_init.get(conn, 0) + 1
+        if errors >= MAX_ANONYMOUS_ERRORS:
             self.log.record("limit_exceeded", actor=conn.name, status="anonymous_errors")
-            conn.close_after_answer = (CLOSE_POLICY_VIOLATION, "too many errors before initialize")
-            conn.spawn(conn.close(*conn.close_after_answer))
+            reason = "too many errors before initialize"
+            conn.close_after_answer(CLOSE_POLICY_VIOLATION, reason)
+            conn.spawn(conn.close(CLOSE_POLICY_VIOLATION, reason))
 
     async def _initialize(self, conn: Connection, request: Request) -> Any:
         if conn.client_id is not None:
             raise AlreadyInitialized()
-        params = _parse(InitializeParams, request.params)
+        params = parse(InitializeParams, request.params)
         client_id = params.client_id
         token = params.auth.token if params.auth is not None else _bearer(conn.ws)
         record = self.credentials.verify(client_id, token)
@@ -404,14 +402,14 @@ class Bus:
                 error="unknown clientId or wrong token" if token else "no credential",
             )
             await self.log.commit()
-            conn.close_after_answer = (CLOSE_AUTH_FAILED, "authentication failed")
+            conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
             raise AuthenticationFailed()
         limit = self.limits.max_connections
-        if limit is not None and client_id not in self.peers and len(self.peers) >= limit:
+        if limit is not None and client_id not in self._router and len(self._router) >= limit:
             self.log.record(
                 "limit_exceeded", rpc_id=_rpc_id(request), actor=client_id, status="max_connections"
             )
-            conn.close_after_answer = (CLOSE_TRY_AGAIN_LATER, "too many peers")
+            conn.close_after_answer(CLOSE_TRY_AGAIN_LATER, "too many peers")
             raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
         identity = self.identities.get(client_id, PeerIdentity())
         try:
@@ -427,21 +425,19 @@ class Bus:
                 status="policy",
                 error=str(exc),
             )
-            conn.close_after_answer = (CLOSE_AUTH_FAILED, "authentication failed")
+            conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
             raise AuthenticationFailed(
                 "Authentication failed: this clientId's roles are not allowed by the policy"
             ) from None
-        self._take_over(client_id)
+        replaced = self._router.join(conn, client_id, grants)
+        if replaced is not None:
+            self._take_over(replaced, client_id)
         self._leave_anonymous(_address(conn.ws))
-        conn.client_id = client_id
-        conn.grants = grants
-        self.peers[client_id] = conn
+        conn.authenticated(client_id)
         if grants.may_subscribe(client_id):
             # As in the seed protocol, a peer is subscribed to its own address from the start,
             # so what others send it in answer to peer_joined (the gateway does) is not lost.
-            conn.subscriptions.add(client_id)
-            self._index.add(client_id, conn)
-        conn.initialized.set()
+            self._router.subscribe(conn, client_id)
         self.log.record(
             "initialize",
             rpc_id=_rpc_id(request),
@@ -461,57 +457,48 @@ class Bus:
             },
         }
 
-    def _take_over(self, client_id: str) -> None:
-        old = self.peers.pop(client_id, None)
-        if old is None:
-            return
-        old.replaced = True
-        for pattern in old.subscriptions:
-            self._index.discard(pattern, old)
-        old.subscriptions.clear()
+    def _take_over(self, old: Connection, client_id: str) -> None:
         self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))
         self._announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
-    async def _subscribe(self, conn: Connection, request: Request) -> Any:
-        pattern = validate_pattern(_parse(SubscribeParams, request.params).topic)
-        grants = _grants(conn)
-        if not grants.may_subscribe(pattern):
-            self._refuse(conn, request, "subscribe_denied", topic=pattern)
-            raise Forbidden(f"{conn.client_id} may not subscribe to {pattern!r}")
-        if pattern not in conn.subscriptions:
+    async def _subscribe(self, route: Route[Connection], request: Request) -> Any:
+        pattern = validate_pattern(parse(SubscribeParams, request.params).topic)
+        if not route.grants.may_subscribe(pattern):
+            self._refuse(route, request, "subscribe_denied", topic=pattern)
+            raise Forbidden(f"{route.client_id} may not subscribe to {pattern!r}")
+        if pattern not in route.patterns:
             limit = self.limits.max_subscriptions
-            if limit is not None and len(conn.subscriptions) >= limit:
+            if limit is not None and len(route.patterns) >= limit:
                 self.log.record(
                     "limit_exceeded",
                     rpc_id=_rpc_id(request),
-                    actor=conn.client_id,
+                    actor=route.client_id,
                     topic=pattern,
                     status="max_subscriptions",
                 )
                 raise LimitExceeded(f"at most {limit} subscriptions per connection")
-            conn.subscriptions.add(pattern)
-            self._index.add(pattern, conn)
+            self._router.subscribe(route.handle, pattern)
             self.log.record(
-                "subscribe", rpc_id=_rpc_id(request), actor=conn.client_id, topic=pattern
+                "subscribe", rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
             )
         return {"success": True}
 
-    async def _unsubscribe(self, conn: Connection, request: Request) -> Any:
-        pattern = _parse(SubscribeParams, request.params).topic
-        if pattern not in conn.subscriptions:
+    async def _unsubscribe(self, route: Route[Connection], request: Request) -> Any:
+        pattern = parse(SubscribeParams, request.params).topic
+        if not self._router.unsubscribe(route.handle, pattern):
             raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
-        conn.subscriptions.discard(pattern)
-        self._index.discard(pattern, conn)
-        self.log.record("unsubscribe", rpc_id=_rpc_id(request), actor=conn.client_id, topic=pattern)
+        self.log.record(
+            "unsubscribe", rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
+        )
         return {"success": True}
 
-    async def _ping(self, conn: Connection, request: Request) -> Any:
+    async def _ping(self, route: Route[Connection], request: Request) -> Any:
         return {"pong": True, "serverTime": _now()}
 
     def _refuse(
         self,
-        conn: Connection,
+        route: Route[Connection],
         request: Request,
         reason: str,
         *,
@@ -522,41 +509,31 @@ class Bus:
             "refused",
             message_id=message_id,
             rpc_id=_rpc_id(request),
-            actor=conn.client_id,
+            actor=route.client_id,
             topic=topic,
             status=reason,
         )
-        logger.info("refused %s from %s: %s", request.method, conn.client_id, reason)
+        logger.info("refused %s from %s: %s", request.method, route.client_id, reason)
 
     # Publishing
 
-    async def _send_message(self, conn: Connection, request: Request) -> Any:
-        fields = _read_send_message(request.params)
+    async def _send_message(self, route: Route[Connection], request: Request) -> Any:
+        fields = read_send_message(request.params)
         topic = validate_topic(fields.topic)
-        grants = _grants(conn)
-        if fields.sender != conn.client_id:
-            self._refuse(conn, request, "from_mismatch", topic=topic, message_id=fields.message_id)
-            raise Forbidden(
-                f"payload.from is {fields.sender!r} but this connection is {conn.client_id!r}"
-            )
-        if not grants.may_send(fields.type, topic):
-            self._refuse(conn, request, "type_denied", topic=topic, message_id=fields.message_id)
-            raise Forbidden(
-                f"{conn.client_id} (roles: {', '.join(sorted(grants.roles)) or 'none'}) may not "
-                f"send {fields.type!r} to {topic!r}"
-            )
+        self._authorize_send(route, request, fields, topic)
         assert isinstance(request.params, dict)  # validated as an object above
-        key = (conn.client_id, fields.message_id)
+        key = (route.client_id, fields.message_id)
         if self._recent is not None and not self._recent.claim(key, _clock()):
-            self._refuse(conn, request, "duplicate", topic=topic, message_id=fields.message_id)
+            self._refuse(route, request, "duplicate", topic=topic, message_id=fields.message_id)
             raise DuplicateMessage(
-                f"Duplicate messageId: {conn.client_id} already sent {fields.message_id!r} within "
-                f"the last {self._recent.window:g} s; it was accepted then, do not send it again",
+                f"Duplicate messageId: {route.client_id} already sent {fields.message_id!r} "
+                f"within the last {self._recent.window:g} s; it was accepted then, do not send "
+                "it again",
                 data={"messageId": fields.message_id},
             )
         try:
             targets = await self._accept(
-                topic, fields.message_id, fields.type, sender=conn, rpc_id=_rpc_id(request)
+                topic, fields.message_id, fields.type, sender=route, rpc_id=_rpc_id(request)
             )
         except BusError:
             if self._recent is not None:
@@ -567,10 +544,31 @@ class Bus:
             topic,
             request.params["payload"],
             fields.message_id,
-            actor=conn.client_id,
+            actor=route.client_id,
             rpc_id=_rpc_id(request),
         )
         return {"accepted": True, "messageId": fields.message_id, "deliveredTo": delivered}
+
+    def _authorize_send(
+        self, route: Route[Connection], request: Request, fields: SendFields, topic: str
+    ) -> None:
+        """Refuse (with a row) a ``from`` that is not the sender, or a type the policy denies.
+
+        Raises:
+            Forbidden: either refusal.
+        """
+        if fields.sender != route.client_id:
+            self._refuse(route, request, "from_mismatch", topic=topic, message_id=fields.message_id)
+            raise Forbidden(
+                f"payload.from is {fields.sender!r} but this connection is {route.client_id!r}"
+            )
+        grants = route.grants
+        if not grants.may_send(fields.type, topic):
+            self._refuse(route, request, "type_denied", topic=topic, message_id=fields.message_id)
+            raise Forbidden(
+                f"{route.client_id} (roles: {', '.join(sorted(grants.roles)) or 'none'}) may not "
+                f"send {fields.type!r} to {topic!r}"
+            )
 
     async def publish(
         self,
@@ -579,7 +577,7 @@ class Bus:
         message_id: str,
         message_type: str,
         *,
-        sender: Connection | None,
+        sender: Route[Connection] | None,
         rpc_id: str | None = None,
     ) -> int:
         """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
@@ -587,6 +585,9 @@ class Bus:
 
         Nothing is delivered before the ``send_start`` row is committed, and every row is
         committed before this returns.
+
+        Args:
+            sender: the sending peer's route, or None for the bus itself (presence).
 
         Raises:
             AuditUnavailable: the activity log could not commit; if it failed on the first
@@ -602,9 +603,9 @@ class Bus:
         message_id: str,
         message_type: str,
         *,
-        sender: Connection | None,
+        sender: Route[Connection] | None,
         rpc_id: str | None,
-    ) -> list[Connection]:
+    ) -> list[Route[Connection]]:
         """Record the message and its targets, commit the rows, and return the targets.
 
         Raises:
@@ -621,10 +622,8 @@ class Bus:
             topic=topic,
             payload_json=_type_payload(message_type),
         )
-        targets: list[Connection] = []
-        for target in self._index.match(topic):
-            if target is sender or target.grants is None:
-                continue
+        targets: list[Route[Connection]] = []
+        for target in self._router.targets(topic, sender=sender.handle if sender else None):
             if grants is not None and not may_flow(grants, target.grants):
                 log.record(
                     "taint_refused",
@@ -644,7 +643,7 @@ class Bus:
 
     async def _fan_out(
         self,
-        targets: list[Connection],
+        targets: list[Route[Connection]],
         topic: str,
         payload: dict[str, Any],
         message_id: str,
@@ -675,10 +674,11 @@ class Bus:
         return delivered
 
     async def _deliver(
-        self, target: Connection, params: dict[str, Any], message_id: str, topic: str
+        self, route: Route[Connection], params: dict[str, Any], message_id: str, topic: str
     ) -> bool:
         status, error = "processed", None
         limit = self.limits.max_write_buffer
+        target = route.handle
         try:
             if limit is not None and target.write_buffer_size() > limit:
                 # A peer that does not read gets nothing more written: fail fast, hold nothing.
@@ -703,7 +703,7 @@ class Bus:
         self.log.record(
             "process_finish",
             message_id=message_id,
-            actor=target.client_id,
+            actor=route.client_id,
             topic=topic,
             status=status,
             error=error,
@@ -727,13 +727,15 @@ class Bus:
         while True:
             await asyncio.sleep(interval)
             now = _clock()
+            slow_since = self._slow_since
             for conn in list(self._connections):
+                since = slow_since.get(conn)
                 if not conn.write_blocked():
-                    conn.slow_since = None
-                elif conn.slow_since is None:
-                    conn.slow_since = now
-                elif now - conn.slow_since >= timeout:
-                    conn.slow_since = None
+                    slow_since.pop(conn, None)
+                elif since is None:
+                    slow_since[conn] = now
+                elif now - since >= timeout:
+                    del slow_since[conn]
                     size = conn.write_buffer_size()
                     self.log.record(
                         "slow_consumer",
@@ -772,130 +774,6 @@ class Bus:
 
 class _SlowConsumer(Exception):
     """A delivery refused because the target has too many unread bytes."""
-
-
-class _SendFields(NamedTuple):
-    """What the bus reads from valid ``sendMessage`` params."""
-
-    topic: str
-    message_id: str
-    type: str
-    sender: str
-
-
-def _read_send_message(params: Any) -> _SendFields:
-    """Validate ``sendMessage`` params as :class:`SendMessageParams` does; return their fields.
-
-    Raises:
-        InvalidParams: as :func:`_parse` would.
-    """
-    fields = _fast_send_message(params)
-    if fields is not None:
-        return fields
-    # Anything the fast path is unsure of gets the model's full validation and error messages.
-    model = _parse(SendMessageParams, params)
-    payload = model.payload
-    return _SendFields(model.topic, payload.message_id, payload.type, payload.from_)
-
-
-def _constraint(field: str, name: str, model: type[BaseModel] = Envelope) -> Any:
-    """A constraint of a model's field (``pattern``, ``max_length``...)."""
-    for item in model.model_fields[field].metadata:
-        value = getattr(item, name, None)
-        if value is not None:
-            return value
-    raise LookupError(f"{model.__name__}.{field} has no {name}")  # pragma: no cover - drift
-
-
-# The fast path accepts only what the models accept (tests/bus/test_server_fast_path.py):
-# the usual shape of a sendMessage, with the constraints read from the models themselves.
-# Everything else falls back to pydantic. Skipping pydantic on the common path saves ~7% of
-# the bus's CPU per message (bench/README.md). Python's ``$`` would accept a trailing
-# newline; ``fullmatch`` does not.
-_TOPIC_MAX = _constraint("topic", "max_length", SendMessageParams)
-_ID_MAX = _constraint("message_id", "max_length")
-_CORRELATION_MAX = _constraint("correlation_id", "max_length")
-_TYPE_RE = re.compile(_constraint("type", "pattern"))
-_FROM_RE = re.compile(_constraint("from_", "pattern"))
-_TRACEPARENT_RE = re.compile(_constraint("traceparent", "pattern"))
-# RFC 3339 with a zone, each field in range (fromisoformat would take an offset of +10:87),
-# as AwareDatetime reads it; datetime.fromisoformat then checks the day of the month.
-_TIMESTAMP_RE = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
-    r"(?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-)
-_REQUIRED = frozenset({"messageId", "type", "from", "timestamp", "content"})
-_ALLOWED = _REQUIRED | {"correlationId", "traceparent"}
-
-
-def _fast_send_message(params: Any) -> _SendFields | None:
-    """The fields of ``params`` if they are plainly valid ``sendMessage`` params, else None."""
-    if type(params) is not dict or len(params) != 2:
-        return None
-    topic, payload = params.get("topic"), params.get("payload")
-    if type(topic) is not str or not 0 < len(topic) <= _TOPIC_MAX or type(payload) is not dict:
-        return None
-    if not (_REQUIRED <= payload.keys() <= _ALLOWED):
-        return None
-    message_id, message_type, sender = payload["messageId"], payload["type"], payload["from"]
-    if (
-        type(message_id) is not str
-        or not 0 < len(message_id) <= _ID_MAX
-        or type(message_type) is not str
-        or _TYPE_RE.fullmatch(message_type) is None
-        or type(sender) is not str
-        or _FROM_RE.fullmatch(sender) is None
-        or not _valid_timestamp(payload["timestamp"])
-        or not _valid_content(payload["content"])
-        or not _valid_optional(payload)
-    ):
-        return None
-    return _SendFields(topic, message_id, message_type, sender)
-
-
-def _valid_timestamp(value: Any) -> bool:
-    if type(value) is not str or _TIMESTAMP_RE.fullmatch(value) is None:
-        return False
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _valid_content(value: Any) -> bool:
-    return type(value) is dict and all(type(key) is str for key in value)
-
-
-def _valid_optional(payload: dict[str, Any]) -> bool:
-    correlation = payload.get("correlationId")
-    if correlation is not None and (
-        type(correlation) is not str or len(correlation) > _CORRELATION_MAX
-    ):
-        return False
-    trace = payload.get("traceparent")
-    return trace is None or (type(trace) is str and _TRACEPARENT_RE.fullmatch(trace) is not None)
-
-
-def _parse(model: type[M], params: Any) -> M:
-    if not isinstance(params, dict):
-        raise InvalidParams("Invalid params: params must be an object")
-    try:
-        return model.model_validate(params)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "params"
-        raise InvalidParams(
-            f"Invalid params: {where}: {first['msg']}",
-            data=[
-                {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]} for e in exc.errors()
-            ],
-        ) from None
-
-
-def _grants(conn: Connection) -> Grants:
-    assert conn.grants is not None  # set together with client_id by initialize
-    return conn.grants
 
 
 def _bearer(ws: Socket) -> str | None:

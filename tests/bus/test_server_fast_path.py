@@ -9,7 +9,7 @@ from hypothesis import example, given, settings, strategies as st
 from pydantic import AwareDatetime, TypeAdapter, ValidationError
 
 from bus.errors import InvalidParams
-from bus.server import _fast_send_message, _read_send_message, _valid_timestamp
+from bus.params import _fast_send_message, _valid_timestamp, read_send_message
 from schemas.bus import SendMessageParams
 
 AWARE: TypeAdapter[AwareDatetime] = TypeAdapter(AwareDatetime)
@@ -145,7 +145,7 @@ def test_invalid_params_get_the_models_error(change):
     with pytest.raises(ValidationError):
         SendMessageParams.model_validate(params)
     with pytest.raises(InvalidParams, match="Invalid params: payload"):
-        _read_send_message(params)
+        read_send_message(params)
 
 
 def test_the_model_accepts_what_the_fast_path_defers():
@@ -154,4 +154,4 @@ def test_the_model_accepts_what_the_fast_path_defers():
     del payload["messageId"]
     params = {"topic": "agent:main", "payload": payload}
     assert _fast_send_message(params) is None
-    assert _read_send_message(params).message_id == "m-2"
+    assert read_send_message(params).message_id == "m-2"
