@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from bus.activity import ActivityLog
 from bus.config import GatewaySettings
@@ -37,10 +38,18 @@ from bus.errors import BusError
 from peers.client import Message, Peer, Reply
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
+    ID_PATTERN,
+    SUBSCRIPTION_ID_PATTERN,
     UNTRUSTED_NOTICE,
     BcpApprovalDecision,
+    BcpApprovalRequest,
+    BcpQuery,
+    BcpQueryFailed,
     BcpQueryRequest,
     BcpResponse,
+    BcpResponseDelivery,
+    BcpSubscriptionsActive,
+    BcpValidationResult,
     DecisionRefusal,
     NormalizedResponse,
     QuerySpec,
@@ -231,9 +240,12 @@ class Gateway:
 
     # Sending and logging
 
-    async def _send(self, topic: str, message_type: str, content: dict[str, Any], **kw: Any) -> int:
+    async def _send(
+        self, topic: str, message_type: str, content: BaseModel | dict[str, Any], **kw: Any
+    ) -> int:
+        wire = content if isinstance(content, dict) else _wire(content)
         try:
-            result = await self.peer.send(topic, message_type, content, **kw)
+            result = await self.peer.send(topic, message_type, wire, **kw)
         except (BusError, ConnectionError, TimeoutError) as exc:
             logger.warning("could not send %s to %s: %s", message_type, topic, exc)
             return 0
@@ -323,11 +335,10 @@ class Gateway:
         )
         await self.log.commit()
         logger.info("refused query %s on %s: %s", query_id, message.topic, refusal.reason)
-        if query_id is not None:
+        if query_id is not None and _ID.match(query_id):
+            failed = BcpQueryFailed(query_id=query_id, error=refusal.reason, detail=refusal.detail)
             await self._send(
-                f"agent:{message.sender.partition(':')[2]}",
-                "bcp_query_failed",
-                {"query_id": query_id, "error": refusal.reason, "detail": refusal.detail},
+                f"agent:{message.sender.partition(':')[2]}", "bcp_query_failed", failed
             )
         return Reply(False, refusal.reason, refusal.detail)
 
@@ -337,12 +348,14 @@ class Gateway:
         self.ledger.charge(key, query.bits, cat2=query.spec.category == 2)
         self.tasks.record(key, task_id, query.spec.category)
         expires_at = self.clock() + self.settings.query_ttl
-        content = {
-            "query_id": query.query_id,
-            "controller": channel.controller,
-            **query.spec.model_dump(mode="json", exclude_none=True),
-            "expires_at": _iso(expires_at),
-        }
+        content = BcpQuery.model_validate(
+            {
+                "query_id": query.query_id,
+                "controller": channel.controller,
+                **query.spec.model_dump(exclude_none=True),
+                "expires_at": _iso(expires_at),
+            }
+        )
         self.pending[(channel.controller, query.query_id)] = query
         query.state = "asking"
         self._record(
@@ -390,8 +403,8 @@ class Gateway:
             query.timer.cancel()
         self._record("bcp_query_failed", channel, reason, query_id=query.query_id, detail=detail)
         await self.log.commit()
-        content = {"query_id": query.query_id, "error": reason, "detail": detail}
-        await self._deliver(channel, "bcp_query_failed", content)
+        failed = BcpQueryFailed(query_id=query.query_id, error=reason, detail=detail)
+        await self._deliver(channel, "bcp_query_failed", _wire(failed))
 
     async def _expire_query(self, query: _Query) -> None:
         if self.pending.get((query.channel.controller, query.query_id)) is not query:
@@ -470,8 +483,9 @@ class Gateway:
         self.pending.pop((channel.controller, query.query_id), None)
         if query.timer is not None:
             query.timer.cancel()
-        content = self._delivery(channel, query.spec, response, query.bits, anomalies)
-        content["query_id"] = query.query_id
+        content = self._delivery(
+            channel, query.spec, response, query.bits, anomalies, query_id=query.query_id
+        )
         await self._deliver(channel, "bcp_response_delivery", content)
 
     async def _on_push(self, message: Message, channel: Channel, response: BcpResponse) -> Reply:
@@ -510,8 +524,9 @@ class Gateway:
             await self._tell_reader(message, channel, ref, None, "valid; held for human approval")
             await self._ask_approval(channel, spec, result, subscription=subscription, bits=bits)
             return Reply(True, "held_for_approval")
-        content = self._delivery(channel, spec, result.response or {}, bits, _anomalies(result))
-        content["subscription_id"] = sid
+        content = self._delivery(
+            channel, spec, result.response or {}, bits, _anomalies(result), subscription_id=sid
+        )
         # Deliver first, so that the verdict the reader waits for says whether it was held.
         if await self._deliver(channel, "bcp_response_delivery", content):
             await self._tell_reader(message, channel, ref, None, "accepted")
@@ -548,8 +563,10 @@ class Gateway:
         response: NormalizedResponse,
         bits: float,
         anomalies: list[dict[str, Any]],
+        **ref: str,
     ) -> dict[str, Any]:
         content: dict[str, Any] = {
+            **ref,
             "category": spec.category,
             "from_agent": channel.reader,
             "response": response,
@@ -560,7 +577,7 @@ class Gateway:
         # Only a flag channel delivers the anomalies; on review a human approved the answer.
         if anomalies and channel.anomaly_action == "flag":
             content["anomalies"] = anomalies
-        return content
+        return _wire(BcpResponseDelivery.model_validate(content))
 
     def _record_validation(
         self, channel: Channel, result: ValidationResult, message_id: str, **ref: Any
@@ -586,14 +603,15 @@ class Gateway:
         *,
         retries_left: int | None = None,
     ) -> None:
-        content: dict[str, Any] = {k: v for k, v in ref.items() if isinstance(v, str)}
-        content.update(success=error is None, detail=detail[:1000])
+        fields: dict[str, Any] = _valid_ids(ref)
+        fields.update(success=error is None, detail=detail[:1000])
         if error is not None:
-            content["error"] = error
+            fields["error"] = error
         if result is not None and result.reasons:
-            content["reasons"] = [r.model_dump(mode="json") for r in result.reasons]
+            fields["reasons"] = result.reasons
         if retries_left is not None:
-            content["retries_left"] = retries_left
+            fields["retries_left"] = retries_left
+        content = _wire(BcpValidationResult(**fields))
         if channel is None:
             self.log.record(
                 "bcp_validation",
@@ -662,17 +680,20 @@ class Gateway:
         **details: Any,
     ) -> None:
         approval_id = f"ap-{uuid.uuid4().hex[:12]}"
-        content = {
-            "approval_id": approval_id,
-            "controller": channel.controller,
-            "reader": channel.reader,
-            "spec": spec.model_dump(mode="json", exclude_none=True),
-            "taint": channel.reader_taint,
-            "untrusted": True,
-            "notice": UNTRUSTED_NOTICE,
-            "expires_at": _iso(self.clock() + self.settings.approval_timeout),
-            **{k: v for k, v in content.items() if v is not None},
-        }
+        request = BcpApprovalRequest.model_validate(
+            {
+                "approval_id": approval_id,
+                "controller": channel.controller,
+                "reader": channel.reader,
+                "spec": spec.model_dump(exclude_none=True),
+                "taint": channel.reader_taint,
+                "untrusted": True,
+                "notice": UNTRUSTED_NOTICE,
+                "expires_at": _iso(self.clock() + self.settings.approval_timeout),
+                **{k: v for k, v in content.items() if v is not None},
+            }
+        )
+        content = _wire(request)
         approval = _Approval(approval_id, kind, channel, spec, content, **details)
         self.approvals[approval_id] = approval
         self._record(
@@ -785,21 +806,22 @@ class Gateway:
         sid = approval.subscription.id
         if accepted:
             content = self._delivery(
-                channel, approval.spec, response or {}, approval.bits, approval.anomalies
+                channel,
+                approval.spec,
+                response or {},
+                approval.bits,
+                approval.anomalies,
+                subscription_id=sid,
             )
-            content["subscription_id"] = sid
             await self._deliver(channel, "bcp_response_delivery", content)
         else:
-            await self._send(
-                f"agent:{channel.reader}",
-                "bcp_validation_result",
-                {
-                    "subscription_id": sid,
-                    "success": False,
-                    "error": ReasonCode.APPROVAL_REJECTED,
-                    "detail": f"a human {status} the push",
-                },
+            verdict = BcpValidationResult(
+                subscription_id=sid,
+                success=False,
+                error=ReasonCode.APPROVAL_REJECTED,
+                detail=f"a human {status} the push",
             )
+            await self._send(f"agent:{channel.reader}", "bcp_validation_result", verdict)
 
     async def _ask_reader_after_escalation(self, query: _Query) -> None:
         channel = query.channel
@@ -890,16 +912,13 @@ class Gateway:
         )
         await self.log.commit()
         if "subscription_id" in inner:
-            await self._send(
-                f"agent:{held.reader}",
-                "bcp_validation_result",
-                {
-                    "subscription_id": inner["subscription_id"],
-                    "success": False,
-                    "error": ReasonCode.CONTROLLER_UNAVAILABLE,
-                    "detail": f"agent:{held.controller} stayed offline; the push expired",
-                },
+            verdict = BcpValidationResult(
+                subscription_id=inner["subscription_id"],
+                success=False,
+                error=ReasonCode.CONTROLLER_UNAVAILABLE,
+                detail=f"agent:{held.controller} stayed offline; the push expired",
             )
+            await self._send(f"agent:{held.reader}", "bcp_validation_result", verdict)
 
     async def _flush_outbox(self, controller: str) -> None:
         items = self.outbox.get(controller, [])
@@ -938,13 +957,15 @@ class Gateway:
         await self._send(approver, "bcp_approval_request", approval.content)
 
     async def _announce_subscriptions(self, reader: str) -> None:
-        active = [
-            entry.model_dump(mode="json", exclude_none=True)
-            for (_c, r), channel in sorted(self.channels.items())
-            if r == reader
-            for entry in channel.active_subscriptions()
-        ]
-        await self._send(f"agent:{reader}", "bcp_subscriptions_active", {"subscriptions": active})
+        active = BcpSubscriptionsActive(
+            subscriptions=tuple(
+                entry
+                for (_c, r), channel in sorted(self.channels.items())
+                if r == reader
+                for entry in channel.active_subscriptions()
+            )
+        )
+        await self._send(f"agent:{reader}", "bcp_subscriptions_active", active)
 
     async def _ignore(self, message: Message) -> Reply:
         return Reply(True, "ignored")
@@ -983,6 +1004,31 @@ def _parse(model: Any, content: dict[str, Any], reason: str = ReasonCode.INVALID
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "content"
         raise Refusal(reason, f"{where}: {first['msg']}"[:500]) from None
+
+
+_ID = re.compile(ID_PATTERN)
+_SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
+
+
+def _wire(model: BaseModel) -> dict[str, Any]:
+    """Return the content of a frame built through its ``schemas`` model.
+
+    Only the fields the gateway set are sent (it sets none to null), so a frame carries the keys
+    it always carried; a nested model that says ``null`` on purpose, such as a reason's
+    ``field``, keeps it, as ``schemas/json`` requires.
+    """
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+def _valid_ids(ref: Mapping[str, Any]) -> dict[str, str]:
+    # An id the reader got wrong is not echoed: the verdict's correlationId already ties it
+    # to the message it answers, and the frame must match schemas/json/bcp_validation_result.
+    patterns = {"query_id": _ID, "subscription_id": _SUBSCRIPTION_ID}
+    return {
+        key: value
+        for key, value in ref.items()
+        if isinstance(value, str) and patterns[key].match(value)
+    }
 
 
 def _anomalies(result: ValidationResult) -> list[dict[str, Any]]:
