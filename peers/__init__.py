@@ -4,19 +4,37 @@ The SDK's public names are re-exported here::
 
     from peers import Peer, Message, Reply          # the bus
     from peers import Controller, Reader, QueryFailed  # BCP on top of it
+    from peers import PeerError, PeerClosed, ConnectFailed  # what goes wrong (peers.errors)
+
+Everything the SDK raises is a :class:`PeerError`, except the bus's JSON-RPC error answers,
+which are :class:`bus.errors.BusError` subclasses.
 """
 
 from .approver import Approver
-from .bcp import Controller, QueryFailed, Reader
-from .client import Handler, Message, Peer, PeerClosed, Reply, backoff
+from .bcp import Controller, Reader
+from .client import Handler, Message, Peer, Reply, backoff
+from .errors import (
+    ConnectFailed,
+    InvalidURL,
+    MalformedMessage,
+    PeerClosed,
+    PeerError,
+    PeerTimeout,
+    QueryFailed,
+)
 
 __all__ = [
     "Approver",
+    "ConnectFailed",
     "Controller",
     "Handler",
+    "InvalidURL",
+    "MalformedMessage",
     "Message",
     "Peer",
     "PeerClosed",
+    "PeerError",
+    "PeerTimeout",
     "QueryFailed",
     "Reader",
     "Reply",

@@ -5,17 +5,22 @@
     controller = Controller(Peer(url, "agent:main", token))
     await controller.start()
     delivery = await controller.ask("researcher", {"category": 1, "fields": [...]})
-    delivery["response"]          # validated, normalized; delivery["bandwidth_bits"], ["taint"]
+    delivery.response             # validated, normalized; delivery.bandwidth_bits, .taint
 
     reader = Reader(Peer(url, "agent:researcher", token))
     @reader.on_query
     async def answer(query: dict) -> dict:
         return {"has_pricing": True}
     await reader.start()
-    verdict = await reader.publish("research-alerts", "main", {...})   # bcp_validation_result
+    verdict = await reader.publish("research-alerts", "main", {...})
+    verdict.success               # a BcpValidationResult; .error and .reasons say why not
 
 Both wrap a :class:`~peers.client.Peer` and subscribe it to its own ``agent:<name>`` topic. The
 gateway is the other end of every exchange; these classes never talk to each other directly.
+What the gateway sends back is returned as the :mod:`schemas.bcp` model of its type
+(:class:`~schemas.bcp.BcpResponseDelivery`, :class:`~schemas.bcp.BcpValidationResult`), checked
+against it on arrival: content the schema does not allow fails the call with
+:class:`~peers.errors.MalformedMessage`.
 """
 
 from __future__ import annotations
@@ -24,13 +29,22 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from schemas.bcp import BcpQueryFailed, BcpResponseDelivery, BcpValidationResult
 
 from .client import Message, Peer, Reply
+from .errors import MalformedMessage, PeerTimeout, QueryFailed
 
+# QueryFailed is defined in .errors; it stays importable from here, where it always was.
 __all__ = ["Controller", "DeliveryHandler", "QueryFailed", "QueryHandler", "Reader"]
 
 logger = logging.getLogger("peers.bcp")
+
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
 
 DeliveryHandler = Callable[[dict[str, Any]], Awaitable[None]]
 """Receives every ``bcp_response_delivery`` content: a query's (``query_id``) or a push's
@@ -38,22 +52,6 @@ DeliveryHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
 QueryHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
 """Receives a ``bcp_query`` content; returns the ``response`` object, or None not to answer."""
-
-
-class QueryFailed(Exception):
-    """The gateway ended a query without a delivery: refused, expired, rejected...
-
-    Attributes:
-        query_id: the query.
-        reason: the reason code (``budget_exhausted``, ``timeout``, ...; see docs/bcp.md).
-        detail: what a person can act on.
-    """
-
-    def __init__(self, query_id: str, reason: str, detail: str = "") -> None:
-        super().__init__(f"query {query_id} failed: {reason}: {detail}")
-        self.query_id = query_id
-        self.reason = reason
-        self.detail = detail
 
 
 class _Agent:
@@ -94,7 +92,7 @@ class Controller(_Agent):
 
     def __init__(self, peer: Peer) -> None:
         super().__init__(peer)
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._waiting: dict[str, asyncio.Future[BcpResponseDelivery]] = {}
         self._on_delivery: DeliveryHandler | None = None
         peer.handle("bcp_response_delivery", self._delivered)
         peer.handle("bcp_query_failed", self._failed)
@@ -138,7 +136,7 @@ class Controller(_Agent):
         task_id: str | None = None,
         escalation_justification: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the wait spans several messages
-    ) -> dict[str, Any]:
+    ) -> BcpResponseDelivery:
         """Ask ``reader`` a question and wait for the validated answer.
 
         Args:
@@ -149,13 +147,20 @@ class Controller(_Agent):
                 query (it always does: delivery, failure or expiry).
 
         Returns:
-            The ``bcp_response_delivery`` content: ``response``, ``bandwidth_bits``, ``taint``...
+            The ``bcp_response_delivery``: ``.response`` (validated, normalized),
+            ``.bandwidth_bits``, ``.taint``...
 
         Raises:
             QueryFailed: refused at once, expired, retries exhausted, approval rejected...
+            PeerTimeout: no delivery within ``timeout``.
+            MalformedMessage: the gateway's answer does not match its schema.
+            PeerClosed: the connection closed before the query was sent.
+            BusError: the bus refused the ``bcp_query_request``.
+
+        .. versionchanged:: 0.2 returns a :class:`~schemas.bcp.BcpResponseDelivery`, not a dict.
         """
         query_id = query_id or f"q-{uuid.uuid4().hex[:12]}"
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[BcpResponseDelivery] = asyncio.get_running_loop().create_future()
         self._waiting[query_id] = future
         try:
             _, result = await self.send_query(
@@ -169,25 +174,23 @@ class Controller(_Agent):
                 # The gateway answers a refusal with bcp_query_failed before it acknowledges;
                 # no failure and no acknowledgement means no gateway took the query at all.
                 raise QueryFailed(query_id, "gateway_unavailable", "no gateway took the query")
-            async with asyncio.timeout(timeout):
-                return await future
+            return await _wait(future, timeout, f"query {query_id}")
         finally:
             self._waiting.pop(query_id, None)
 
     async def _delivered(self, message: Message) -> Reply:
-        content = message.content
-        future = self._waiting.get(str(content.get("query_id")))
+        future = self._waiting.get(str(message.content.get("query_id")))
+        delivery = _parse(BcpResponseDelivery, message, future)
         if future is not None and not future.done():
-            future.set_result(content)
+            future.set_result(delivery)
         elif self._on_delivery is not None:
-            await self._on_delivery(content)
+            await self._on_delivery(message.content)
         return Reply(True)
 
     async def _failed(self, message: Message) -> Reply:
-        content = message.content
-        query_id = str(content.get("query_id"))
-        failure = QueryFailed(query_id, str(content.get("error")), str(content.get("detail", "")))
-        future = self._waiting.get(query_id)
+        future = self._waiting.get(str(message.content.get("query_id")))
+        failed = _parse(BcpQueryFailed, message, future)
+        failure = QueryFailed(failed.query_id, failed.error.value, failed.detail)
         if future is not None and not future.done():
             future.set_exception(failure)
         else:
@@ -207,11 +210,11 @@ class Reader(_Agent):
         self.subscriptions: list[dict[str, Any]] = []
         """The latest ``bcp_subscriptions_active`` list: what this reader may publish."""
         self.subscriptions_received = asyncio.Event()
-        self.results: list[dict[str, Any]] = []
+        self.results: list[BcpValidationResult] = []
         """Every ``bcp_validation_result`` received, in order."""
-        self._results: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._results: asyncio.Queue[BcpValidationResult] = asyncio.Queue()
         self._on_query: QueryHandler | None = None
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._waiting: dict[str, asyncio.Future[BcpValidationResult]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         peer.handle("bcp_query", self._query)
         peer.handle("bcp_subscriptions_active", self._subscriptions)
@@ -236,11 +239,19 @@ class Reader(_Agent):
         response: Any,
         *,
         timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait spans several messages
-    ) -> dict[str, Any]:
+    ) -> BcpValidationResult:
         """Send a ``bcp_response`` to a query; return the gateway's ``bcp_validation_result``.
 
-        ``success`` false means the answer was refused: ``error`` and ``reasons`` say why, and
-        ``retries_left`` how many more tries the query allows.
+        ``.success`` false means the answer was refused: ``.error`` and ``.reasons`` say why,
+        and ``.retries_left`` how many more tries the query allows.
+
+        Raises:
+            PeerTimeout: no verdict within ``timeout``.
+            MalformedMessage: the gateway's verdict does not match its schema.
+            PeerClosed: the connection closed before the answer was sent.
+            BusError: the bus refused the ``bcp_response``.
+
+        .. versionchanged:: 0.2 returns a :class:`~schemas.bcp.BcpValidationResult`, not a dict.
         """
         content = {"query_id": query_id, "response": response}
         return await self._respond(controller, content, timeout)
@@ -252,8 +263,13 @@ class Reader(_Agent):
         response: Any,
         *,
         timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait spans several messages
-    ) -> dict[str, Any]:
-        """Push data on a subscription; return the gateway's ``bcp_validation_result``."""
+    ) -> BcpValidationResult:
+        """Push data on a subscription; return the gateway's ``bcp_validation_result``.
+
+        Raises the same exceptions as :meth:`answer`.
+
+        .. versionchanged:: 0.2 returns a :class:`~schemas.bcp.BcpValidationResult`, not a dict.
+        """
         content = {
             "subscription_id": subscription_id,
             "controller": controller,
@@ -266,16 +282,15 @@ class Reader(_Agent):
         controller: str,
         content: dict[str, Any],
         timeout: float | None,  # noqa: ASYNC109 - the wait spans several messages
-    ) -> dict[str, Any]:
+    ) -> BcpValidationResult:
         message_id = uuid.uuid4().hex
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[BcpValidationResult] = asyncio.get_running_loop().create_future()
         self._waiting[message_id] = future
         try:
             await self.peer.send(
                 f"bcp:{controller}:{self.name}", "bcp_response", content, message_id=message_id
             )
-            async with asyncio.timeout(timeout):
-                return await future
+            return await _wait(future, timeout, f"the verdict on message {message_id}")
         finally:
             self._waiting.pop(message_id, None)
 
@@ -301,7 +316,7 @@ class Reader(_Agent):
         self.subscriptions_received.set()
         return Reply(True)
 
-    async def next_result(self) -> dict[str, Any]:
+    async def next_result(self) -> BcpValidationResult:
         """Wait for the next ``bcp_validation_result`` (put a timeout around it).
 
         Useful for answers sent by the :meth:`on_query` handler and for verdicts that come
@@ -310,10 +325,39 @@ class Reader(_Agent):
         return await self._results.get()
 
     async def _result(self, message: Message) -> Reply:
-        self.results.append(message.content)
-        self._results.put_nowait(message.content)
-        correlation = message.payload.get("correlationId")
-        future = self._waiting.get(str(correlation))
+        future = self._waiting.get(str(message.payload.get("correlationId")))
+        result = _parse(BcpValidationResult, message, future)
+        self.results.append(result)
+        self._results.put_nowait(result)
         if future is not None and not future.done():
-            future.set_result(message.content)
+            future.set_result(result)
         return Reply(True)
+
+
+async def _wait(
+    future: asyncio.Future[_T],
+    timeout: float | None,  # noqa: ASYNC109 - the wait spans several messages
+    what: str,
+) -> _T:
+    """Await ``future`` for up to ``timeout`` seconds, or raise :class:`PeerTimeout`."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await future
+    except TimeoutError as exc:
+        raise PeerTimeout(f"no answer to {what} within {timeout} s") from exc
+
+
+def _parse(model: type[_M], message: Message, future: asyncio.Future[Any] | None) -> _M:
+    """Read ``message``'s content as ``model``; on failure, fail ``future`` too and raise.
+
+    Raising answers the delivery ``processed: false``; failing the future ends the call that
+    waits for this message at once, rather than at its timeout.
+    """
+    try:
+        return model.model_validate(message.content)
+    except ValidationError as exc:
+        malformed = MalformedMessage(message.type)
+        malformed.__cause__ = exc
+        if future is not None and not future.done():
+            future.set_exception(malformed)
+        raise malformed from exc

@@ -27,8 +27,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidStatus,
+    InvalidURI,
+    WebSocketException,
+)
+from websockets.protocol import State
 
 from bus import __version__
 from bus.calls import PendingCalls
@@ -36,13 +42,12 @@ from bus.errors import AuthenticationFailed, BusError
 from bus.local import Socket
 from bus.protocol import ErrorResponse, Notification, Request, Response, Session
 
+from .errors import ConnectFailed, InvalidURL, PeerClosed, PeerError, PeerTimeout
+
+# PeerClosed is defined in .errors; it stays importable from here, where it always was.
 __all__ = ["Handler", "Message", "Peer", "PeerClosed", "Reply", "backoff"]
 
 logger = logging.getLogger("peers.client")
-
-
-class PeerClosed(ConnectionError):
-    """The connection is closed: the call could not be made or was not answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,8 @@ class Peer:
         self._runner: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = PeerClosed(f"{client_id} is not connected")
+        """What calls fail with while there is no connection: set when one ends."""
 
     # Handlers
 
@@ -168,8 +175,13 @@ class Peer:
         """Open the connection, authenticate and initialize; return the ``initialize`` result.
 
         Raises:
+            InvalidURL: ``url`` is not a ``ws://`` or ``wss://`` URI.
+            ConnectFailed: the bus cannot be reached or refused the handshake (``status``
+                503: it is full or shutting down).
+            PeerTimeout: the handshake or ``initialize`` was not answered in time.
+            PeerClosed: the bus closed the connection before ``initialize`` was answered.
             AuthenticationFailed: the bus refused the clientId or token.
-            OSError: the bus cannot be reached.
+            BusError: the bus refused ``initialize`` or a ``subscribe`` for another reason.
         """
         result = await self._open()
         self._runner = asyncio.create_task(self._run())
@@ -202,12 +214,22 @@ class Peer:
         if self._connector is not None:
             return await self._connector()
         headers = {"Authorization": f"Bearer {self._token}"} if self.auth_header else None
+        # Translate the transport's exceptions into the SDK's, as httpx's
+        # map_httpcore_exceptions does: callers catch PeerError, never a websockets class.
         try:
             return await connect(
                 self.url, additional_headers=headers, compression=None, max_size=None
             )
+        except InvalidURI as exc:
+            raise InvalidURL(self.url, exc.msg) from exc
         except InvalidStatus as exc:
-            raise ConnectionError(f"bus refused the connection: {exc}") from exc
+            status = exc.response.status_code
+            detail = f"the bus answered HTTP {status}"
+            raise ConnectFailed(self.url, detail, status=status) from exc
+        except TimeoutError as exc:  # before OSError, of which it is a subclass
+            raise PeerTimeout(f"no handshake with {self.url} in time") from exc
+        except (OSError, WebSocketException) as exc:
+            raise ConnectFailed(self.url, str(exc) or type(exc).__name__) from exc
 
     async def _run(self) -> None:
         while True:
@@ -228,7 +250,7 @@ class Peer:
                 except AuthenticationFailed:
                     logger.error("%s: credentials refused on reconnect; giving up", self.client_id)
                     return
-                except (OSError, ConnectionError, BusError, TimeoutError) as exc:
+                except (PeerError, BusError) as exc:
                     logger.info("%s: reconnect failed: %s", self.client_id, exc)
 
     async def close(self) -> None:
@@ -258,12 +280,18 @@ class Peer:
 
         Raises:
             BusError: the bus answered with an error (the subclass matches the code).
-            PeerClosed: the connection closed before the answer.
-            TimeoutError: no answer within ``request_timeout``.
+            PeerClosed: not connected, or the connection closed before the answer; the
+                transport's exception, if there was one, is the ``__cause__``.
+            PeerTimeout: no answer within ``request_timeout``.
         """
         ws = self._ws
         if ws is None or (not _ready and not self.connected.is_set()):
-            raise PeerClosed(f"{self.client_id} is not connected")
+            closed = PeerClosed(
+                f"{self.client_id} is not connected",
+                code=self._closed.code,
+                reason=self._closed.reason,
+            )
+            raise closed from self._closed.__cause__
         request_id = self._session.send_request(method, params)
         loop = asyncio.get_running_loop()
         future = self._pending.expect(request_id)
@@ -327,14 +355,20 @@ class Peer:
     # Reading
 
     async def _read(self, ws: Socket) -> None:
+        cause: ConnectionClosed | None = None
         try:
             async for text in ws:
                 self._session.receive_text(text)
                 for event in self._session.events_received():
                     self._dispatch(event)
                 await self._flush(ws)
-        except ConnectionClosed:
-            pass
+        except ConnectionClosed as exc:  # closed with an error code: 4001, 4004, 1006...
+            cause = exc
+        finally:
+            self._closed = _closed(f"{self.client_id}: connection closed", ws, cause)
+            # Fail the calls waiting for an answer now: during initialize no runner watches
+            # this task, and a waiting call would otherwise sit out its whole timeout.
+            self._fail_pending()
 
     def _dispatch(self, event: Request | Notification | Response | ErrorResponse) -> None:
         match event:
@@ -381,9 +415,20 @@ class Peer:
                 return
 
     def _fail_pending(self) -> None:
-        self._pending.fail_all(PeerClosed(f"{self.client_id}: connection closed"))
+        self._pending.fail_all(self._closed)
+
+
+def _closed(message: str, ws: Socket, cause: ConnectionClosed | None) -> PeerClosed:
+    """The PeerClosed that calls on the closed ``ws`` fail with, chained to ``cause``."""
+    # A clean close (1000, 1001) ends the iteration without raising; websockets still has the
+    # exception it would have raised, which names both close frames.
+    if cause is None and isinstance(ws, ClientConnection) and ws.state is State.CLOSED:
+        cause = ws.protocol.close_exc
+    closed = PeerClosed(message, code=ws.close_code, reason=getattr(ws, "close_reason", None) or "")
+    closed.__cause__ = cause
+    return closed
 
 
 def _time_out(future: asyncio.Future[Any]) -> None:
     if not future.done():
-        future.set_exception(TimeoutError())
+        future.set_exception(PeerTimeout("no answer from the bus within request_timeout"))

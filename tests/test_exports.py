@@ -23,11 +23,16 @@ def test_peers_reexports_the_sdk():
     """`from peers import ...` gives the SDK's documented names."""
     assert set(peers.__all__) == {
         "Approver",
+        "ConnectFailed",
         "Controller",
         "Handler",
+        "InvalidURL",
+        "MalformedMessage",
         "Message",
         "Peer",
         "PeerClosed",
+        "PeerError",
+        "PeerTimeout",
         "QueryFailed",
         "Reader",
         "Reply",
@@ -35,6 +40,29 @@ def test_peers_reexports_the_sdk():
     }
     for name in peers.__all__:
         assert getattr(peers, name) is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "builtin"),
+    [
+        ("ConnectFailed", ConnectionError),
+        ("InvalidURL", ValueError),
+        ("MalformedMessage", ValueError),
+        ("PeerClosed", ConnectionError),
+        ("PeerTimeout", TimeoutError),
+        ("QueryFailed", Exception),
+    ],
+)
+def test_the_sdk_raises_one_tree(name, builtin):
+    """Each SDK exception derives from PeerError and from the builtin older code catches."""
+    exception = getattr(peers, name)
+    assert issubclass(exception, peers.PeerError) and issubclass(exception, builtin)
+
+
+def test_moved_exceptions_stay_importable_where_they_were():
+    """PeerClosed and QueryFailed are still importable from peers.client and peers.bcp."""
+    assert peers.client.PeerClosed is peers.PeerClosed
+    assert peers.bcp.QueryFailed is peers.QueryFailed
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -30,6 +30,7 @@ from peers.approver import Approver, render_request
 from peers.bcp import Controller, QueryFailed, Reader
 from peers.client import Peer
 from peers.gateway.runner import running_gateway
+from schemas.bcp import BcpResponseDelivery, BcpValidationResult
 
 __all__ = ["StepFailed", "run_demo"]
 
@@ -136,7 +137,7 @@ class _Demo:
         self.ask = ask
         self.db = db
         self.keep = keep
-        self.pushes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.pushes: asyncio.Queue[BcpResponseDelivery] = asyncio.Queue()
 
     async def run(self) -> int:
         agents_dir = default_agents_dir()
@@ -219,7 +220,7 @@ class _Demo:
         return answer
 
     async def _pushed(self, content: dict[str, Any]) -> None:
-        self.pushes.put_nowait(content)
+        self.pushes.put_nowait(BcpResponseDelivery.model_validate(content))
 
     # Steps
 
@@ -227,31 +228,31 @@ class _Demo:
         self._asked("q-pricing", CAT1)
         delivery = await self.controller.ask("researcher", CAT1, query_id="q-pricing")
         self._delivered(delivery)
-        _expect(round(delivery["bandwidth_bits"], 1) == 6.9, "expected 6.9 bits")
-        _expect(delivery["taint"] == "medium", "expected taint medium (one below high)")
+        _expect(round(delivery.bandwidth_bits, 1) == 6.9, "expected 6.9 bits")
+        _expect(delivery.taint == "medium", "expected taint medium (one below high)")
 
     async def _cat2(self) -> None:
         self._asked("q-company", CAT2)
         asked = asyncio.create_task(self.controller.ask("researcher", CAT2, query_id="q-company"))
         with _cancelling(asked):
             verdict = await self._verdict("q-company")
-            self.out(f"    gateway to reader: {verdict.get('error')}: {verdict.get('detail')}")
-            _expect(verdict["success"] is False, "the injected answer should have been rejected")
+            self.out(f"    gateway to reader: {verdict.error}: {verdict.detail}")
+            _expect(verdict.success is False, "the injected answer should have been rejected")
             self.out(f"    reader retries: {_short(CLEAN_RETRY)}")
             retry = await self.reader.answer("main", "q-company", CLEAN_RETRY)
-            _expect(retry["success"] is True, f"the clean retry was refused: {retry}")
+            _expect(retry.success is True, f"the clean retry was refused: {retry}")
             delivery = await asked
         self._delivered(delivery)
-        _expect(delivery["response"]["company"] == "Acme Corp", "expected the normalized name")
+        _expect(delivery.response["company"] == "Acme Corp", "expected the normalized name")
 
     async def _push(self) -> None:
         alert = {"has_breaking_news": True, "priority": "high"}
         self.out(f"    reader publishes research-alerts: {_short(alert)}")
         verdict = await self.reader.publish("research-alerts", "main", alert)
-        _expect(verdict["success"] is True, f"push refused: {verdict}")
+        _expect(verdict.success is True, f"push refused: {verdict}")
         delivery = await self.pushes.get()
         self._delivered(delivery)
-        _expect(delivery["bandwidth_bits"] == 3.0, "expected 3.0 bits (1 + log2 4)")
+        _expect(delivery.bandwidth_bits == 3.0, "expected 3.0 bits (1 + log2 4)")
 
     async def _cat3(self) -> None:
         self._asked("q-summary", CAT3)
@@ -259,7 +260,7 @@ class _Demo:
         with _cancelling(asked):
             await self._approve_summary(asked)
 
-    async def _approve_summary(self, asked: asyncio.Task[dict[str, Any]]) -> None:
+    async def _approve_summary(self, asked: asyncio.Task[BcpResponseDelivery]) -> None:
         request = await self.approver.next_request()
         content = request.model_dump(mode="json", exclude_none=True)
         for line in render_request(content).splitlines():
@@ -279,11 +280,11 @@ class _Demo:
         self.out("    operator approved")
         self._delivered(await asked)
 
-    async def _verdict(self, query_id: str) -> dict[str, Any]:
+    async def _verdict(self, query_id: str) -> BcpValidationResult:
         """The reader's next verdict about ``query_id``, skipping earlier ones."""
         while True:
             verdict = await self.reader.next_result()
-            if verdict.get("query_id") == query_id:
+            if verdict.query_id == query_id:
                 return verdict
 
     async def _ask_decision(self) -> str:
@@ -313,14 +314,12 @@ class _Demo:
     async def _budget(self) -> None:
         for n in range(1, 10):
             verdict = await self.reader.publish("research-findings", "main", FINDINGS)
-            if not verdict["success"]:
-                self.out(f"    push {n} refused: {verdict.get('error')}: {verdict.get('detail')}")
-                _expect(verdict.get("error") == "budget_exhausted", "expected budget_exhausted")
+            if not verdict.success:
+                self.out(f"    push {n} refused: {verdict.error}: {verdict.detail}")
+                _expect(verdict.error == "budget_exhausted", "expected budget_exhausted")
                 break
             delivery = await self.pushes.get()
-            self.out(
-                f"    push {n} of research-findings delivered: {delivery['bandwidth_bits']} bits"
-            )
+            self.out(f"    push {n} of research-findings delivered: {delivery.bandwidth_bits} bits")
         else:
             raise StepFailed("the budget never ran out")
         try:
@@ -360,11 +359,11 @@ class _Demo:
         suffix = f", {note}" if note else ""
         self.out(f"    main asks {query_id} (Cat-{spec['category']}{suffix}): {', '.join(parts)}")
 
-    def _delivered(self, delivery: dict[str, Any]) -> None:
-        ref = delivery.get("query_id") or delivery.get("subscription_id")
+    def _delivered(self, delivery: BcpResponseDelivery) -> None:
+        ref = delivery.query_id or delivery.subscription_id
         self.out(
-            f"    main receives {ref}: {_short(delivery['response'])}  "
-            f"[{delivery['bandwidth_bits']:.1f} bits, taint {delivery['taint']}]"
+            f"    main receives {ref}: {_short(delivery.response)}  "
+            f"[{delivery.bandwidth_bits:.1f} bits, taint {delivery.taint}]"
         )
 
     def _summary(self) -> None:

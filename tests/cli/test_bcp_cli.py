@@ -56,7 +56,7 @@ async def test_serve_runs_the_gateway_with_the_reference_agents(tmp_path):
         await reader.start()
         try:
             delivery = await controller.ask("researcher", CAT1, timeout=scaled(10))
-            assert delivery["response"] == {"ok": True} and delivery["bandwidth_bits"] == 1.0
+            assert delivery.response == {"ok": True} and delivery.bandwidth_bits == 1.0
         finally:
             await reader.close()
             await controller.close()

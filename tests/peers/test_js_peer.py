@@ -167,15 +167,15 @@ async def test_js_reader_answers_a_query_and_pushes(tmp_path, node):
 
             # A query, answered from the canned table.
             delivery = await main.ask("researcher", ALERT, query_id="js-q1", timeout=scaled(10))
-            assert list(delivery["response"]) == ["priority", "has_breaking_news", "confidence"]
-            assert delivery["response"] == {
+            assert list(delivery.response) == ["priority", "has_breaking_news", "confidence"]
+            assert delivery.response == {
                 "priority": "high",
                 "has_breaking_news": True,
                 "confidence": 4,
             }
-            assert delivery["bandwidth_bits"] == pytest.approx(3 + math.log2(5), abs=1e-3)
-            assert delivery["taint"] == "medium" and delivery["from_agent"] == "researcher"
-            assert delivery["query_id"] == "js-q1" and delivery["channel_mode"] == "bcp"
+            assert delivery.bandwidth_bits == pytest.approx(3 + math.log2(5), abs=1e-3)
+            assert delivery.taint == "medium" and delivery.from_agent == "researcher"
+            assert delivery.query_id == "js-q1" and delivery.channel_mode == "bcp"
             answered = await reader.next("answer", lambda e: e["query_id"] == "js-q1")
             verdict = await reader.next("validation_result", lambda e: e.get("query_id") == "js-q1")
             assert verdict["success"] is True and verdict["correlationId"] == answered["messageId"]
@@ -193,8 +193,8 @@ async def test_js_reader_retries_after_a_validation_failure(tmp_path, node):
     async with running_bcp(tmp_path) as h, controller(h) as (main, _pushes):
         async with js_reader(node, h) as reader:
             delivery = await main.ask("researcher", spec, query_id="js-q2", timeout=scaled(10))
-            assert delivery["response"] == {"has_breaking_news": True, "priority": "low"}
-            assert delivery["bandwidth_bits"] == 2.0 and delivery["taint"] == "medium"
+            assert delivery.response == {"has_breaking_news": True, "priority": "low"}
+            assert delivery.bandwidth_bits == 2.0 and delivery.taint == "medium"
 
             def about_q2(event: dict[str, Any]) -> bool:
                 return event.get("query_id") == "js-q2"

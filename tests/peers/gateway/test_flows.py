@@ -14,6 +14,7 @@ from bus.config import GatewaySettings
 from bus.errors import InvalidParams
 from peers import Peer, QueryFailed
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
+from schemas.bcp import BcpResponseDelivery, BcpValidationResult
 
 CAT1 = {
     "category": 1,
@@ -144,13 +145,15 @@ async def test_cat1_query_is_validated_normalized_and_charged(tmp_path, local):
             answers({"region": "eu", "rating": 4, "tier": "pro", "has_pricing": True})
         )
         delivery = await p.main.ask("researcher", CAT1, query_id="q1", timeout=scaled(10))
-        assert list(delivery["response"]) == ["has_pricing", "tier", "rating", "region"]
-        assert delivery["response"]["rating"] == 4
-        assert delivery["bandwidth_bits"] == pytest.approx(CAT1_BITS, abs=1e-3)
-        assert round(delivery["bandwidth_bits"], 1) == 6.9
-        assert delivery["taint"] == "medium" and delivery["channel_mode"] == "bcp"
-        assert delivery["from_agent"] == "researcher"
-        assert p.reader.results[-1]["success"] is True
+        assert isinstance(delivery, BcpResponseDelivery)
+        assert list(delivery.response) == ["has_pricing", "tier", "rating", "region"]
+        assert delivery.response["rating"] == 4
+        assert delivery.bandwidth_bits == pytest.approx(CAT1_BITS, abs=1e-3)
+        assert round(delivery.bandwidth_bits, 1) == 6.9
+        assert delivery.taint == "medium" and delivery.channel_mode == "bcp"
+        assert delivery.from_agent == "researcher" and delivery.query_id == "q1"
+        assert isinstance(p.reader.results[-1], BcpValidationResult)
+        assert p.reader.results[-1].success is True
         await h.gateway.close()  # its confirmation rows are written after the bus acknowledges
         rows = p.rows(actor="system:gateway")
         events = [r["event"] for r in rows if "q1" in (r["payload_json"] or "")]
@@ -172,12 +175,13 @@ async def test_injected_answer_is_rejected_then_a_clean_retry_is_delivered(tmp_p
         # Wait for the reader's first verdict, then retry by hand.
         async with asyncio.timeout(scaled(10)):
             first = await p.reader.next_result()
-        assert first["success"] is False and first["error"] == "validation_failed"
-        assert first["retries_left"] == 2 and first["reasons"]
+        assert first.success is False and first.error == "validation_failed"
+        assert first.retries_left == 2 and first.reasons
         verdict = await p.reader.answer(
             "main", query_id, {"company": "Acme  Corp", "founded": "1998-04-01"}
         )
-        assert verdict["success"] is True
+        assert isinstance(verdict, BcpValidationResult)
+        assert verdict.success is True and verdict.query_id == query_id
         content = await delivered.get()
         assert content == {**content, "query_id": "q2"}
         assert content["response"]["company"] == "Acme Corp"
@@ -194,10 +198,10 @@ async def test_retries_exhausted(tmp_path):
             p.main.ask("researcher", CAT1, query_id="q3", timeout=scaled(10))
         )
         async with asyncio.timeout(scaled(10)):
-            assert (await p.reader.next_result())["retries_left"] == 2
-        assert (await p.reader.answer("main", "q3", bad))["retries_left"] == 1
+            assert (await p.reader.next_result()).retries_left == 2
+        assert (await p.reader.answer("main", "q3", bad)).retries_left == 1
         last = await p.reader.answer("main", "q3", bad)
-        assert last["error"] == "retries_exhausted"
+        assert last.error == "retries_exhausted"
         with pytest.raises(QueryFailed) as failed:
             await asked
         assert failed.value.reason == "retries_exhausted"
@@ -300,9 +304,9 @@ async def test_cat3_summary_waits_for_a_human(tmp_path):
             assert content["response"] == {"summary": summary["summary"]}
             assert (await p.decide(content["approval_id"], decision, **extra))["deliveredTo"] == 1
             await task
-        assert results["approve-me"]["response"] == {"summary": summary["summary"]}
+        assert results["approve-me"].response == {"summary": summary["summary"]}
         assert results["reject-me"].reason == "approval_rejected"
-        assert results["edit-me"]["response"] == {"summary": "Enterprise prices change."}
+        assert results["edit-me"].response == {"summary": "Enterprise prices change."}
         decided = [r["status"] for r in p.rows(event="bcp_approval_decided")]
         assert decided == ["approved", "rejected", "edited"]
         assert {r["actor"] for r in p.rows(event="bcp_approval_decided")} == {"human:alice"}
@@ -318,7 +322,7 @@ async def test_an_edit_that_fails_validation_is_refused(tmp_path):
         result = await p.decide(request["approval_id"], "edit", edited_response=bad)
         assert result["deliveredTo"] == 0
         assert (await p.decide(request["approval_id"], "approve"))["deliveredTo"] == 1
-        assert (await task)["response"] == {"summary": "Fine text."}
+        assert (await task).response == {"summary": "Fine text."}
 
 
 async def test_approval_timeout_rejects(tmp_path):
@@ -527,7 +531,7 @@ async def test_hostile_reader_cannot_reach_the_controller(tmp_path):
             )
         assert (await peer.send("agent:main", "agent_event", {"hi": 1}))["deliveredTo"] == 0
         verdict = await p.reader.answer("main", "never-asked", {"x": 1})
-        assert verdict["success"] is False and verdict["error"] == "unknown_query"
+        assert verdict.success is False and verdict.error == "unknown_query"
         assert inbox.empty()
 
 
@@ -546,14 +550,15 @@ async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
         pushed = Inbox()
         p.main.on_delivery(pushed)  # type: ignore[arg-type]
         verdict = await p.reader.publish("research-findings", "main", findings)
-        assert verdict["success"] is True and verdict["subscription_id"] == "research-findings"
+        assert isinstance(verdict, BcpValidationResult)
+        assert verdict.success is True and verdict.subscription_id == "research-findings"
         delivery = await pushed.get()
         assert delivery["bandwidth_bits"] == 671.0 and delivery["taint"] == "medium"
         assert delivery["response"]["topic"] == "Quantum networking"
         # 2000 bits: two pushes fit (1342), a third (2013) does not.
-        assert (await p.reader.publish("research-findings", "main", findings))["success"]
+        assert (await p.reader.publish("research-findings", "main", findings)).success
         third = await p.reader.publish("research-findings", "main", findings)
-        assert third["error"] == "budget_exhausted"
+        assert third.error == "budget_exhausted"
         with pytest.raises(QueryFailed) as failed:
             await p.main.ask(
                 "researcher",
@@ -587,7 +592,7 @@ async def test_a_late_approver_gets_pending_requests_and_the_view_lists_them(tmp
                 async with asyncio.timeout(scaled(10)):
                     request = await approver.next_request()
                 assert await approver.approve(request.approval_id)
-            assert (await task)["response"] == {"summary": "Late but fine."}
+            assert (await task).response == {"summary": "Late but fine."}
             await h.bus.log.commit()
             assert read_approvals(h.bus.db) == []
             [done] = read_approvals(h.bus.db, open_only=False)
@@ -611,6 +616,6 @@ async def test_anomaly_actions_flag_and_review(tmp_path, action):
                 assert request["anomalies"] and request["kind"] == "response"
                 await p.decide(request["approval_id"], "approve")
             delivery = await task
-            codes = {a["code"] for a in delivery.get("anomalies", [])}
+            codes = {a.code for a in delivery.anomalies}
             assert ("url" in codes) is (action == "flag")
-            assert "acme.example" in delivery["response"]["company"]
+            assert "acme.example" in str(delivery.response["company"])

@@ -112,8 +112,8 @@ async def test_push_errors(tmp_path, agents_dir):
             ]
             for reader, sid, controller, response, error in cases:
                 verdict = await reader.publish(sid, controller, response)
-                assert verdict["success"] is False and verdict["error"] == error, verdict
-                assert verdict["subscription_id"] == sid
+                assert verdict.success is False and verdict.error == error, verdict
+                assert verdict.subscription_id == sid
         finally:
             for peer in (main, researcher, scout):
                 await peer.close()
@@ -131,7 +131,7 @@ async def test_a_push_naming_another_controller_on_the_channel_is_refused(tmp_pa
             assert result["deliveredTo"] == 0
             async with asyncio.timeout(scaled(10)):
                 verdict = await researcher.next_result()
-            assert verdict["error"] == "subscription_not_found"
+            assert verdict.error == "subscription_not_found"
         finally:
             await researcher.close()
 
@@ -143,13 +143,13 @@ async def test_rate_limits(tmp_path, agents_dir):
         pushed = Inbox()
         main.on_delivery(pushed)
         try:
-            assert (await researcher.publish("alerts", "main", {"urgent": True}))["success"]
+            assert (await researcher.publish("alerts", "main", {"urgent": True})).success
             second = await researcher.publish("alerts", "main", {"urgent": False})
-            assert second["error"] == "rate_limited"
+            assert second.error == "rate_limited"
             for level in (1, 2):
-                assert (await researcher.publish("hourly", "main", {"level": level}))["success"]
+                assert (await researcher.publish("hourly", "main", {"level": level})).success
             third = await researcher.publish("hourly", "main", {"level": 3})
-            assert third["error"] == "rate_limited"
+            assert third.error == "rate_limited"
             assert len(pushed.messages) == 3
         finally:
             await main.close()
@@ -169,7 +169,7 @@ async def test_cat3_push_waits_for_a_human_every_time(tmp_path, agents_dir):
         try:
             for decision in ("approve", "reject"):
                 verdict = await researcher.publish("digest", "main", {"summary": "Two changes."})
-                assert verdict["success"] is True and "approval" in verdict["detail"]
+                assert verdict.success is True and "approval" in verdict.detail
                 request = (await approvals.get()).content
                 assert request["subscription_id"] == "digest" and request["untrusted"] is True
                 await human.send(
@@ -182,7 +182,7 @@ async def test_cat3_push_waits_for_a_human_every_time(tmp_path, agents_dir):
             async with asyncio.timeout(scaled(10)):
                 while True:
                     result = await researcher.next_result()
-                    if result.get("error") == "approval_rejected":
+                    if result.error == "approval_rejected":
                         break
             assert pushed.empty()
         finally:
@@ -199,7 +199,7 @@ async def test_offline_controller_gets_held_pushes_in_order_even_after_a_restart
         [researcher] = await started(h, "researcher")
         for note in ("first", "second", "third"):
             verdict = await researcher.publish("notes", "main", {"note": note})
-            assert verdict["success"] is True and "held" in verdict["detail"]
+            assert verdict.success is True and "held" in verdict.detail
         assert len(h.bus.rows(event="bcp_held")) == 3
         await h.gateway.close()
         token = h.bus.token("system:gateway")
@@ -223,11 +223,11 @@ async def test_held_push_expires_and_the_reader_is_told(tmp_path, agents_dir):
         [researcher] = await started(h, "researcher")
         try:
             verdict = await researcher.publish("notes", "main", {"note": "late"})
-            assert verdict["success"] is True
+            assert verdict.success is True
             async with asyncio.timeout(scaled(10)):
                 while True:
                     result = await researcher.next_result()
-                    if result.get("error") == "controller_unavailable":
+                    if result.error == "controller_unavailable":
                         break
             expired = h.bus.rows(event="bcp_expired", status="controller_unavailable")
             assert json.loads(expired[0]["payload_json"])["subscription_id"] == "notes"
