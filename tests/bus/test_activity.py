@@ -736,6 +736,24 @@ async def test_a_database_refusing_every_row_is_not_papered_over(log: ActivityLo
     assert [row["message_id"] for row in read_rows(log.path)] == [f"m{i}" for i in range(5)]
 
 
+async def test_a_database_failing_for_its_own_reasons_replaces_nothing(log: ActivityLog) -> None:
+    """A read-only database fails every row alone too, and since that is no row's fault none is
+    replaced: commit() raises, and the rows land once the database takes writes again."""
+    assert log._thread is not None and log._conn is not None
+    conn = log._conn
+    await log._thread.run(conn.execute, "PRAGMA query_only = 1")
+    for i in range(3):
+        log.record("send_start", message_id=f"m{i}")
+    async with asyncio.timeout(TIMEOUT):
+        with pytest.raises(AuditUnavailable, match="readonly"):
+            await log.commit()
+    assert log.rows_unwritable == 0
+    await log._thread.run(conn.execute, "PRAGMA query_only = 0")
+    async with asyncio.timeout(TIMEOUT):
+        await log.commit()
+    assert [row["event"] for row in read_rows(log.path)] == ["send_start"] * 3
+
+
 @pytest.mark.parametrize(
     "failing_call",
     [
@@ -793,6 +811,29 @@ def test_which_errors_are_retried_as_is(code: int, retried: bool) -> None:
     assert not _retry_as_is(UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"))
     assert not _retry_as_is(sqlite3.IntegrityError("x"))
     assert _retry_as_is(sqlite3.OperationalError("raised by hand, without a code"))
+    assert _retry_as_is(MemoryError())
+
+
+@pytest.mark.parametrize(
+    ("exc", "replaced"),
+    [
+        (sqlite3.IntegrityError("CHECK constraint failed"), True),
+        (sqlite3.DataError("string or blob too big"), True),
+        (sqlite3.ProgrammingError("Error binding parameter 1"), True),
+        (OverflowError("Python int too large to convert to SQLite INTEGER"), True),
+        (sqlite3.OperationalError("attempt to write a readonly database"), False),
+        (sqlite3.DatabaseError("database disk image is malformed"), False),
+        (sqlite3.InternalError("x"), False),
+    ],
+)
+def test_which_refusals_replace_a_row(exc: Exception, replaced: bool) -> None:
+    """A lone row of valid text is replaced only for an error a row can cause; one that is not
+    valid text always is."""
+    from bus.activity import _refused_for_content
+
+    text = ("ts", "connect", "m1", None, "peer", None, None, None, None)
+    assert _refused_for_content(text, exc) is replaced
+    assert _refused_for_content(("ts", "connect", "\ud800", *text[3:]), exc)
 
 
 # The file under the log
@@ -844,8 +885,8 @@ async def test_a_deleted_or_replaced_file_stops_the_log(
     [
         # A checkpoint every 2,000 rows: at most 2,500 rows of WAL (~0.5 MB measured).
         (60_000, 500, 2_000, None, 1024 * 1024),
-        # A message a transaction writes ~6 pages for 4 rows: the size trigger bounds it
-        # (113 MB of WAL measured for these 20,000 rows with the row count alone).
+        # A message a transaction writes ~6 pages for 4 rows: SQLite's own checkpoint at
+        # checkpoint_bytes bounds it (113 MB of WAL for these 20,000 rows with rows alone).
         (20_000, 4, 20_000, 1024 * 1024, 1024 * 1024 + 256 * 1024),
     ],
 )
@@ -857,8 +898,8 @@ async def test_the_wal_stays_bounded_under_load(
     checkpoint_bytes: int | None,
     bound: int,
 ) -> None:
-    """Under steady writes the -wal file never grows past the checkpoint threshold plus one
-    transaction, since each checkpoint truncates it; every row is kept."""
+    """Under steady writes the -wal file never grows past the checkpoint threshold, in rows or
+    bytes, plus one transaction; every row is kept."""
     path = tmp_path / "activity.db"
     largest = 0
     log = ActivityLog(path, checkpoint_rows=checkpoint_rows, checkpoint_bytes=checkpoint_bytes)
