@@ -58,24 +58,33 @@ from schemas.bcp import (
 from schemas.common import step_down
 
 from .bits import spec_bits
-from .state import ChannelKey, Decided, DecidedApprovals, Ledger, RateLimiter, TaskTracker
+from .core import (
+    GATEWAY_CLIENT_ID,
+    Admitted,
+    GatewayCore,
+    Refusal,
+    Refused,
+    channel_of,
+    parse,
+)
+from .events import Action, Commit, MessageReceived, Record, Respond, Send
+from .state import (
+    DECISION_STATUS,
+    ApprovalStatus,
+    ChannelKey,
+    Decided,
+    GatewayState,
+    Held,
+    Orphans,
+    QueryState,
+)
 from .validation import ValidationResult, validate_response
 
 __all__ = ["GATEWAY_CLIENT_ID", "Gateway"]
 
 logger = logging.getLogger("peers.gateway")
 
-GATEWAY_CLIENT_ID = "system:gateway"
 APPROVAL_TOPIC = "system:approval"
-
-
-class Refusal(Exception):
-    """A BCP refusal: ``reason`` is a :class:`ReasonCode`, ``detail`` says what to fix."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass
@@ -86,7 +95,7 @@ class _Query:
     bits: float
     retries_left: int
     task_id: str | None
-    state: Literal["approving_escalation", "asking", "approving"] = "asking"
+    state: QueryState = QueryState.ASKING
     timer: asyncio.TimerHandle | None = None
 
 
@@ -102,18 +111,6 @@ class _Approval:
     bits: float = 0.0
     response: NormalizedResponse | None = None
     anomalies: list[dict[str, Any]] = field(default_factory=list)
-    timer: asyncio.TimerHandle | None = None
-
-
-@dataclass
-class Held:
-    """A delivery waiting for its controller to come online."""
-
-    hold_id: str
-    controller: str
-    content: dict[str, Any]
-    expires_at: float
-    reader: str
     timer: asyncio.TimerHandle | None = None
 
 
@@ -142,16 +139,13 @@ class Gateway:
         self.log = log
         self.settings = settings or GatewaySettings()
         self.clock = clock
-        self.ledger = Ledger()
-        self.tasks = TaskTracker()
-        self.rates = RateLimiter()
-        self.used_query_ids: set[tuple[str, str]] = set()
         self.pending: dict[tuple[str, str], _Query] = {}
         self.approvals: dict[str, _Approval] = {}
-        self.decided = DecidedApprovals()
-        """Approvals that ended, so a late decision is refused as ``already_decided``; bounded
-        (see :data:`~peers.gateway.state.DEFAULT_MAX_DECIDED`) and rebuilt by :mod:`.restore`."""
         self.outbox: dict[str, list[Held]] = {}
+        self._held_timers: dict[str, asyncio.TimerHandle] = {}
+        self.core = GatewayCore(self.channels, GatewayState())
+        """The decisions, sans I/O; this class carries out the actions they return."""
+        self.adopt(self.core.state)
         self.readers = {reader for _c, reader in self.channels}
         self.controllers = {controller for controller, _r in self.channels}
         self._work: set[asyncio.Task[None]] = set()
@@ -165,6 +159,19 @@ class Gateway:
         for message_type, handler in handlers.items():
             peer.handle(message_type, handler)
         peer.handle(None, self._ignore)
+
+    def adopt(self, state: GatewayState) -> None:
+        """Start from ``state`` (see :func:`peers.gateway.restore.load_state`); before start."""
+        self.core.state = state
+        self.ledger = state.ledger
+        self.tasks = state.tasks
+        self.rates = state.rates
+        self.used_query_ids = state.used_query_ids
+        self.decided = state.decided
+        """Approvals that ended, so a late decision is refused as ``already_decided``; bounded
+        (see :data:`~peers.gateway.state.DEFAULT_MAX_DECIDED`)."""
+        for held in state.held:
+            self.keep(held)
 
     # Lifecycle
 
@@ -182,7 +189,7 @@ class Gateway:
             await self._flush_outbox(controller)
         logger.info("gateway started with %d channels", len(self.channels))
 
-    async def settle(self, orphans: Any) -> None:
+    async def settle(self, orphans: Orphans) -> None:
         """Fail what was in flight when the gateway last stopped (see :mod:`.restore`).
 
         Each orphaned approval is logged as expired and each orphaned query ends in
@@ -192,10 +199,15 @@ class Gateway:
             channel = self.channels[(controller, reader)]
             reason = "the gateway restarted"
             self.decided.remember(
-                approval_id, Decided("expired", GATEWAY_CLIENT_ID, _iso(self.clock()), reason)
+                approval_id,
+                Decided(ApprovalStatus.EXPIRED, GATEWAY_CLIENT_ID, _iso(self.clock()), reason),
             )
             self._record(
-                "bcp_approval_decided", channel, "expired", approval_id=approval_id, reason=reason
+                "bcp_approval_decided",
+                channel,
+                ApprovalStatus.EXPIRED,
+                approval_id=approval_id,
+                reason=reason,
             )
         for controller, reader, query_id in orphans.queries:
             channel = self.channels[(controller, reader)]
@@ -216,9 +228,8 @@ class Gateway:
         for approval in self.approvals.values():
             if approval.timer is not None:
                 approval.timer.cancel()
-        for held in (h for items in self.outbox.values() for h in items):
-            if held.timer is not None:
-                held.timer.cancel()
+        for timer in self._held_timers.values():
+            timer.cancel()
         if self._work:
             await asyncio.wait(set(self._work), timeout=5)
         with contextlib.suppress(BusError):
@@ -266,81 +277,50 @@ class Gateway:
     # Queries
 
     async def _on_query_request(self, message: Message) -> Reply:
-        channel: Channel | None = None
-        query_id = str(message.content.get("query_id", ""))[:128] or None
-        try:
-            channel = self._channel_of(message, sender_is="controller")
-            request = _parse(BcpQueryRequest, message.content)
-            query_id = request.query_id
-            query = self._admit(channel, request)
-        except Refusal as refusal:
-            return await self._refuse_query(message, channel, query_id, refusal)
-        self.used_query_ids.add((channel.controller, query.query_id))
-        if query.state == "approving_escalation":
+        match self.core.receive_query_request(_event(message)):
+            case Refused(actions=actions):
+                reply = await self._carry_out(actions)
+                logger.info("refused query on %s: %s", message.topic, reply.status)
+                return reply
+            case Admitted() as admitted:
+                request = admitted.request
+        # retries_left counts the answers still allowed: the first one plus max_retries.
+        query = _Query(
+            admitted.channel,
+            request.query_id,
+            admitted.spec,
+            admitted.bits,
+            self.settings.max_retries + 1,
+            request.task_id,
+        )
+        self.used_query_ids.add((admitted.channel.controller, query.query_id))
+        if admitted.escalation:
+            query.state = QueryState.APPROVING_ESCALATION
             await self._ask_approval_for_escalation(query, request)
             return Reply(True, "accepted", "escalation held for a human's approval")
         return await self._ask_reader(query, request.task_id, message.message_id)
 
-    def _admit(self, channel: Channel, request: BcpQueryRequest) -> _Query:
-        """Run every check on a query request; reserve nothing. Raise :class:`Refusal`."""
-        key = channel.key
-        if (channel.controller, request.query_id) in self.used_query_ids:
-            raise Refusal(ReasonCode.DUPLICATE_QUERY_ID, f"query_id {request.query_id!r} was used")
-        if not channel.allows(request.category):
-            raise Refusal(
-                ReasonCode.CATEGORY_NOT_ALLOWED,
-                f"category {request.category} is above this channel's max_category "
-                f"{channel.max_category}",
-            )
-        spec = request.as_spec()
-        bits = spec_bits(spec)
-        if not self.ledger.fits(key, bits, channel.budget_bits):
-            left = self.ledger.left(key, channel.budget_bits)
-            raise Refusal(
-                ReasonCode.BUDGET_EXHAUSTED,
-                f"this query needs {bits:.1f} bits; {left:.1f} of {channel.budget_bits:.1f} "
-                "are left",
-            )
-        limit = channel.max_cat2_queries
-        if request.category == 2 and limit is not None and self.ledger.cat2_used(key) >= limit:
-            raise Refusal(ReasonCode.CAT2_LIMIT_REACHED, f"max_cat2_queries ({limit}) used up")
-        verdict = self.tasks.check(
-            key,
-            request.task_id,
-            request.category,
-            justified=bool(request.escalation_justification),
-            max_escalations=channel.max_escalations_per_task,
-        )
-        if not verdict.ok:
-            assert verdict.reason is not None
-            raise Refusal(verdict.reason, _ESCALATION_TEXT[verdict.reason])
-        # retries_left counts the answers still allowed: the first one plus max_retries.
-        query = _Query(
-            channel, request.query_id, spec, bits, self.settings.max_retries + 1, request.task_id
-        )
-        if verdict.escalation and request.category == 3:
-            query.state = "approving_escalation"
-        return query
-
-    async def _refuse_query(
-        self, message: Message, channel: Channel | None, query_id: str | None, refusal: Refusal
-    ) -> Reply:
-        self.log.record(
-            "bcp_query_refused",
-            message_id=message.message_id,
-            actor=GATEWAY_CLIENT_ID,
-            topic=message.topic,
-            status=refusal.reason,
-            payload={"channel": message.topic, "query_id": query_id, "detail": refusal.detail},
-        )
-        await self.log.commit()
-        logger.info("refused query %s on %s: %s", query_id, message.topic, refusal.reason)
-        if query_id is not None and _ID.match(query_id):
-            failed = BcpQueryFailed(query_id=query_id, error=refusal.reason, detail=refusal.detail)
-            await self._send(
-                f"agent:{message.sender.partition(':')[2]}", "bcp_query_failed", failed
-            )
-        return Reply(False, refusal.reason, refusal.detail)
+    async def _carry_out(self, actions: tuple[Action, ...]) -> Reply:
+        """Do what the core decided, in order; return the reply it chose."""
+        reply = Reply(True)
+        for action in actions:
+            match action:
+                case Record():
+                    self.log.record(
+                        action.event,
+                        actor=action.actor,
+                        topic=action.topic,
+                        status=action.status,
+                        payload=action.payload,
+                        message_id=action.message_id,
+                    )
+                case Commit():
+                    await self.log.commit()
+                case Send():
+                    await self._send(action.topic, action.type, action.content)
+                case Respond():
+                    reply = Reply(action.ok, action.status, action.detail)
+        return reply
 
     async def _ask_reader(self, query: _Query, task_id: str | None, message_id: str) -> Reply:
         channel, key = query.channel, query.channel.key
@@ -357,7 +337,7 @@ class Gateway:
             }
         )
         self.pending[(channel.controller, query.query_id)] = query
-        query.state = "asking"
+        query.state = QueryState.ASKING
         self._record(
             "bcp_query_accepted",
             channel,
@@ -409,7 +389,7 @@ class Gateway:
     async def _expire_query(self, query: _Query) -> None:
         if self.pending.get((query.channel.controller, query.query_id)) is not query:
             return
-        if query.state != "asking":
+        if query.state is not QueryState.ASKING:
             return  # An approval is under way; its own timeout ends it.
         self._record("bcp_expired", query.channel, "timeout", query_id=query.query_id)
         await self._fail_query(
@@ -426,8 +406,8 @@ class Gateway:
             "subscription_id": content.get("subscription_id"),
         }
         try:
-            channel = self._channel_of(message, sender_is="reader")
-            response = _parse(BcpResponse, content, ReasonCode.INVALID_MESSAGE)
+            channel = channel_of(self.channels, _event(message), sender_is="reader")
+            response = parse(BcpResponse, content, ReasonCode.INVALID_MESSAGE)
         except Refusal as refusal:
             await self._tell_reader(message, channel, ref, refusal.reason, refusal.detail)
             return Reply(False, refusal.reason, refusal.detail)
@@ -441,7 +421,7 @@ class Gateway:
     ) -> Reply:
         ref = {"query_id": query_id}
         query = self.pending.get((channel.controller, query_id))
-        if query is None or query.state != "asking" or query.channel is not channel:
+        if query is None or query.state is not QueryState.ASKING or query.channel is not channel:
             detail = "no pending query with this query_id on this channel"
             await self._tell_reader(message, channel, ref, ReasonCode.UNKNOWN_QUERY, detail)
             return Reply(False, ReasonCode.UNKNOWN_QUERY, detail)
@@ -468,7 +448,7 @@ class Gateway:
             )
             return Reply(False, ReasonCode.VALIDATION_FAILED, result.detail())
         if result.approval_required:
-            query.state = "approving"
+            query.state = QueryState.APPROVING
             await self._tell_reader(message, channel, ref, None, "valid; held for human approval")
             await self._ask_approval(channel, query.spec, result, query=query, bits=query.bits)
             return Reply(True, "held_for_approval")
@@ -741,25 +721,27 @@ class Gateway:
             if not result.accepted:
                 return Reply(False, DecisionRefusal.INVALID_EDIT, result.detail()[:500])
             response = result.response
-        status = {"approve": "approved", "reject": "rejected", "edit": "edited"}[decision.decision]
+        status = DECISION_STATUS[decision.decision]
         await self._decide(approval, status, message.sender, response, decision.reason)
         return Reply(True, status)
 
     async def _expire_approval(self, approval: _Approval) -> None:
         if self.approvals.get(approval.approval_id) is approval:
-            await self._decide(approval, "expired", GATEWAY_CLIENT_ID, None, "no decision in time")
+            await self._decide(
+                approval, ApprovalStatus.EXPIRED, GATEWAY_CLIENT_ID, None, "no decision in time"
+            )
 
     async def _decide(
         self,
         approval: _Approval,
-        status: str,
+        status: ApprovalStatus,
         decided_by: str,
         response: NormalizedResponse | None,
         reason: str | None,
     ) -> None:
         self.approvals.pop(approval.approval_id, None)
         # Before any await: a decision arriving meanwhile must find it decided, not unknown.
-        note = reason if status == "expired" else None
+        note = reason if status is ApprovalStatus.EXPIRED else None
         self.decided.remember(
             approval.approval_id, Decided(status, decided_by, _iso(self.clock()), note)
         )
@@ -778,11 +760,11 @@ class Gateway:
                 "query_id": approval.query.query_id if approval.query else None,
                 "subscription_id": approval.subscription.id if approval.subscription else None,
                 "reason": reason,
-                "edited": status == "edited",
+                "edited": status is ApprovalStatus.EDITED,
             },
         )
         await self.log.commit()
-        accepted = status in ("approved", "edited")
+        accepted = status.accepted
         query = approval.query
         if approval.kind == "escalation":
             assert query is not None
@@ -891,13 +873,14 @@ class Gateway:
         """Put ``held`` in its controller's outbox and arm its expiry."""
         self.outbox.setdefault(held.controller, []).append(held)
         delay = max(0.0, held.expires_at - self.clock())
-        held.timer = self._later(delay, lambda: self._expire_held(held))
+        self._held_timers[held.hold_id] = self._later(delay, lambda: self._expire_held(held))
 
     async def _expire_held(self, held: Held) -> None:
         items = self.outbox.get(held.controller, [])
         if held not in items:
             return
         items.remove(held)
+        self._held_timers.pop(held.hold_id, None)
         channel = self.channels.get((held.controller, held.reader))
         if channel is None:
             return
@@ -928,8 +911,9 @@ class Gateway:
             if not await self._send(f"agent:{controller}", held.content["type"], inner):
                 return
             items.pop(0)
-            if held.timer is not None:
-                held.timer.cancel()
+            timer = self._held_timers.pop(held.hold_id, None)
+            if timer is not None:
+                timer.cancel()
             channel = self.channels.get((controller, held.reader))
             if channel is not None:
                 self._record_delivered(channel, inner, hold_id=held.hold_id)
@@ -970,44 +954,15 @@ class Gateway:
     async def _ignore(self, message: Message) -> Reply:
         return Reply(True, "ignored")
 
-    # Helpers
-
-    def _channel_of(self, message: Message, *, sender_is: str) -> Channel:
-        parts = message.topic.split(":")
-        if len(parts) != 3 or parts[0] != "bcp":
-            raise Refusal(ReasonCode.UNKNOWN_CHANNEL, f"{message.topic!r} is not bcp:<c>:<r>")
-        channel = self.channels.get((parts[1], parts[2]))
-        if channel is None:
-            raise Refusal(ReasonCode.UNKNOWN_CHANNEL, f"no channel {message.topic!r} is defined")
-        expected = channel.controller if sender_is == "controller" else channel.reader
-        if message.sender != f"agent:{expected}":
-            reason = (
-                ReasonCode.NOT_CHANNEL_CONTROLLER
-                if sender_is == "controller"
-                else ReasonCode.NOT_CHANNEL_READER
-            )
-            raise Refusal(reason, f"{message.sender} is not the {sender_is} of {channel.topic}")
-        return channel
-
-
-_ESCALATION_TEXT = {
-    "escalation_requires_justification": "a higher category than earlier queries of this task "
-    "needs escalation_justification",
-    "escalation_limit_reached": "this task has used its max_escalations_per_task",
-}
-
-
-def _parse(model: Any, content: dict[str, Any], reason: str = ReasonCode.INVALID_SPEC) -> Any:
-    try:
-        return model.model_validate(content)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "content"
-        raise Refusal(reason, f"{where}: {first['msg']}"[:500]) from None
-
 
 _ID = re.compile(ID_PATTERN)
 _SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
+
+
+def _event(message: Message) -> MessageReceived:
+    return MessageReceived(
+        message.message_id, message.sender, message.topic, message.type, message.content
+    )
 
 
 def _wire(model: BaseModel) -> dict[str, Any]:

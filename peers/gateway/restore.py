@@ -13,15 +13,17 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from dataclasses import dataclass, field
+from collections.abc import Container
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .gateway import Gateway, Held
-from .state import Decided
+from .state import ChannelKey, Decided, GatewayState, Held, Orphans
 
-__all__ = ["APPROVALS_VIEW", "Orphans", "create_views", "restore"]
+if TYPE_CHECKING:
+    from .gateway import Gateway
+
+__all__ = ["APPROVALS_VIEW", "Orphans", "create_views", "load_state", "restore"]
 
 APPROVALS_VIEW = """
 CREATE VIEW IF NOT EXISTS bcp_approvals AS
@@ -54,30 +56,31 @@ def create_views(db: str | Path) -> None:
         conn.commit()
 
 
-@dataclass
-class Orphans:
-    """What was in flight when the gateway last stopped."""
-
-    queries: list[tuple[str, str, str]] = field(default_factory=list)
-    """``(controller, reader, query_id)`` accepted but never answered, failed or expired."""
-    approvals: list[tuple[str, str, str]] = field(default_factory=list)
-    """``(controller, reader, approval_id)`` requested but never decided."""
-
-
 def restore(gateway: Gateway, db: str | Path) -> Orphans:
-    """Load the gateway's budgets, tasks, rates, outbox and decided approvals from the log.
+    """Start ``gateway`` from the state its log holds; return what was in flight.
 
     Call it inside the running event loop before :meth:`Gateway.start`; then pass the result
-    to :meth:`Gateway.settle`. A database without the table (a first start) restores nothing.
+    to :meth:`Gateway.settle`.
     """
-    orphans = Orphans()
+    state = load_state(gateway.channels, db)
+    gateway.adopt(state)
+    return state.orphans
+
+
+def load_state(channels: Container[ChannelKey], db: str | Path) -> GatewayState:
+    """Read the gateway's budgets, tasks, rates, outbox and decided approvals from the log.
+
+    Rows about channels not in ``channels`` are skipped (an approval's decision is kept on any
+    channel). A database without the table (a first start) gives an empty state.
+    """
+    state = GatewayState()
     if not Path(db).exists():
-        return orphans
+        return state
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         if not conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='activity_log'"
         ).fetchone():
-            return orphans
+            return state
         rows = conn.execute(
             "SELECT ts, event, status, actor, payload_json FROM activity_log WHERE event IN ("
             "'bcp_budget_reset','bcp_bits_charged','bcp_query_accepted','bcp_query_failed',"
@@ -91,26 +94,26 @@ def restore(gateway: Gateway, db: str | Path) -> Orphans:
         payload = json.loads(payload_json or "{}")
         if event == "bcp_approval_decided":
             # Before the channel check: an approval id is the gateway's own, on any channel.
-            _remember_decided(gateway, ts, status, actor, payload)
+            _remember_decided(state, ts, status, actor, payload)
         key = _channel_key(payload.get("channel"))
-        if key is None or key not in gateway.channels:
+        if key is None or key not in channels:
             continue
         query_id = payload.get("query_id")
         if event == "bcp_budget_reset":
-            gateway.ledger.reset(key)
+            state.ledger.reset(key)
         elif event == "bcp_bits_charged":
             bits = float(payload.get("bits", 0))
             cat2 = payload.get("category") == 2 and query_id is not None
             if bits >= 0:
-                gateway.ledger.charge(key, bits, cat2=cat2)
+                state.ledger.charge(key, bits, cat2=cat2)
             else:
-                gateway.ledger.refund(key, -bits, cat2=cat2)
+                state.ledger.refund(key, -bits, cat2=cat2)
             sid = payload.get("subscription_id")
             if sid is not None and bits > 0:
-                gateway.rates.record((*key, sid), _epoch(ts))
+                state.rates.record((*key, sid), _epoch(ts))
         elif event == "bcp_query_accepted":
-            gateway.tasks.record(key, payload.get("task_id"), int(payload.get("category", 1)))
-            gateway.used_query_ids.add((key[0], query_id))
+            state.tasks.record(key, payload.get("task_id"), int(payload.get("category", 1)))
+            state.used_query_ids.add((key[0], query_id))
             open_queries[(key[0], query_id)] = key[1]
         elif event in ("bcp_query_failed", "bcp_delivered", "bcp_expired", "bcp_held"):
             if query_id is not None:
@@ -124,13 +127,14 @@ def restore(gateway: Gateway, db: str | Path) -> Orphans:
             open_approvals[payload["approval_id"]] = f"{key[0]}:{key[1]}"
         elif event == "bcp_approval_decided":
             open_approvals.pop(payload.get("approval_id"), None)
+    orphans = state.orphans
     orphans.queries = [(c, r, q) for (c, q), r in open_queries.items()]
     for approval_id, pair in open_approvals.items():
         controller, reader = pair.split(":", 1)
         orphans.approvals.append((controller, reader, approval_id))
     for hold_id, payload in held.items():
         controller, reader = _channel_key(payload["channel"]) or ("", "")
-        gateway.keep(
+        state.held.append(
             Held(
                 hold_id=hold_id,
                 controller=controller,
@@ -139,18 +143,18 @@ def restore(gateway: Gateway, db: str | Path) -> Orphans:
                 reader=reader,
             )
         )
-    return orphans
+    return state
 
 
 def _remember_decided(
-    gateway: Gateway, ts: str, status: str | None, actor: str | None, payload: dict[str, Any]
+    state: GatewayState, ts: str, status: str | None, actor: str | None, payload: dict[str, Any]
 ) -> None:
     approval_id = payload.get("approval_id")
     if not isinstance(approval_id, str) or status is None:
         return
     note = payload.get("reason") if status == "expired" else None
     decided = Decided(status, actor or "", ts, note if isinstance(note, str) else None)
-    gateway.decided.remember(approval_id, decided)
+    state.decided.remember(approval_id, decided)
 
 
 def _channel_key(topic: Any) -> tuple[str, str] | None:

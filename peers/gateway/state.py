@@ -7,7 +7,7 @@ from those rows when it starts (:mod:`peers.gateway.restore`), so the log is the
 ledger and a restart neither resets nor forgets a budget or a decision.
 
 A channel's budget is counted per *session*: from the channel's first use, or from the last
-``bcp_budget_reset`` row an operator wrote with ``bcpbus gateway reset-budget``, to now. A
+``bcp_budget_reset`` row an operator wrote with ``bcpbus budget reset``, to now. A
 controller reconnecting or the gateway restarting does not start a new session.
 """
 
@@ -15,13 +15,21 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 __all__ = [
+    "DECISION_STATUS",
     "DEFAULT_MAX_DECIDED",
+    "ApprovalStatus",
     "ChannelKey",
     "Decided",
     "DecidedApprovals",
+    "GatewayState",
+    "Held",
     "Ledger",
+    "Orphans",
+    "QueryState",
     "RateLimiter",
     "TaskTracker",
     "Verdict",
@@ -215,6 +223,40 @@ class Decided:
         return f"{self.status} by {self.decided_by} at {self.decided_ts}"
 
 
+class QueryState(StrEnum):
+    """Where a pending query stands."""
+
+    APPROVING_ESCALATION = "approving_escalation"
+    """An escalation into Cat-3 waits for a human before the reader is asked."""
+    ASKING = "asking"
+    """The reader has the query; its answers are taken until it expires."""
+    APPROVING = "approving"
+    """A valid answer waits for a human; the approval's own timeout ends it."""
+
+
+class ApprovalStatus(StrEnum):
+    """How an approval stands: the ``status`` of its ``bcp_approval_decided`` row."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EDITED = "edited"
+    EXPIRED = "expired"
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the answer or escalation goes ahead."""
+        return self in (ApprovalStatus.APPROVED, ApprovalStatus.EDITED)
+
+
+DECISION_STATUS = {
+    "approve": ApprovalStatus.APPROVED,
+    "reject": ApprovalStatus.REJECTED,
+    "edit": ApprovalStatus.EDITED,
+}
+"""The status an approver's ``decision`` gives an approval."""
+
+
 class DecidedApprovals:
     """The most recently decided approvals, by ``approval_id``, oldest forgotten first.
 
@@ -244,3 +286,43 @@ class DecidedApprovals:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A delivery waiting for its controller to come online: a ``bcp_held`` row."""
+
+    hold_id: str
+    controller: str
+    content: dict[str, Any]
+    """``{"type": ..., "content": ...}``: the message as it will be sent."""
+    expires_at: float
+    reader: str
+
+
+@dataclass
+class Orphans:
+    """What was in flight when the gateway last stopped."""
+
+    queries: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(controller, reader, query_id)`` accepted but never answered, failed or expired."""
+    approvals: list[tuple[str, str, str]] = field(default_factory=list)
+    """``(controller, reader, approval_id)`` requested but never decided."""
+
+
+@dataclass
+class GatewayState:
+    """Everything the gateway carries over a restart, as :mod:`.restore` reads it from the log.
+
+    The gateway starts from it; ``orphans`` are then failed by ``Gateway.settle``.
+    """
+
+    ledger: Ledger = field(default_factory=Ledger)
+    tasks: TaskTracker = field(default_factory=TaskTracker)
+    rates: RateLimiter = field(default_factory=RateLimiter)
+    used_query_ids: set[tuple[str, str]] = field(default_factory=set)
+    """``(controller, query_id)`` pairs already used: a query id is never reused."""
+    decided: DecidedApprovals = field(default_factory=DecidedApprovals)
+    held: list[Held] = field(default_factory=list)
+    """Held deliveries, oldest first."""
+    orphans: Orphans = field(default_factory=Orphans)

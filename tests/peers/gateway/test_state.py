@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from peers.gateway.state import Decided, DecidedApprovals, Ledger, RateLimiter, TaskTracker
+from peers.gateway.restore import load_state
+from peers.gateway.state import (
+    DECISION_STATUS,
+    ApprovalStatus,
+    Decided,
+    DecidedApprovals,
+    GatewayState,
+    Ledger,
+    Orphans,
+    RateLimiter,
+    TaskTracker,
+)
 
 CHANNEL = ("main", "researcher")
 
@@ -100,3 +111,27 @@ def test_decided_approvals_keep_the_first_decision_and_forget_the_oldest():
     assert decided.get("ap-3") is not None and decided.get("never") is None
     with pytest.raises(ValueError):
         DecidedApprovals(max_entries=0)
+
+
+def test_only_approved_and_edited_approvals_go_ahead():
+    """An approval goes ahead when approved or edited, and not when pending, rejected, expired."""
+    assert {s for s in ApprovalStatus if s.accepted} == {
+        ApprovalStatus.APPROVED,
+        ApprovalStatus.EDITED,
+    }
+    assert {DECISION_STATUS[d] for d in ("approve", "reject", "edit")} == {
+        ApprovalStatus.APPROVED,
+        ApprovalStatus.REJECTED,
+        ApprovalStatus.EDITED,
+    }
+
+
+def test_a_first_start_loads_an_empty_state(tmp_path):
+    """With no log file, or a file without the log's table, the gateway starts from nothing."""
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "empty.db").close()
+    for name in ("none.db", "empty.db"):
+        state = load_state({("main", "researcher")}, tmp_path / name)
+        assert isinstance(state, GatewayState) and state.orphans == Orphans()
+        assert state.held == [] and not state.used_query_ids and not len(state.decided)
