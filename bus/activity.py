@@ -121,6 +121,8 @@ EVENTS: frozenset[str] = frozenset(
         "bcp_expired",  # a pending query timed out
         "bcp_push_received",  # a subscription push from a reader
         "bcp_push_refused",  # status = reason code
+        "bcp_held",  # a valid push waits for its offline controller
+        "bcp_budget_reset",  # `bcpbus budget reset`: a channel starts a new budget session
     }
 )
 """The event names bcpbus writes. :meth:`ActivityLog.record` accepts any string, so a new event
