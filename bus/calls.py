@@ -12,7 +12,15 @@ from typing import Any
 
 from .protocol import ErrorResponse, RequestId, Response
 
-__all__ = ["PendingCalls"]
+__all__ = ["PeerGone", "PendingCalls"]
+
+
+class PeerGone(ConnectionError):
+    """The other side disconnected before it answered a call this side made.
+
+    The bus raises it for its ``processMessage`` calls; the SDK's ``peers.PeerClosed`` is a
+    subclass, so ``except PeerGone`` catches a lost connection on either side.
+    """
 
 
 class PendingCalls:

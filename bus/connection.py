@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from websockets.exceptions import ConnectionClosed
 
-from .calls import PendingCalls
+from .calls import PeerGone, PendingCalls
 from .errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
 from .protocol import ErrorResponse, Notification, Request, Response, Session
 
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["ByteBudget", "Connection", "Handler", "PeerGone"]
 
 logger = logging.getLogger("bus.connection")
-
-
-class PeerGone(ConnectionError):
-    """The peer disconnected before it answered a call the bus made."""
 
 
 Handler = Callable[["Connection", Request], Awaitable[Any]]

@@ -12,7 +12,8 @@ as ``__cause__``.
     PeerError
     ├── ConnectFailed      (ConnectionError)  the bus was unreachable or refused the handshake
     ├── InvalidURL         (ValueError)       the url is not a ws:// or wss:// URI
-    ├── PeerClosed         (ConnectionError)  not connected, or closed before the answer came
+    ├── PeerClosed         (bus.calls.PeerGone, a ConnectionError)  not connected, or closed
+    │                                         before the answer came: the bus's PeerGone too
     ├── PeerTimeout        (TimeoutError)     no answer in time
     ├── MalformedMessage   (ValueError)       the gateway sent content its schema does not allow
     └── QueryFailed                           BCP: the gateway ended a query without a delivery
@@ -23,6 +24,8 @@ Each class also derives from the builtin that code written before this tree catc
 """
 
 from __future__ import annotations
+
+from bus.calls import PeerGone
 
 __all__ = [
     "ConnectFailed",
@@ -74,7 +77,7 @@ class InvalidURL(PeerError, ValueError):
         return f"{self.url!r} is not a bus URL: {self.detail}"
 
 
-class PeerClosed(PeerError, ConnectionError):
+class PeerClosed(PeerError, PeerGone):
     """The connection is closed: the call could not be made or was not answered.
 
     Attributes:

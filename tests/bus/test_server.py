@@ -509,7 +509,9 @@ async def test_credential_with_a_role_the_policy_forbids_is_refused(tmp_path):
 
 async def test_inflight_limit_makes_extra_deliveries_wait_then_time_out(tmp_path):
     """With one delivery in flight per peer, a second waits for the slot within the timeout."""
-    limits = Limits(max_inflight_deliveries=1, process_timeout=0.3)
+    # Long enough that the second send surely starts while the first holds the slot, even on a
+    # loaded machine; the second then waits for the slot and times out with it.
+    limits = Limits(max_inflight_deliveries=1, process_timeout=scaled(1.5))
     async with running_bus(tmp_path, limits=limits) as h:
         release, holding = asyncio.Event(), asyncio.Event()
 
