@@ -425,11 +425,25 @@ def slope_mib_per_minute(samples: Sequence[tuple[float, float]]) -> float:
     return cov / var * 60
 
 
-async def _sample(pid: int, every: float, until: float, out: list[tuple[float, float]]) -> None:
-    """Append ``(seconds since the start, RSS in MiB)`` of ``pid`` every ``every`` seconds."""
+def _memory(pid: int) -> tuple[float, float]:
+    """Resident memory of ``pid`` in MiB: all of it (``VmRSS``), and its anonymous part
+    (``RssAnon``: the heap, where a leak shows, without the files the process maps)."""
+    anon = 0
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+    return rss_bytes(pid) / MIB, anon / MIB
+
+
+async def _sample(
+    pid: int, every: float, until: float, out: list[tuple[float, float, float]]
+) -> None:
+    """Append ``(seconds since the start, RSS, anonymous RSS)`` of ``pid`` (MiB) every
+    ``every`` seconds."""
     start = time.monotonic()
     for _ in range(int(until / every) + 2):
-        out.append((time.monotonic() - start, rss_bytes(pid) / MIB))
+        out.append((time.monotonic() - start, *_memory(pid)))
         if time.monotonic() - start >= until:
             return
         await asyncio.sleep(every)
@@ -469,7 +483,7 @@ async def _workers(
 async def _one(directory: Path, options: Options) -> dict[str, Any]:
     ids = [f"agent:soak-{i:04d}" for i in range(options.peers)]
     tokens = make_peers(directory / "peers.yaml", {cid: [] for cid in (*ids, *MISBEHAVERS)})
-    rss: list[tuple[float, float]] = []
+    rss: list[tuple[float, float, float]] = []
     async with running_bus(directory, loop=options.loop) as bus:
         idle = rss_bytes(bus.pid) / MIB
         params = {
@@ -509,7 +523,7 @@ async def _one(directory: Path, options: Options) -> dict[str, Any]:
 def _figures(
     options: Options,
     idle: float,
-    rss: list[tuple[float, float]],
+    rss: list[tuple[float, float, float]],
     cpu: float,
     connected: list[dict[str, Any]],
     reports: list[dict[str, Any]],
@@ -524,14 +538,17 @@ def _figures(
         errors.update(r["errors"])
         latencies.extend(r["latencies"])
     latencies.sort()
-    second_half = [(t, m) for t, m in rss if t >= options.duration / 2]
-    slope = slope_mib_per_minute(second_half)
+    second_half = [sample for sample in rss if sample[0] >= options.duration / 2]
+    slope = slope_mib_per_minute([(t, m) for t, m, _ in second_half])
     return {
         "rss_idle_mib": idle,
         "rss_start_mib": rss[0][1],
-        "rss_max_mib": max(m for _, m in rss),
+        "rss_max_mib": max(m for _, m, _ in rss),
         "rss_end_mib": rss[-1][1],
         "slope_mib_per_min": slope,
+        "anon_start_mib": rss[0][2],
+        "anon_end_mib": rss[-1][2],
+        "anon_slope_mib_per_min": slope_mib_per_minute([(t, a) for t, _, a in second_half]),
         "flat": slope < FLAT_MIB_PER_MINUTE,
         "bus_cpu_percent": cpu / options.duration * 100,
         "connect_failures": sum(c["failures"] for c in connected),
@@ -587,6 +604,10 @@ def report(result: Mapping[str, Any]) -> str:
             spread(s["slope_mib_per_min"], lambda v: f"{v:+.2f}"),
         ],
         ["memory flat", "yes" if all(x["flat"] for x in result["samples"]) else "NO"],
+        ["anonymous RSS (heap) start / end (MiB)", f"{last['anon_start_mib']:.1f} / "
+         f"{last['anon_end_mib']:.1f}"],
+        ["anonymous RSS slope, second half (MiB/min)", spread(s["anon_slope_mib_per_min"],
+         lambda v: f"{v:+.2f}")],
         ["bus CPU (% of one core)", spread(s["bus_cpu_percent"])],
         ["failed connects / peers connected at the end", f"{last['connect_failures']} / "
          f"{last['still_connected']:,}"],
