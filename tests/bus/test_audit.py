@@ -217,7 +217,8 @@ def test_time_past_what_utc_holds_says_which_option(db: Path) -> None:
 def test_filter_that_is_not_unicode_says_which(db: Path, column: str) -> None:
     """A filter holding a lone surrogate (undecodable bytes in argv) raises ValueError naming it."""
     with pytest.raises(ValueError, match=f"{column}: .* is not valid text"):
-        audit.query_rows(db, **{column: "agent:\udcff"})
+        filters: dict[str, Any] = {column: "agent:\udcff"}
+        audit.query_rows(db, **filters)
     with pytest.raises(ValueError, match="query_id"):
         audit.query_story(db, "\udcff")
 

@@ -827,7 +827,7 @@ async def test_fuzzed_frames_get_spec_answers_and_the_bus_stays_up(tmp_path, jso
     """Hypothesis frames get exactly the answers JSON-RPC promises; then the bus and log work."""
     limits = Limits(process_timeout=scaled(5))
     async with running_bus(tmp_path, limits=limits) as h:
-        ready, problems = asyncio.Event(), []
+        ready, problems = asyncio.Event(), list[str]()
         listening = asyncio.create_task(subscriber(h.url, h.token("agent:fz"), ready, problems))
         try:
             async with asyncio.timeout(scaled(10)):
