@@ -1,7 +1,7 @@
 """What every scenario shares: child processes, /proc readings, statistics, machine info, tables.
 
 A scenario is an orchestrator (this process) and children on 127.0.0.1: a server (the bus, run
-as ``python -m bus serve``, or the baseline relay) and worker processes (``python -m bench
+as ``python -m peers serve``, or the baseline relay) and worker processes (``python -m bench
 worker ROLE PARAMS_FILE``) that play the peers. Children talk to the orchestrator in JSON lines: a
 worker prints one object per line on stdout and reads one command per line on stdin. CPU time and
 memory of a child come from ``/proc/<pid>``, so nothing in the measured process has to cooperate.
@@ -330,7 +330,7 @@ async def running_bus(
     argv = [
         sys.executable,
         "-m",
-        "bus",
+        "peers",  # the whole bcpbus command: the bus, and the gateway unless --no-gateway
         "serve",
         # Always the loop asked for: serve alone would pick uvloop whenever it is installed,
         # and the relay it is compared with runs on the loop asked for.

@@ -40,7 +40,7 @@ WINDOW = 2_000
 
 
 def _bcpbus(tree: Path, *args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from bus.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from peers.cli import main; sys.exit(main())", *args]
 
 
 def _env(tree: Path) -> dict[str, str]:

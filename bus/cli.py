@@ -1,7 +1,13 @@
-"""The ``bcpbus`` command: serve the bus, manage peer credentials, read the activity log.
+"""The bus's part of the ``bcpbus`` command: serve the bus, manage peer credentials, read the
+activity log.
+
+:func:`main` runs these commands alone (``python -m bus``: the bus with no gateway);
+:mod:`peers.cli`, which sees every layer, calls it with the peers' commands and the gateway to
+run beside the bus, and is the ``bcpbus`` script. The bus never imports a peer: a command that
+fails to import fails there, loudly, instead of going missing.
 
 Run ``bcpbus --help`` for the list of commands and ``bcpbus COMMAND --help`` for each one.
-This is the only module that reads the environment or prints to the terminal.
+Like :mod:`peers.cli`, this module reads the environment and prints to the terminal.
 """
 
 from __future__ import annotations
@@ -13,9 +19,10 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from . import __version__, audit
 from .activity import ActivityLog
@@ -25,16 +32,39 @@ from .identities import default_agents_dir, load_identities
 from .policy import Policy, PolicyError
 from .server import Bus
 
-__all__ = ["main"]
+__all__ = ["Beside", "Commands", "RunBeside", "main", "serve"]
 
 logger = logging.getLogger("bus.cli")
 
 Command = Callable[[argparse.Namespace], int]
 
+Commands: TypeAlias = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+"""Adds more commands to the ``bcpbus`` parser's subparsers."""
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``bcpbus`` command line; return the exit code."""
-    parser = _parser()
+RunBeside: TypeAlias = Callable[[Bus], AbstractAsyncContextManager[object]]
+"""Runs something beside a started bus for the duration of an ``async with`` block."""
+
+Beside: TypeAlias = Callable[[ServeConfig], RunBeside | None]
+"""Given the serve config, what ``serve`` runs beside the bus (the BCP gateway), or None.
+
+Called before the bus starts, so that a bad config section is an error before anything listens.
+"""
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    extend: Commands | None = None,
+    beside: Beside | None = None,
+) -> int:
+    """Run the ``bcpbus`` command line; return the exit code.
+
+    Args:
+        argv: the arguments; default ``sys.argv[1:]``.
+        extend: adds the commands of the layers above the bus (:mod:`peers.cli`).
+        beside: what ``serve`` runs beside the bus; None serves the bus alone.
+    """
+    parser = _parser(extend, beside)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO if args.info else logging.WARNING,
@@ -51,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(extend: Commands | None, beside: Beside | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bcpbus",
         description="A JSON-RPC 2.0 message bus over WebSocket for the Bandwidth-Constrained "
@@ -83,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="event loop: uvloop when installed (auto, the default), or one of them",
     )
-    serve.set_defaults(command=_serve)
+    serve.set_defaults(command=_serve, beside=beside)
 
     peers = sub.add_parser("peers", help="manage peer credentials")
     peers.add_argument("--peers-file", type=Path, default=Path("bcpbus-peers.yaml"))
@@ -91,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     add = peers_sub.add_parser("add", help="create a token for CLIENT_ID, print it once")
     add.add_argument("client_id", metavar="CLIENT_ID")
     add.add_argument("--role", action="append", default=[], help="a policy role (repeatable)")
+    add.add_argument(
+        "--policy", type=Path, help="check the roles against this policy (default: built in)"
+    )
     add.set_defaults(command=_peers_add)
     lst = peers_sub.add_parser("list", help="list clientIds and roles (never tokens)")
     lst.set_defaults(command=_peers_list)
@@ -114,16 +147,9 @@ def _parser() -> argparse.ArgumentParser:
     aud.add_argument("--query", metavar="QUERY_ID", help="one BCP query's whole story")
     aud.add_argument("--json", action="store_true", help="JSON instead of a table")
     aud.set_defaults(command=_audit)
-    _extend(sub)
+    if extend is not None:
+        extend(sub)
     return parser
-
-
-def _extend(sub: Any) -> None:
-    """Add the BCP commands (gateway, approve, demo) when their modules are present."""
-    with contextlib.suppress(ImportError):
-        from peers.gateway.cli import add_commands
-
-        add_commands(sub)
 
 
 # serve
@@ -144,9 +170,17 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None
     }
     config = replace(config, **overrides)
+    beside: Beside | None = args.beside
     if args.no_gateway:
-        config = replace(config, gateway=replace(config.gateway, enabled=False))
-    return _run(serve(config), args.loop)
+        config = replace(config, gateway={**config.gateway, "enabled": False})
+        beside = None
+    elif beside is None:
+        print(
+            "bcpbus: note: this command line serves the bus alone, without the BCP gateway; "
+            "`bcpbus serve` runs both",
+            file=sys.stderr,
+        )
+    return _run(serve(config, beside=beside), args.loop)
 
 
 def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
@@ -169,15 +203,26 @@ def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
     return result
 
 
-async def serve(config: ServeConfig, *, ready: Callable[[Bus], None] | None = None) -> int:
-    """Run the bus until SIGINT or SIGTERM; flush the activity log before returning 0.
+async def serve(
+    config: ServeConfig,
+    *,
+    ready: Callable[[Bus], None] | None = None,
+    beside: Beside | None = None,
+) -> int:
+    """Run the bus, and what ``beside`` gives, until SIGINT or SIGTERM; flush the activity log
+    before returning 0.
 
-    The first line on stdout is ``listening on ws://HOST:PORT``, printed when the bus and the
-    gateway are ready.
+    The first line on stdout is ``listening on ws://HOST:PORT``, printed when the bus and what
+    runs beside it (the gateway) are ready.
+
+    Raises:
+        ConfigError: ``beside`` refused a section of the config.
     """
+    agents_dir = config.agents_dir or default_agents_dir()
+    config = replace(config, agents_dir=agents_dir)
+    run_beside = beside(config) if beside is not None else None
     policy = Policy.load(config.policy) if config.policy else Policy.default()
     credentials = Credentials.load(config.peers_file)
-    agents_dir = config.agents_dir or default_agents_dir()
     identities = load_identities(agents_dir) if agents_dir is not None else {}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -193,28 +238,13 @@ async def serve(config: ServeConfig, *, ready: Callable[[Bus], None] | None = No
             server_id=config.server_id,
         ) as bus:
             await bus.start(config.host, config.port)
-            async with _gateway(bus, config, agents_dir):
+            async with run_beside(bus) if run_beside else contextlib.nullcontext():
                 # Printed once the gateway is subscribed too: "listening" means ready for BCP.
                 print(f"listening on {bus.url}", flush=True)
                 if ready is not None:
                     ready(bus)
                 await stop.wait()
     return 0
-
-
-@contextlib.asynccontextmanager
-async def _gateway(bus: Bus, config: ServeConfig, agents_dir: Path | None) -> Any:
-    """Run the in-process BCP gateway beside the bus, when it is enabled and installed."""
-    if not config.gateway.enabled or agents_dir is None:
-        yield None
-        return
-    try:
-        from peers.gateway.runner import run_beside
-    except ImportError:
-        yield None
-        return
-    async with run_beside(bus, config, agents_dir) as gateway:
-        yield gateway
 
 
 # peers
@@ -224,7 +254,8 @@ def _peers_add(args: argparse.Namespace) -> int:
     credentials = Credentials.load(args.peers_file)
     roles = list(args.role)
     if roles:
-        Policy.default().roles_for(args.client_id, roles)  # unknown role -> PolicyError
+        policy = Policy.load(args.policy) if args.policy else Policy.default()
+        policy.roles_for(args.client_id, roles)  # unknown role -> PolicyError
     token = credentials.add(args.client_id, roles)
     credentials.save(args.peers_file)
     print(token)

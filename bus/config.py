@@ -7,6 +7,7 @@ Every limit has a ``DEFAULT_*`` constant and a key in the config file's ``limits
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,9 @@ __all__ = [
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
     "ConfigError",
-    "GatewaySettings",
     "Limits",
     "ServeConfig",
+    "read_section",
 ]
 
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
@@ -108,21 +109,6 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class GatewaySettings:
-    """How the in-process BCP gateway runs (``bcpbus serve``)."""
-
-    enabled: bool = True
-    query_ttl: float = 300.0
-    """Seconds a query may wait for a valid answer before it fails with ``timeout``."""
-    max_retries: int = 2
-    """Invalid answers a reader may send for one query before ``retries_exhausted``."""
-    approval_timeout: float = 600.0
-    """Seconds a human has to decide an approval; then it counts as rejected."""
-    outbox_ttl: float = 3600.0
-    """Seconds a subscription push waits for an offline controller before it expires."""
-
-
-@dataclass(frozen=True)
 class ServeConfig:
     """Everything ``bcpbus serve`` needs; every field has a default that works with no setup."""
 
@@ -136,7 +122,11 @@ class ServeConfig:
     """None means ``./agents`` if it exists, else the packaged reference agents."""
     server_id: str | None = None
     limits: Limits = field(default_factory=Limits)
-    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    gateway: Mapping[str, Any] = field(default_factory=dict)
+    """The ``gateway:`` section as written: the bus does not run the gateway, so the peers side
+    checks it (:meth:`peers.gateway.settings.GatewaySettings.from_mapping`)."""
+    source: str = "<config>"
+    """Where the config was read from, for error messages about a section checked later."""
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ServeConfig:
@@ -163,9 +153,11 @@ class ServeConfig:
         changes: dict[str, Any] = {}
         for key, value in data.items():
             if key == "limits":
-                changes[key] = _section(Limits, value, f"{source}: limits")
+                changes[key] = read_section(Limits, value, f"{source}: limits")
             elif key == "gateway":
-                changes[key] = _section(GatewaySettings, value, f"{source}: gateway")
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{source}: gateway: must be a mapping")
+                changes[key] = value
             elif key in ("db", "peers_file", "policy", "agents_dir"):
                 changes[key] = None if value is None else base / str(value)
             elif key in ("host", "server_id"):
@@ -174,10 +166,18 @@ class ServeConfig:
                 changes[key] = _typed(value, int, f"{source}: port")
             else:
                 raise ConfigError(f"{source}: unknown key {key!r}")
-        return replace(config, **changes)
+        return replace(config, source=source, **changes)
 
 
-def _section(cls: type[Any], value: Any, where: str) -> Any:
+def read_section(cls: type[Any], value: Any, where: str) -> Any:
+    """Build the frozen dataclass ``cls`` from a config section of non-negative numbers.
+
+    ``null`` turns a limit off; a boolean field takes only ``true`` or ``false``.
+
+    Raises:
+        ConfigError: ``value`` is not a mapping, or a key is unknown or has a bad value; the
+            message starts with ``where``.
+    """
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: must be a mapping")
     known = {f.name: f for f in fields(cls)}
@@ -188,7 +188,7 @@ def _section(cls: type[Any], value: Any, where: str) -> Any:
         default = getattr(cls(), key)
         kind = type(default) if default is not None else float
         if item is None:
-            if key in ("enabled",):
+            if isinstance(default, bool):
                 raise ConfigError(f"{where}.{key}: must be true or false")
             kwargs[key] = None
             continue

@@ -1,9 +1,9 @@
-"""The BCP commands of ``bcpbus``: ``approve``, beside the gateway's own commands.
+"""The ``bcpbus approve`` command: the command-line face of :mod:`peers.approver`.
 
-:func:`bus.cli.main` calls :func:`add_commands` with its subparsers when this module is
-installed; each command is added by one ``_add_<command>`` helper. Like :mod:`bus.cli`, this
-module reads the environment and prints to the terminal; what it shows of approval requests goes
-through :func:`peers.approver.render_request`, which escapes everything a hostile reader wrote.
+:mod:`peers.cli` adds it to the ``bcpbus`` parser with :func:`add_approve`. Like
+:mod:`peers.cli`, this module reads the environment and prints to the terminal; what it shows of
+approval requests goes through :func:`peers.approver.render_request`, which escapes everything a
+hostile reader wrote.
 
 ::
 
@@ -47,9 +47,7 @@ from peers.approver import (
 from peers.client import Peer, PeerClosed
 from schemas.bcp import BcpApprovalRequest, DecisionRefusal
 
-from .commands import add_budget, add_demo, add_gateway
-
-__all__ = ["add_commands"]
+__all__ = ["add_approve"]
 
 T = TypeVar("T")
 
@@ -64,18 +62,8 @@ EXIT_USAGE = 2  # bad arguments, no token, the bus cannot be reached or refused 
 _CONNECTION_ERRORS = (OSError, ConnectionError, BusError, TimeoutError, WebSocketException)
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the BCP subcommands to the ``bcpbus`` parser's subparsers."""
-    _add_approve(sub)
-    add_gateway(sub)
-    add_budget(sub)
-    add_demo(sub)
-
-
-# approve
-
-
-def _add_approve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_approve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bcpbus approve`` to the ``bcpbus`` parser's subparsers."""
     approve = sub.add_parser(
         "approve",
         help="list, show and decide the gateway's approval requests",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bus.activity import ActivityLog
-from bus.config import GatewaySettings, Limits
+from bus.config import Limits
 from bus.credentials import Credentials
 from bus.identities import PeerIdentity, default_agents_dir, load_identities
 from bus.policy import Policy
@@ -33,6 +33,7 @@ from .bcp import Controller, Reader
 from .client import Message, Peer, Reply
 from .gateway.gateway import Gateway
 from .gateway.runner import running_gateway
+from .gateway.settings import GatewaySettings
 
 __all__ = ["BcpHarness", "BusHarness", "Inbox", "running_bcp", "running_bus", "scaled"]
 

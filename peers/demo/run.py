@@ -21,7 +21,6 @@ from typing import Any
 
 from bus import audit
 from bus.activity import ActivityLog
-from bus.config import GatewaySettings
 from bus.credentials import Credentials
 from bus.identities import default_agents_dir, load_identities
 from bus.policy import Policy
@@ -30,6 +29,7 @@ from peers.approver import Approver, render_request
 from peers.bcp import Controller, QueryFailed, Reader
 from peers.client import Peer
 from peers.gateway.runner import running_gateway
+from peers.gateway.settings import GatewaySettings
 from schemas.bcp import BcpResponseDelivery, BcpValidationResult
 
 __all__ = ["StepFailed", "run_demo"]

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from bus.activity import ActivityLog
-from bus.config import GatewaySettings
 from bus.identities import default_agents_dir
 from schemas.agents import build_channels, load_agents
+
+from .settings import GatewaySettings
 
 __all__ = ["add_budget", "add_demo", "add_gateway"]
 

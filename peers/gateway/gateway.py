@@ -33,7 +33,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from bus.activity import ActivityLog
-from bus.config import GatewaySettings
 from bus.errors import BusError
 from peers.client import Message, Peer, Reply
 from schemas.agents import Channel, Subscription
@@ -68,6 +67,7 @@ from .core import (
     parse,
 )
 from .events import Action, Commit, MessageReceived, Record, Respond, Send
+from .settings import GatewaySettings
 from .state import (
     DECISION_STATUS,
     ApprovalStatus,

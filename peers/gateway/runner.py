@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from bus.activity import ActivityLog
-from bus.config import GatewaySettings, ServeConfig
 from bus.local import Socket
 from bus.server import Bus
 from peers.client import Peer
@@ -21,6 +20,7 @@ from schemas.agents import build_channels, load_agents
 
 from .gateway import GATEWAY_CLIENT_ID, Gateway
 from .restore import create_views, restore
+from .settings import GatewaySettings
 
 __all__ = ["run_beside", "run_standalone", "running_gateway"]
 
@@ -56,7 +56,9 @@ async def running_gateway(
 
 
 @contextlib.asynccontextmanager
-async def run_beside(bus: Bus, config: ServeConfig, agents_dir: Path) -> AsyncIterator[Gateway]:
+async def run_beside(
+    bus: Bus, *, agents_dir: Path, settings: GatewaySettings | None = None
+) -> AsyncIterator[Gateway]:
     """Run the gateway in the bus's process, sharing its activity log.
 
     It connects over an in-process link (:mod:`bus.local`), not a socket, and authenticates
@@ -65,7 +67,7 @@ async def run_beside(bus: Bus, config: ServeConfig, agents_dir: Path) -> AsyncIt
     """
     token = bus.credentials.add_ephemeral(GATEWAY_CLIENT_ID, [])
     async with running_gateway(
-        bus.url, token, bus.log, agents_dir, config.gateway, connector=bus.connect_local
+        bus.url, token, bus.log, agents_dir, settings, connector=bus.connect_local
     ) as gateway:
         yield gateway
 

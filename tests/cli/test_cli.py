@@ -99,6 +99,54 @@ def test_bad_config_key_stops_serve(tmp_path):
     assert result.returncode == 2 and "max_frame_byte" in result.stderr
 
 
+def test_peers_add_checks_roles_against_the_policy_given(tmp_path):
+    """`peers add --policy FILE` accepts that policy's roles and refuses the others."""
+    (tmp_path / "policy.yaml").write_text("version: 1\nroles:\n  scribe: {}\n")
+    assert run("peers", "add", "agent:w1", "--role", "scribe", cwd=tmp_path).returncode == 2
+    added = run(
+        "peers", "add", "agent:w1", "--role", "scribe", "--policy", "policy.yaml", cwd=tmp_path
+    )
+    assert added.returncode == 0, added.stderr
+    refused = run(
+        "peers", "add", "agent:w2", "--role", "agent", "--policy", "policy.yaml", cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "agent" in refused.stderr
+
+
+def test_bad_gateway_config_key_stops_serve(tmp_path):
+    """A typo in the config file's gateway section is an error naming the file and the key."""
+    (tmp_path / "bcpbus.yaml").write_text("gateway:\n  query_tl: 10\n")
+    result = run("serve", "--config", "bcpbus.yaml", cwd=tmp_path)
+    assert (
+        result.returncode == 2 and "bcpbus.yaml: gateway: unknown key 'query_tl'" in result.stderr
+    )
+
+
+def test_a_command_that_fails_to_import_fails_loudly(tmp_path):
+    """A broken import in the gateway stops `bcpbus` with the error, not a bus without gateway."""
+    broken = (
+        "import sys; sys.modules['peers.gateway.runner'] = None; "
+        "from peers.cli import main; sys.exit(main(['serve', '--port', '0']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", broken], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0 and "listening" not in result.stdout
+    # ModuleNotFoundError is the ImportError that a module set to None in sys.modules raises.
+    assert "ModuleNotFoundError" in result.stderr and "peers.gateway.runner" in result.stderr
+
+
+def test_the_bus_imports_no_peer():
+    """The bus's command line and server load without importing anything from `peers`."""
+    probe = (
+        "import sys, bus.cli, bus.server; print([m for m in sys.modules if m.startswith('peers')])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
 def test_audit_of_a_missing_db_is_a_clear_error(tmp_path):
     """`audit` on a missing file says which file."""
     result = run("audit", "--db", "nope.db", cwd=tmp_path)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from bus.config import GatewaySettings
 from bus.errors import InvalidParams
 from peers import Peer, QueryFailed
+from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
 from schemas.bcp import BcpResponseDelivery, BcpValidationResult
 

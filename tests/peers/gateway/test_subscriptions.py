@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from bus.config import GatewaySettings
 from peers import Controller, Reader
 from peers.gateway.runner import running_gateway
+from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
 
 MAIN = """---

@@ -14,8 +14,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from bus.config import GatewaySettings
 from peers import Message, Peer
+from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp
 from schemas.bcp import CONTENT_MODELS
 

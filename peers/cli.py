@@ -1,0 +1,55 @@
+"""The ``bcpbus`` command: the bus's commands, the peers' commands and the gateway beside the bus.
+
+This is the one place that sees every layer, so the command line is assembled here:
+:func:`bus.cli.main` brings ``serve``, ``peers`` and ``audit``; this module adds ``approve``
+(:mod:`peers.approver_cli`), ``gateway``, ``budget`` and ``demo`` (:mod:`peers.gateway.commands`)
+and gives ``serve`` the gateway to run beside the bus. Every import is at the top: a command
+that fails to import stops ``bcpbus`` with the error, it does not go missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from functools import partial
+
+from bus import cli as bus_cli
+from bus.config import ServeConfig
+
+from .approver_cli import add_approve
+from .gateway.commands import add_budget, add_demo, add_gateway
+from .gateway.runner import run_beside
+from .gateway.settings import GatewaySettings
+
+__all__ = ["add_commands", "gateway_beside", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``bcpbus`` command line; return the exit code."""
+    return bus_cli.main(argv, extend=add_commands, beside=gateway_beside)
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the BCP commands to the ``bcpbus`` parser's subparsers."""
+    add_approve(sub)
+    add_gateway(sub)
+    add_budget(sub)
+    add_demo(sub)
+
+
+def gateway_beside(config: ServeConfig) -> bus_cli.RunBeside | None:
+    """The gateway that ``bcpbus serve`` runs beside the bus, or None when it is turned off or
+    there are no agent definitions.
+
+    Raises:
+        ConfigError: the config's ``gateway:`` section has an unknown key or a bad value.
+    """
+    settings = GatewaySettings.from_mapping(config.gateway, where=f"{config.source}: gateway")
+    if not settings.enabled or config.agents_dir is None:
+        return None
+    return partial(run_beside, agents_dir=config.agents_dir, settings=settings)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
