@@ -14,7 +14,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from bus import _json
+from bus import codec
 from peers.client import Message, Peer
 
 from .common import emit, percentile, stdin_lines
@@ -31,7 +31,7 @@ def filler(client_id: str, message_type: str, size: int) -> dict[str, Any]:
         "timestamp": datetime.now(UTC).isoformat(),
         "content": {"text": ""},
     }
-    return {"text": "x" * max(0, size - len(_json.dumps(sample)))}
+    return {"text": "x" * max(0, size - len(codec.dumps(sample)))}
 
 
 async def _blast(

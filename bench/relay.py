@@ -20,7 +20,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from bus import _json
+from bus import codec
 
 __all__ = ["Relay", "main"]
 
@@ -48,7 +48,7 @@ class Relay:
         peer = _Peer(ws)
         try:
             async for text in ws:
-                await self._receive(peer, _json.loads(text))
+                await self._receive(peer, codec.loads(text))
         except ConnectionClosed:
             pass
         finally:
@@ -95,12 +95,12 @@ class Relay:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         peer.pending[request_id] = future
         frame = {"jsonrpc": "2.0", "id": request_id, "method": "processMessage", "params": params}
-        await peer.ws.send(_json.dumps(frame))
+        await peer.ws.send(codec.dumps(frame))
         return await future
 
 
 async def _answer(peer: _Peer, request_id: Any, result: Any) -> None:
-    frame = _json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+    frame = codec.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
     try:
         await peer.ws.send(frame)
     except ConnectionClosed:
