@@ -1,38 +1,46 @@
-"""The gateway's decisions, sans I/O: a query request in, an admission or a refusal out.
+"""Queries: a request checked and admitted or refused, the reader asked, the query failed,
+expired or completed.
 
-Nothing here awaits or touches a socket or the log. :meth:`GatewayCore.receive_query_request`
-runs every check on a controller's ``bcp_query_request`` against the :class:`GatewayState`
-and returns either :class:`Admitted` (the shell charges it and asks the reader) or
-:class:`Refused`, whose actions the shell carries out in order (see :mod:`.events`).
+:meth:`Queries.check` runs every check on a controller's ``bcp_query_request`` and reserves
+nothing; :meth:`Queries.ask_reader` charges the query and sends it (a reader that takes nothing
+gets the bits back, in the log too); :meth:`Queries.fail` and :meth:`Queries.complete` end it
+with a ``bcp_query_failed`` or a delivery to the controller, held if it is offline.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
 from schemas.agents import Channel
-from schemas.bcp import ID_PATTERN, BcpQueryFailed, BcpQueryRequest, QuerySpec, ReasonCode
+from schemas.bcp import (
+    ID_PATTERN,
+    BcpQuery,
+    BcpQueryFailed,
+    BcpQueryRequest,
+    NormalizedResponse,
+    QuerySpec,
+    ReasonCode,
+)
 
-from .bits import spec_bits
-from .events import Action, Commit, MessageReceived, Record, Respond, Send
-from .state import ChannelKey, GatewayState
+from ..bits import spec_bits
+from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
+from ..state import QueryState
+from .context import (
+    GATEWAY_CLIENT_ID,
+    Context,
+    Query,
+    Refusal,
+    channel_of,
+    delivery,
+    iso,
+    parse,
+    wire,
+)
+from .outbox import Outbox
 
-__all__ = [
-    "GATEWAY_CLIENT_ID",
-    "Admitted",
-    "GatewayCore",
-    "Refusal",
-    "Refused",
-    "channel_of",
-    "parse",
-]
-
-GATEWAY_CLIENT_ID = "system:gateway"
+__all__ = ["Admitted", "Queries", "Refused"]
 
 _ID_RE = re.compile(ID_PATTERN)
 
@@ -41,15 +49,6 @@ _ESCALATION_TEXT = {
     "needs escalation_justification",
     "escalation_limit_reached": "this task has used its max_escalations_per_task",
 }
-
-
-class Refusal(Exception):
-    """A BCP refusal: ``reason`` is a :class:`ReasonCode`, ``detail`` says what to fix."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -71,28 +70,22 @@ class Refused:
     actions: tuple[Action, ...]
 
 
-class GatewayCore:
-    """The gateway's decisions over its channels and :class:`GatewayState`.
+class Queries:
+    """Admit, ask, fail, expire and complete queries."""
 
-    Args:
-        channels: the channels from the agent definitions, by ``(controller, reader)``.
-        state: what the gateway starts from (see :func:`peers.gateway.restore.load_state`).
-    """
+    def __init__(self, ctx: Context, outbox: Outbox) -> None:
+        self.ctx = ctx
+        self.outbox = outbox
 
-    def __init__(self, channels: Mapping[ChannelKey, Channel], state: GatewayState) -> None:
-        self.channels = channels
-        self.state = state
-
-    def receive_query_request(self, event: MessageReceived) -> Admitted | Refused:
+    def check(self, event: MessageReceived) -> Admitted | Refused:
         """Check a ``bcp_query_request``; reserve nothing.
 
         Returns :class:`Admitted`, which the caller must charge before anything else runs, or
         :class:`Refused`, whose actions it must carry out in order.
         """
-        channel: Channel | None = None
         query_id = str(event.content.get("query_id", ""))[:128] or None
         try:
-            channel = channel_of(self.channels, event, sender_is="controller")
+            channel = channel_of(self.ctx.channels, event, sender_is="controller")
             request = parse(BcpQueryRequest, event.content)
             query_id = request.query_id
             return self._admit(channel, request)
@@ -100,7 +93,7 @@ class GatewayCore:
             return Refused(_refuse_query(event, query_id, refusal))
 
     def _admit(self, channel: Channel, request: BcpQueryRequest) -> Admitted:
-        state, key = self.state, channel.key
+        state, key = self.ctx.state, channel.key
         if (channel.controller, request.query_id) in state.used_query_ids:
             raise Refusal(ReasonCode.DUPLICATE_QUERY_ID, f"query_id {request.query_id!r} was used")
         if not channel.allows(request.category):
@@ -133,6 +126,104 @@ class GatewayCore:
         escalation = verdict.escalation and request.category == 3
         return Admitted(channel, request, spec, bits, escalation)
 
+    def open(self, admitted: Admitted) -> Query:
+        """Start a query from an admitted request; its id is used from now on."""
+        request = admitted.request
+        query = Query(
+            admitted.channel,
+            request.query_id,
+            admitted.spec,
+            admitted.bits,
+            self.ctx.settings.max_retries + 1,
+            request.task_id,
+        )
+        self.ctx.state.used_query_ids.add((admitted.channel.controller, query.query_id))
+        return query
+
+    def ask_reader(self, query: Query, message_id: str) -> list[Action]:
+        """Charge ``query`` and send it to the reader; reply ``accepted`` once it took it."""
+        ctx, channel, key = self.ctx, query.channel, query.channel.key
+        cat2 = query.spec.category == 2
+        ctx.state.ledger.charge(key, query.bits, cat2=cat2)
+        ctx.state.tasks.record(key, query.task_id, query.spec.category)
+        content = BcpQuery.model_validate(
+            {
+                "query_id": query.query_id,
+                "controller": channel.controller,
+                **query.spec.model_dump(exclude_none=True),
+                "expires_at": iso(ctx.clock() + ctx.settings.query_ttl),
+            }
+        )
+        ctx.pending[(channel.controller, query.query_id)] = query
+        query.state = QueryState.ASKING
+        ref = {"query_id": query.query_id, "category": query.spec.category}
+        accepted = ctx.record(
+            "bcp_query_accepted",
+            channel,
+            "accepted",
+            **ref,
+            task_id=query.task_id,
+            bits=query.bits,
+            message_id=message_id,
+        )
+
+        def sent(delivered_to: int) -> list[Action]:
+            if delivered_to:
+                return [SetTimer(query.timer, ctx.settings.query_ttl), Respond(True, "accepted")]
+            # Nothing crossed: give the bits back, visibly in the log.
+            ctx.state.ledger.refund(key, query.bits, cat2=cat2)
+            detail = f"agent:{channel.reader} did not take it"
+            return [
+                ctx.charged(channel, -query.bits, **ref),
+                *self.fail(query, ReasonCode.READER_UNAVAILABLE, detail),
+                Respond(False, ReasonCode.READER_UNAVAILABLE, "the reader is not connected"),
+            ]
+
+        send = ctx.send_then(f"agent:{channel.reader}", "bcp_query", content, sent)
+        return [accepted, ctx.charged(channel, query.bits, **ref), Commit(), send]
+
+    def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
+        """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row."""
+        channel = query.channel
+        self.ctx.pending.pop((channel.controller, query.query_id), None)
+        row = self.ctx.record(
+            "bcp_query_failed", channel, reason, query_id=query.query_id, detail=detail
+        )
+        failed = BcpQueryFailed(query_id=query.query_id, error=reason, detail=detail)
+        return [
+            CancelTimer(query.timer),
+            row,
+            Commit(),
+            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed)),
+        ]
+
+    def expire(self, controller: str, query_id: str) -> list[Action]:
+        """Fail a query that got no valid answer in time; one under approval waits for it."""
+        query = self.ctx.pending.get((controller, query_id))
+        if query is None or query.state is not QueryState.ASKING:
+            return []  # Already ended, or an approval is under way and its own timeout ends it.
+        row = self.ctx.record("bcp_expired", query.channel, "timeout", query_id=query_id)
+        detail = "no valid answer before the query expired"
+        return [row, *self.fail(query, ReasonCode.TIMEOUT, detail)]
+
+    def complete(
+        self, query: Query, response: NormalizedResponse, found: list[dict[str, Any]]
+    ) -> list[Action]:
+        """Deliver a valid (or approved) answer to the controller."""
+        channel = query.channel
+        self.ctx.pending.pop((channel.controller, query.query_id), None)
+        content = delivery(
+            channel, query.spec, response, query.bits, found, query_id=query.query_id
+        )
+        return [
+            CancelTimer(query.timer),
+            *self.outbox.deliver(channel, "bcp_response_delivery", content),
+        ]
+
+    def orphan(self, channel: Channel, query_id: str) -> Query:
+        """Return a stand-in for a query that was in flight when the gateway stopped."""
+        return Query(channel, query_id, QuerySpec.model_construct(category=1), 0.0, 0, None)
+
 
 def _refuse_query(
     event: MessageReceived, query_id: str | None, refusal: Refusal
@@ -152,36 +243,3 @@ def _refuse_query(
         actions.append(Send(f"agent:{event.sender.partition(':')[2]}", "bcp_query_failed", failed))
     actions.append(Respond(False, refusal.reason, refusal.detail))
     return tuple(actions)
-
-
-def channel_of(
-    channels: Mapping[ChannelKey, Channel], event: MessageReceived, *, sender_is: str
-) -> Channel:
-    """Return the channel ``event`` was sent on, checking its sender; raise :class:`Refusal`."""
-    parts = event.topic.split(":")
-    if len(parts) != 3 or parts[0] != "bcp":
-        raise Refusal(ReasonCode.UNKNOWN_CHANNEL, f"{event.topic!r} is not bcp:<c>:<r>")
-    channel = channels.get((parts[1], parts[2]))
-    if channel is None:
-        raise Refusal(ReasonCode.UNKNOWN_CHANNEL, f"no channel {event.topic!r} is defined")
-    expected = channel.controller if sender_is == "controller" else channel.reader
-    if event.sender != f"agent:{expected}":
-        reason = (
-            ReasonCode.NOT_CHANNEL_CONTROLLER
-            if sender_is == "controller"
-            else ReasonCode.NOT_CHANNEL_READER
-        )
-        raise Refusal(reason, f"{event.sender} is not the {sender_is} of {channel.topic}")
-    return channel
-
-
-def parse(
-    model: type[BaseModel], content: dict[str, Any], reason: str = ReasonCode.INVALID_SPEC
-) -> Any:
-    """Validate ``content`` as ``model``; raise :class:`Refusal` naming the first error."""
-    try:
-        return model.model_validate(content)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "content"
-        raise Refusal(reason, f"{where}: {first['msg']}"[:500]) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,23 @@ TOPIC = "bcp:main:researcher"
 KEY = ("main", "researcher")
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The core's timeouts, short and round so that tests can name them."""
+
+    query_ttl: float = 300.0
+    max_retries: int = 2
+    approval_timeout: float = 600.0
+    outbox_ttl: float = 3600.0
+
+
+SETTINGS = Settings()
+
+
 @pytest.fixture
 def core(tmp_path: Path) -> GatewayCore:
     channels = build_channels(load_agents(agents(tmp_path, max_category=2, budget=500)))
-    return GatewayCore(channels, GatewayState())
+    return GatewayCore(channels, GatewayState(), SETTINGS)
 
 
 def request(content: dict[str, Any], *, topic: str = TOPIC, sender: str = "agent:main") -> Any:
@@ -50,7 +64,7 @@ def refused(outcome: Admitted | Refused) -> tuple[str, Any]:
 
 def test_a_valid_request_is_admitted_and_nothing_is_reserved(core):
     """A Cat-1 request passes every check; the ledger and the used ids stay untouched."""
-    outcome = core.receive_query_request(request({"query_id": "q1", **CAT1}))
+    outcome = core.queries.check(request({"query_id": "q1", **CAT1}))
     assert isinstance(outcome, Admitted)
     assert outcome.request.query_id == "q1" and not outcome.escalation
     assert outcome.bits == pytest.approx(6.9, abs=0.1)
@@ -60,7 +74,7 @@ def test_a_valid_request_is_admitted_and_nothing_is_reserved(core):
 def test_a_refusal_is_recorded_committed_then_sent_then_replied(core):
     """A refusal is a row, a commit, a bcp_query_failed to the controller, then the reply."""
     core.state.used_query_ids.add(("main", "q1"))
-    reason, [send] = refused(core.receive_query_request(request({"query_id": "q1", **CAT1})))
+    reason, [send] = refused(core.queries.check(request({"query_id": "q1", **CAT1})))
     assert reason == "duplicate_query_id"
     assert isinstance(send, Send) and send.topic == "agent:main"
     assert send.type == "bcp_query_failed" and isinstance(send.content, BcpQueryFailed)
@@ -82,42 +96,40 @@ def test_requests_on_the_wrong_channel_or_with_a_bad_spec_are_refused(
     core, content, topic, sender, reason
 ):
     """Unknown channels, the wrong sender, a broken spec, a category too high are refused."""
-    assert refused(core.receive_query_request(request(content, topic=topic, sender=sender)))[0] == (
-        reason
-    )
+    assert refused(core.queries.check(request(content, topic=topic, sender=sender)))[0] == (reason)
 
 
 def test_an_unreadable_or_missing_query_id_is_not_echoed(core):
     """Without a usable query_id the controller learns the refusal from the reply alone."""
     for content in ({**CAT1}, {"query_id": "bad id!", **CAT1}):
-        reason, sent = refused(core.receive_query_request(request(content)))
+        reason, sent = refused(core.queries.check(request(content)))
         assert reason == "invalid_spec" and sent == []
 
 
 def test_budget_and_cat2_limits_refuse(core):
     """A query over the budget, or a Cat-2 query past max_cat2_queries, is refused."""
     core.state.ledger.charge(KEY, 499)
-    reason, _ = refused(core.receive_query_request(request({"query_id": "q1", **CAT1})))
+    reason, _ = refused(core.queries.check(request({"query_id": "q1", **CAT1})))
     assert reason == "budget_exhausted"
     core.state.ledger.reset(KEY)
     for _ in range(10):
         core.state.ledger.charge(KEY, 0, cat2=True)
-    reason, _ = refused(core.receive_query_request(request({"query_id": "q2", **CAT2})))
+    reason, _ = refused(core.queries.check(request({"query_id": "q2", **CAT2})))
     assert reason == "cat2_limit_reached"
 
 
 def test_escalation_needs_a_justification_and_cat3_needs_a_human(tmp_path):
     """Raising a task's category needs a reason; an escalation into Cat-3 waits for a human."""
     channels = build_channels(load_agents(agents(tmp_path)))
-    core = GatewayCore(channels, GatewayState())
+    core = GatewayCore(channels, GatewayState(), SETTINGS)
     core.state.tasks.record(KEY, "t1", 1)
     ask = {"query_id": "q2", "task_id": "t1"}
-    reason, _ = refused(core.receive_query_request(request({**ask, **CAT2})))
+    reason, _ = refused(core.queries.check(request({**ask, **CAT2})))
     assert reason == "escalation_requires_justification"
     justified = {**ask, "escalation_justification": "need it"}
-    cat2 = core.receive_query_request(request({**justified, **CAT2}))
+    cat2 = core.queries.check(request({**justified, **CAT2}))
     assert isinstance(cat2, Admitted) and not cat2.escalation
-    cat3 = core.receive_query_request(request({**justified, **CAT3}))
+    cat3 = core.queries.check(request({**justified, **CAT3}))
     assert isinstance(cat3, Admitted) and cat3.escalation
 
 

@@ -1,0 +1,221 @@
+"""The gateway's decisions, sans I/O: events in, actions out.
+
+Nothing here awaits or touches a socket or the log. :meth:`GatewayCore.handle` takes an
+:data:`~peers.gateway.events.Event` (a message received, a timer fired, a send's outcome, a
+peer joining) and returns the actions the shell must carry out in order (see
+:mod:`peers.gateway.events`). The flows live in parts over one shared :class:`Context`, each
+importing only the ones below it::
+
+    context   shared state, refusals, row builders
+    outbox    deliveries to controllers, held while they are offline
+    queries   admission, asking the reader, failure, expiry, completion
+    approvals escalations and reviews, decisions, expiry
+    answers   a reader's answers, with retries
+    pushes    a reader's pushes, with rate limits
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from schemas.agents import Channel
+from schemas.bcp import BcpResponse, BcpSubscriptionsActive, ReasonCode
+
+from ..events import (
+    Action,
+    Commit,
+    Event,
+    MessageReceived,
+    PeerJoined,
+    PeerLeft,
+    Respond,
+    Send,
+    Sent,
+    Spawn,
+    TimerFired,
+)
+from ..state import ApprovalStatus, ChannelKey, Decided, GatewayState, Orphans
+from .answers import Answers
+from .approvals import Approvals
+from .context import (
+    APPROVAL_TOPIC,
+    GATEWAY_CLIENT_ID,
+    Context,
+    Refusal,
+    Settings,
+    channel_of,
+    iso,
+    parse,
+)
+from .outbox import Outbox
+from .pushes import Pushes
+from .queries import Admitted, Queries, Refused
+
+__all__ = [
+    "APPROVAL_TOPIC",
+    "GATEWAY_CLIENT_ID",
+    "Admitted",
+    "GatewayCore",
+    "Refusal",
+    "Refused",
+    "Settings",
+    "channel_of",
+    "parse",
+]
+
+
+class GatewayCore:
+    """The gateway's decisions over its channels and :class:`GatewayState`.
+
+    Args:
+        channels: the channels from the agent definitions, by ``(controller, reader)``.
+        state: what the gateway starts from (see :func:`peers.gateway.restore.load_state`).
+        settings: expiry, retries, approval and outbox timeouts.
+        clock: wall-clock seconds.
+    """
+
+    def __init__(
+        self,
+        channels: Mapping[ChannelKey, Channel],
+        state: GatewayState,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ctx = Context(channels, state, settings, clock)
+        self.outbox = Outbox(self.ctx)
+        self.queries = Queries(self.ctx, self.outbox)
+        self.approvals = Approvals(self.ctx, self.queries, self.outbox)
+        self.answers = Answers(self.ctx, self.queries, self.approvals)
+        self.pushes = Pushes(self.ctx, self.approvals, self.outbox)
+
+    @property
+    def channels(self) -> Mapping[ChannelKey, Channel]:
+        """The channels, by ``(controller, reader)``."""
+        return self.ctx.channels
+
+    @property
+    def state(self) -> GatewayState:
+        """What a restart carries over: budgets, tasks, rates, used ids, decisions."""
+        return self.ctx.state
+
+    def adopt(self, state: GatewayState) -> list[Action]:
+        """Start from ``state``; return the timers of its held deliveries. Before :meth:`start`."""
+        self.ctx.state = state
+        return [action for held in state.held for action in self.outbox.keep(held)]
+
+    def start(self) -> list[Action]:
+        """Return what the gateway does once connected: announce subscriptions, flush outboxes."""
+        readers = sorted({reader for _c, reader in self.channels})
+        return [
+            *(self._announce(reader) for reader in readers),
+            *(a for controller in list(self.ctx.outbox) for a in self.outbox.flush(controller)),
+        ]
+
+    def settle(self, orphans: Orphans) -> list[Action]:
+        """Fail what was in flight when the gateway last stopped (see :mod:`..restore`).
+
+        Each orphaned approval is logged as expired and each orphaned query ends in
+        ``bcp_query_failed`` (``timeout``) to its controller, held if it is offline.
+        """
+        ctx = self.ctx
+        actions: list[Action] = []
+        reason = "the gateway restarted"
+        for controller, reader, approval_id in orphans.approvals:
+            channel = self.channels[(controller, reader)]
+            decided = Decided(ApprovalStatus.EXPIRED, GATEWAY_CLIENT_ID, iso(ctx.clock()), reason)
+            ctx.state.decided.remember(approval_id, decided)
+            actions.append(
+                ctx.record(
+                    "bcp_approval_decided",
+                    channel,
+                    ApprovalStatus.EXPIRED,
+                    approval_id=approval_id,
+                    reason=reason,
+                )
+            )
+        detail = "the gateway restarted before the query was answered"
+        for controller, reader, query_id in orphans.queries:
+            query = self.queries.orphan(self.channels[(controller, reader)], query_id)
+            actions += self.queries.fail(query, ReasonCode.TIMEOUT, detail)
+        return [*actions, Commit()]
+
+    def handle(self, event: Event) -> list[Action]:
+        """Return what to do about ``event``, in order; a :class:`Respond` is the reply."""
+        match event:
+            case Sent():
+                return self.ctx.sent(event)
+            case TimerFired(key=("query", controller, query_id)):
+                return self.queries.expire(controller, query_id)
+            case TimerFired(key=("approval", approval_id)):
+                return self.approvals.expire(approval_id)
+            case TimerFired(key=("held", controller, hold_id)):
+                return self.outbox.expire(controller, hold_id)
+            case PeerJoined():
+                return self._joined(event)
+            case PeerLeft():
+                return [Respond(True, "ignored")]  # Nothing waits on a peer that left.
+            case MessageReceived(type="bcp_query_request"):
+                return self._query_request(event)
+            case MessageReceived(type="bcp_response"):
+                return self._response(event)
+            case MessageReceived(type="bcp_approval_decision"):
+                return self.approvals.receive_decision(event)
+            case _:
+                return [Respond(True, "ignored")]
+
+    def _query_request(self, event: MessageReceived) -> list[Action]:
+        match self.queries.check(event):
+            case Refused(actions=actions):
+                return list(actions)
+            case Admitted() as admitted:
+                query = self.queries.open(admitted)
+        if admitted.escalation:
+            held = Respond(True, "accepted", "escalation held for a human's approval")
+            return [*self.approvals.escalate(query, admitted.request), held]
+        return self.queries.ask_reader(query, event.message_id)
+
+    def _response(self, event: MessageReceived) -> list[Action]:
+        channel: Channel | None = None
+        content = event.content
+        ref = {
+            "query_id": content.get("query_id"),
+            "subscription_id": content.get("subscription_id"),
+        }
+        try:
+            channel = channel_of(self.channels, event, sender_is="reader")
+            response = parse(BcpResponse, content, ReasonCode.INVALID_MESSAGE)
+        except Refusal as refusal:
+            return [
+                *self.ctx.tell_reader(event, channel, ref, refusal.reason, refusal.detail),
+                Respond(False, refusal.reason, refusal.detail),
+            ]
+        if response.subscription_id is not None:
+            return self.pushes.receive(event, channel, response)
+        assert response.query_id is not None  # BcpResponse requires one of the two
+        return self.answers.receive(event, channel, response.query_id, response.response)
+
+    def _joined(self, event: PeerJoined) -> list[Action]:
+        if event.sender != "system:bus":
+            return [Respond(False, "ignored", "presence comes from the bus only")]
+        prefix, _, name = event.client_id.partition(":")
+        work: list[Action] = []
+        if prefix == "agent" and name in {reader for _c, reader in self.channels}:
+            work.append(Spawn((self._announce(name),)))
+        if prefix == "agent" and name in self.ctx.outbox:
+            work.append(Spawn(tuple(self.outbox.flush(name))))
+        if prefix == "human":
+            work += [Spawn((send,)) for send in self.approvals.resend(event.client_id)]
+        return [*work, Respond(True)]
+
+    def _announce(self, reader: str) -> Send:
+        active = BcpSubscriptionsActive(
+            subscriptions=tuple(
+                entry
+                for (_c, r), channel in sorted(self.channels.items())
+                if r == reader
+                for entry in channel.active_subscriptions()
+            )
+        )
+        return Send(f"agent:{reader}", "bcp_subscriptions_active", active)

@@ -1,0 +1,84 @@
+"""Answers: a reader's ``bcp_response`` to a query, validated, retried, delivered or reviewed.
+
+Every answer is a ``bcp_validation`` row. An invalid one costs a retry and tells the reader
+what failed and how many tries are left; the last failure ends the query with
+``retries_exhausted``. A valid one goes to the controller, or to a human first when the
+validation asks for review.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.agents import Channel
+from schemas.bcp import ReasonCode
+
+from ..events import Action, MessageReceived, Respond
+from ..state import QueryState
+from ..validation import validate_response
+from .approvals import Approvals
+from .context import Context, anomalies
+from .queries import Queries
+
+__all__ = ["Answers"]
+
+
+class Answers:
+    """Take readers' answers to pending queries."""
+
+    def __init__(self, ctx: Context, queries: Queries, approvals: Approvals) -> None:
+        self.ctx = ctx
+        self.queries = queries
+        self.approvals = approvals
+
+    def receive(
+        self, event: MessageReceived, channel: Channel, query_id: str, raw: Any
+    ) -> list[Action]:
+        """Validate the answer ``raw`` to ``query_id``; tell the reader; reply."""
+        ctx, ref = self.ctx, {"query_id": query_id}
+        query = ctx.pending.get((channel.controller, query_id))
+        if query is None or query.state is not QueryState.ASKING or query.channel is not channel:
+            detail = "no pending query with this query_id on this channel"
+            return [
+                *ctx.tell_reader(event, channel, ref, ReasonCode.UNKNOWN_QUERY, detail),
+                Respond(False, ReasonCode.UNKNOWN_QUERY, detail),
+            ]
+        result = validate_response(query.spec, raw, anomaly_action=channel.anomaly_action)
+        row = ctx.validation(channel, result, event.message_id, query_id=query_id)
+        if not result.accepted:
+            query.retries_left -= 1
+            if query.retries_left <= 0:
+                reason = ReasonCode.RETRIES_EXHAUSTED
+                return [
+                    row,
+                    *ctx.tell_reader(event, channel, ref, reason, result.detail(), result),
+                    *self.queries.fail(query, reason, "the reader's answers kept failing"),
+                    Respond(False, reason),
+                ]
+            told = ctx.tell_reader(
+                event,
+                channel,
+                ref,
+                ReasonCode.VALIDATION_FAILED,
+                result.detail(),
+                result,
+                retries_left=query.retries_left,
+            )
+            return [row, *told, Respond(False, ReasonCode.VALIDATION_FAILED, result.detail())]
+        if result.approval_required:
+            held = "valid; held for human approval"
+            review = self.approvals.review(
+                channel, query.spec, result, query=query, bits=query.bits
+            )
+            return [
+                row,
+                *ctx.tell_reader(event, channel, ref, None, held),
+                *review,
+                Respond(True, "held_for_approval"),
+            ]
+        return [
+            row,
+            *ctx.tell_reader(event, channel, ref, None, "accepted"),
+            *self.queries.complete(query, result.response or {}, anomalies(result)),
+            Respond(True, "delivered"),
+        ]

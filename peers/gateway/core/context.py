@@ -1,0 +1,331 @@
+"""What every part of the gateway's core shares: the runtime state, refusals, and row builders.
+
+:class:`Context` holds the channels, the restored :class:`~peers.gateway.state.GatewayState`,
+the queries and approvals in flight, the outbox, and the continuations of sends whose outcome
+matters (see :class:`~peers.gateway.events.Sent`). The parts of the core
+(:mod:`.outbox`, :mod:`.queries`, :mod:`.approvals`, :mod:`.responses`) each take it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from schemas.agents import Channel, Subscription
+from schemas.bcp import (
+    ID_PATTERN,
+    SUBSCRIPTION_ID_PATTERN,
+    BcpResponseDelivery,
+    BcpValidationResult,
+    NormalizedResponse,
+    QuerySpec,
+    ReasonCode,
+)
+from schemas.common import step_down
+
+from ..events import Action, Commit, MessageReceived, Record, Send, Sent
+from ..state import ChannelKey, GatewayState, Held, QueryState
+from ..validation import ValidationResult
+
+__all__ = [
+    "APPROVAL_TOPIC",
+    "GATEWAY_CLIENT_ID",
+    "Approval",
+    "Context",
+    "Query",
+    "Refusal",
+    "Settings",
+    "channel_of",
+    "iso",
+    "parse",
+    "wire",
+]
+
+GATEWAY_CLIENT_ID = "system:gateway"
+APPROVAL_TOPIC = "system:approval"
+
+_ID = re.compile(ID_PATTERN)
+_SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
+
+
+class Settings(Protocol):
+    """The timeouts and limits the core reads (``GatewaySettings`` has them)."""
+
+    @property
+    def query_ttl(self) -> float: ...
+    @property
+    def max_retries(self) -> int: ...
+    @property
+    def approval_timeout(self) -> float: ...
+    @property
+    def outbox_ttl(self) -> float: ...
+
+
+class Refusal(Exception):
+    """A BCP refusal: ``reason`` is a :class:`ReasonCode`, ``detail`` says what to fix."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class Query:
+    """A query the gateway accepted and has not finished."""
+
+    channel: Channel
+    query_id: str
+    spec: QuerySpec
+    bits: float
+    retries_left: int
+    """The answers still allowed: the first one plus ``max_retries``, counting down."""
+    task_id: str | None
+    state: QueryState = QueryState.ASKING
+
+    @property
+    def timer(self) -> tuple[str, ...]:
+        """The key of its expiry timer."""
+        return ("query", self.channel.controller, self.query_id)
+
+
+@dataclass
+class Approval:
+    """An approval request waiting for a human."""
+
+    approval_id: str
+    kind: Literal["response", "escalation"]
+    channel: Channel
+    spec: QuerySpec
+    content: dict[str, Any]
+    """The ``bcp_approval_request`` as sent (and sent again to an approver who joins)."""
+    query: Query | None = None
+    subscription: Subscription | None = None
+    bits: float = 0.0
+    response: NormalizedResponse | None = None
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+
+
+Then = Callable[[int], list[Action]]
+"""What to do once a send's outcome is known, given how many peers got it."""
+
+
+class Context:
+    """The core's shared state; every part of the core reads and changes this one value."""
+
+    def __init__(
+        self,
+        channels: Mapping[ChannelKey, Channel],
+        state: GatewayState,
+        settings: Settings,
+        clock: Callable[[], float],
+    ) -> None:
+        self.channels = channels
+        self.state = state
+        self.settings = settings
+        self.clock = clock
+        self.pending: dict[tuple[str, str], Query] = {}
+        """Queries in flight, by ``(controller, query_id)``."""
+        self.approvals: dict[str, Approval] = {}
+        """Approvals waiting for a human, by ``approval_id``."""
+        self.outbox: dict[str, list[Held]] = {}
+        """Deliveries held for offline controllers, oldest first."""
+        self._then: dict[int, Then] = {}
+        self._tokens = itertools.count(1)
+
+    def send_then(
+        self, topic: str, message_type: str, content: BaseModel | Mapping[str, Any], then: Then
+    ) -> Send:
+        """Return a :class:`Send` whose outcome runs ``then`` (see :meth:`sent`)."""
+        token = next(self._tokens)
+        self._then[token] = then
+        return Send(topic, message_type, content, token=token)
+
+    def sent(self, event: Sent) -> list[Action]:
+        """Return what follows a send with a token; nothing for an unknown token."""
+        then = self._then.pop(event.token, None)
+        return then(event.delivered_to) if then is not None else []
+
+    def record(
+        self, event: str, channel: Channel, status: str | None = None, **payload: Any
+    ) -> Record:
+        """Return the gateway's row about ``channel``; ``message_id`` goes in its column too."""
+        return Record(
+            event,
+            actor=GATEWAY_CLIENT_ID,
+            topic=channel.topic,
+            status=status,
+            payload={"channel": channel.topic, **payload},
+            message_id=payload.get("message_id"),
+        )
+
+    def charged(self, channel: Channel, bits: float, **ref: Any) -> Record:
+        """Return the ``bcp_bits_charged`` row for a charge (or a refund) just made."""
+        return self.record(
+            "bcp_bits_charged",
+            channel,
+            "charged",
+            bits=bits,
+            budget_bits=channel.budget_bits,
+            budget_left=round(self.state.ledger.left(channel.key, channel.budget_bits), 3),
+            **ref,
+        )
+
+    def delivered(self, channel: Channel, content: Mapping[str, Any], **extra: Any) -> Record:
+        """Return the ``bcp_delivered`` row for a delivery the controller got."""
+        return self.record(
+            "bcp_delivered",
+            channel,
+            "delivered",
+            query_id=content.get("query_id"),
+            subscription_id=content.get("subscription_id"),
+            bits=content.get("bandwidth_bits"),
+            taint=content.get("taint"),
+            **extra,
+        )
+
+    def validation(
+        self, channel: Channel, result: ValidationResult, message_id: str, **ref: Any
+    ) -> Record:
+        """Return the ``bcp_validation`` row for a reader's answer or push."""
+        return self.record(
+            "bcp_validation",
+            channel,
+            "pass" if result.accepted else "fail",
+            message_id=message_id,
+            reasons=[r.model_dump(mode="json") for r in result.reasons],
+            anomalies=anomalies(result),
+            **ref,
+        )
+
+    def tell_reader(
+        self,
+        event: MessageReceived,
+        channel: Channel | None,
+        ref: Mapping[str, Any],
+        error: str | None,
+        detail: str,
+        result: ValidationResult | None = None,
+        *,
+        retries_left: int | None = None,
+    ) -> list[Action]:
+        """Return the verdict on a reader's ``bcp_response``, after a commit of every row."""
+        fields: dict[str, Any] = _valid_ids(ref)
+        fields.update(success=error is None, detail=detail[:1000])
+        if error is not None:
+            fields["error"] = error
+        if result is not None and result.reasons:
+            fields["reasons"] = result.reasons
+        if retries_left is not None:
+            fields["retries_left"] = retries_left
+        verdict = BcpValidationResult(**fields)
+        actions: list[Action] = []
+        if channel is None:
+            payload = {**wire(verdict), "channel": event.topic}
+            actions.append(
+                Record(
+                    "bcp_validation",
+                    GATEWAY_CLIENT_ID,
+                    event.topic,
+                    "fail",
+                    payload,
+                    event.message_id,
+                )
+            )
+        # correlationId ties the verdict to the bcp_response it answers; the reader SDK waits on it.
+        send = Send(event.sender, "bcp_validation_result", verdict, event.message_id)
+        return [*actions, Commit(), send]
+
+
+def delivery(
+    channel: Channel,
+    spec: QuerySpec,
+    response: NormalizedResponse,
+    bits: float,
+    found: list[dict[str, Any]],
+    **ref: str,
+) -> dict[str, Any]:
+    """Return the ``bcp_response_delivery`` content for a valid answer or push."""
+    content: dict[str, Any] = {
+        **ref,
+        "category": spec.category,
+        "from_agent": channel.reader,
+        "response": response,
+        "bandwidth_bits": round(bits, 3),
+        "taint": step_down(channel.reader_taint),
+        "channel_mode": "bcp",
+    }
+    # Only a flag channel delivers the anomalies; on review a human approved the answer.
+    if found and channel.anomaly_action == "flag":
+        content["anomalies"] = found
+    return wire(BcpResponseDelivery.model_validate(content))
+
+
+def channel_of(
+    channels: Mapping[ChannelKey, Channel], event: MessageReceived, *, sender_is: str
+) -> Channel:
+    """Return the channel ``event`` was sent on, checking its sender; raise :class:`Refusal`."""
+    parts = event.topic.split(":")
+    if len(parts) != 3 or parts[0] != "bcp":
+        raise Refusal(ReasonCode.UNKNOWN_CHANNEL, f"{event.topic!r} is not bcp:<c>:<r>")
+    channel = channels.get((parts[1], parts[2]))
+    if channel is None:
+        raise Refusal(ReasonCode.UNKNOWN_CHANNEL, f"no channel {event.topic!r} is defined")
+    expected = channel.controller if sender_is == "controller" else channel.reader
+    if event.sender != f"agent:{expected}":
+        reason = (
+            ReasonCode.NOT_CHANNEL_CONTROLLER
+            if sender_is == "controller"
+            else ReasonCode.NOT_CHANNEL_READER
+        )
+        raise Refusal(reason, f"{event.sender} is not the {sender_is} of {channel.topic}")
+    return channel
+
+
+def parse(
+    model: type[BaseModel], content: dict[str, Any], reason: str = ReasonCode.INVALID_SPEC
+) -> Any:
+    """Validate ``content`` as ``model``; raise :class:`Refusal` naming the first error."""
+    try:
+        return model.model_validate(content)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "content"
+        raise Refusal(reason, f"{where}: {first['msg']}"[:500]) from None
+
+
+def wire(model: BaseModel) -> dict[str, Any]:
+    """Return the content of a frame built through its ``schemas`` model.
+
+    Only the fields the gateway set are sent (it sets none to null), so a frame carries the keys
+    it always carried; a nested model that says ``null`` on purpose, such as a reason's
+    ``field``, keeps it, as ``schemas/json`` requires.
+    """
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+def anomalies(result: ValidationResult) -> list[dict[str, Any]]:
+    """Return the anomalies ``result`` found, as JSON."""
+    return [a.model_dump(mode="json", exclude_none=True) for a in result.anomalies]
+
+
+def iso(seconds: float) -> str:
+    """Return ``seconds`` since the epoch as RFC 3339 UTC with a ``Z``."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _valid_ids(ref: Mapping[str, Any]) -> dict[str, str]:
+    # An id the reader got wrong is not echoed: the verdict's correlationId already ties it
+    # to the message it answers, and the frame must match schemas/json/bcp_validation_result.
+    patterns = {"query_id": _ID, "subscription_id": _SUBSCRIPTION_ID}
+    return {
+        key: value
+        for key, value in ref.items()
+        if isinstance(value, str) and patterns[key].match(value)
+    }

@@ -1,0 +1,138 @@
+"""Deliveries to controllers, held while a controller is offline, flushed when it joins.
+
+A delivery that finds its controller away, or finds earlier ones still held, becomes a
+``bcp_held`` row (committed before it is kept) and waits ``outbox_ttl`` seconds; when the
+controller joins, the outbox is sent in order and each delivery is logged as it lands. A held
+push that expires tells its reader ``controller_unavailable``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from schemas.agents import Channel
+from schemas.bcp import BcpValidationResult, ReasonCode
+
+from ..events import Action, CancelTimer, Commit, Send, SetTimer
+from ..state import Held
+from .context import Context, iso
+
+__all__ = ["Outbox"]
+
+
+class Outbox:
+    """Deliver to controllers, or hold for them."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def deliver(
+        self,
+        channel: Channel,
+        message_type: str,
+        content: Mapping[str, Any],
+        then: Callable[[bool], list[Action]] | None = None,
+    ) -> list[Action]:
+        """Send to the channel's controller, or hold it while the controller is away.
+
+        ``then`` gets whether it was delivered now; its actions follow.
+        """
+        after = then or _nothing
+        controller = channel.controller
+        if self.ctx.outbox.get(controller):
+            # Keep the order: nothing overtakes what is already held.
+            return [*self.hold(channel, message_type, content), *after(False)]
+
+        def sent(delivered_to: int) -> list[Action]:
+            if not delivered_to:
+                return [*self.hold(channel, message_type, content), *after(False)]
+            if message_type != "bcp_response_delivery":
+                return after(True)
+            return [self.ctx.delivered(channel, content), Commit(), *after(True)]
+
+        return [self.ctx.send_then(f"agent:{controller}", message_type, content, sent)]
+
+    def hold(self, channel: Channel, message_type: str, content: Mapping[str, Any]) -> list[Action]:
+        """Keep a delivery for its offline controller, after a committed ``bcp_held`` row."""
+        held = Held(
+            hold_id=f"hold-{uuid.uuid4().hex[:12]}",
+            controller=channel.controller,
+            content={"type": message_type, "content": dict(content)},
+            expires_at=self.ctx.clock() + self.ctx.settings.outbox_ttl,
+            reader=channel.reader,
+        )
+        row = self.ctx.record(
+            "bcp_held",
+            channel,
+            "held",
+            hold_id=held.hold_id,
+            held=held.content,
+            expires_at=iso(held.expires_at),
+            query_id=content.get("query_id"),
+            subscription_id=content.get("subscription_id"),
+        )
+        return [row, Commit(), *self.keep(held)]
+
+    def keep(self, held: Held) -> list[Action]:
+        """Put ``held`` in its controller's outbox; return the timer for its expiry."""
+        self.ctx.outbox.setdefault(held.controller, []).append(held)
+        delay = max(0.0, held.expires_at - self.ctx.clock())
+        return [SetTimer(("held", held.controller, held.hold_id), delay)]
+
+    def expire(self, controller: str, hold_id: str) -> list[Action]:
+        """Drop a held delivery whose time ran out; tell the reader of a push."""
+        items = self.ctx.outbox.get(controller, [])
+        held = next((h for h in items if h.hold_id == hold_id), None)
+        if held is None:
+            return []
+        items.remove(held)
+        channel = self.ctx.channels.get((held.controller, held.reader))
+        if channel is None:
+            return []
+        inner = held.content["content"]
+        row = self.ctx.record(
+            "bcp_expired",
+            channel,
+            ReasonCode.CONTROLLER_UNAVAILABLE,
+            hold_id=held.hold_id,
+            query_id=inner.get("query_id"),
+            subscription_id=inner.get("subscription_id"),
+        )
+        actions: list[Action] = [row, Commit()]
+        if "subscription_id" in inner:
+            verdict = BcpValidationResult(
+                subscription_id=inner["subscription_id"],
+                success=False,
+                error=ReasonCode.CONTROLLER_UNAVAILABLE,
+                detail=f"agent:{held.controller} stayed offline; the push expired",
+            )
+            actions.append(Send(f"agent:{held.reader}", "bcp_validation_result", verdict))
+        return actions
+
+    def flush(self, controller: str) -> list[Action]:
+        """Send the controller's held deliveries in order; stop at the first that fails."""
+        items = self.ctx.outbox.get(controller)
+        if not items:
+            return []
+        held = items[0]
+        inner = held.content["content"]
+
+        def sent(delivered_to: int) -> list[Action]:
+            if not delivered_to:
+                return []
+            if held not in items:
+                return self.flush(controller)  # It expired while the send was under way.
+            items.remove(held)
+            actions: list[Action] = [CancelTimer(("held", controller, held.hold_id))]
+            channel = self.ctx.channels.get((controller, held.reader))
+            if channel is not None:
+                actions += [self.ctx.delivered(channel, inner, hold_id=held.hold_id), Commit()]
+            return [*actions, *self.flush(controller)]
+
+        return [self.ctx.send_then(f"agent:{controller}", held.content["type"], inner, sent)]
+
+
+def _nothing(_delivered: bool) -> list[Action]:
+    return []

@@ -1,0 +1,116 @@
+"""Pushes: a reader's ``bcp_response`` under a controller's declared subscription.
+
+A push must name a subscription the controller declared, keep within its rate limits and the
+channel's budget, and validate against the subscription's spec; each refusal is a
+``bcp_push_refused`` row. An accepted push is charged (committed) and then delivered, held for
+an offline controller, or held for a human's review; the reader's verdict says which.
+"""
+
+from __future__ import annotations
+
+from schemas.agents import Channel, Subscription
+from schemas.bcp import BcpResponse, ReasonCode
+
+from ..bits import spec_bits
+from ..events import Action, Commit, MessageReceived, Respond
+from ..validation import validate_response
+from .approvals import Approvals
+from .context import Context, Refusal, anomalies, delivery
+from .outbox import Outbox
+
+__all__ = ["Pushes"]
+
+
+class Pushes:
+    """Take readers' pushes under declared subscriptions."""
+
+    def __init__(self, ctx: Context, approvals: Approvals, outbox: Outbox) -> None:
+        self.ctx = ctx
+        self.approvals = approvals
+        self.outbox = outbox
+
+    def receive(
+        self, event: MessageReceived, channel: Channel, response: BcpResponse
+    ) -> list[Action]:
+        """Check, validate and charge a push; deliver it or hold it; tell the reader; reply."""
+        ctx = self.ctx
+        assert response.subscription_id is not None
+        sid = response.subscription_id
+        ref = {"subscription_id": sid}
+        subscription = channel.subscription(sid)
+        try:
+            if subscription is None or response.controller != channel.controller:
+                detail = f"no subscription {sid!r} from {response.controller!r} to this reader"
+                raise Refusal(ReasonCode.SUBSCRIPTION_NOT_FOUND, detail)
+            self._check(channel, subscription)
+        except Refusal as refusal:
+            # A subscription that does not exist is the whole story; a limit says which.
+            unknown = refusal.reason == ReasonCode.SUBSCRIPTION_NOT_FOUND
+            extra = {} if unknown else {"detail": refusal.detail}
+            row = ctx.record("bcp_push_refused", channel, refusal.reason, **extra, **ref)
+            return [
+                row,
+                *ctx.tell_reader(event, channel, ref, refusal.reason, refusal.detail),
+                Respond(False, refusal.reason, refusal.detail),
+            ]
+        spec = subscription.as_spec()
+        result = validate_response(spec, response.response, anomaly_action=channel.anomaly_action)
+        checked = ctx.validation(channel, result, event.message_id, **ref)
+        if not result.accepted:
+            reason = ReasonCode.VALIDATION_FAILED
+            return [
+                checked,
+                ctx.record("bcp_push_refused", channel, reason, **ref),
+                *ctx.tell_reader(event, channel, ref, reason, result.detail(), result),
+                Respond(False, reason, result.detail()),
+            ]
+        bits = spec_bits(spec)
+        ctx.state.ledger.charge(channel.key, bits, cat2=False)
+        ctx.state.rates.record((*channel.key, sid), ctx.clock())
+        charged: list[Action] = [
+            checked,
+            ctx.record("bcp_push_received", channel, "accepted", bits=bits, **ref),
+            ctx.charged(channel, bits, subscription_id=sid, category=spec.category),
+            Commit(),
+        ]
+        if result.approval_required:
+            held = "valid; held for human approval"
+            return [
+                *charged,
+                *ctx.tell_reader(event, channel, ref, None, held),
+                *self.approvals.review(channel, spec, result, subscription=subscription, bits=bits),
+                Respond(True, "held_for_approval"),
+            ]
+        content = delivery(
+            channel, spec, result.response or {}, bits, anomalies(result), subscription_id=sid
+        )
+
+        def verdict(delivered: bool) -> list[Action]:
+            if delivered:
+                told = ctx.tell_reader(event, channel, ref, None, "accepted")
+                return [*told, Respond(True, "delivered")]
+            detail = f"valid; held until agent:{channel.controller} connects"
+            return [*ctx.tell_reader(event, channel, ref, None, detail), Respond(True, "held")]
+
+        # Deliver first, so that the verdict the reader waits for says whether it was held.
+        return [*charged, *self.outbox.deliver(channel, "bcp_response_delivery", content, verdict)]
+
+    def _check(self, channel: Channel, subscription: Subscription) -> None:
+        ctx, key = self.ctx, (*channel.key, subscription.id)
+        if not ctx.state.rates.allows(
+            key,
+            ctx.clock(),
+            min_interval_s=subscription.min_interval_s,
+            max_per_hour=subscription.max_per_hour,
+        ):
+            raise Refusal(
+                ReasonCode.RATE_LIMITED,
+                f"at most one push per {subscription.min_interval_s}s and "
+                f"{subscription.max_per_hour} per hour",
+            )
+        bits = spec_bits(subscription)
+        if not ctx.state.ledger.fits(channel.key, bits, channel.budget_bits):
+            left = ctx.state.ledger.left(channel.key, channel.budget_bits)
+            raise Refusal(
+                ReasonCode.BUDGET_EXHAUSTED, f"this push needs {bits:.1f} bits; {left:.1f} left"
+            )
