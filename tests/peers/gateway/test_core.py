@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from peers.gateway.core import (
+    APPROVAL_TOPIC,
     GATEWAY_CLIENT_ID,
     Admitted,
     GatewayCore,
@@ -17,12 +19,23 @@ from peers.gateway.core import (
     channel_of,
     parse,
 )
-from peers.gateway.events import Commit, MessageReceived, Record, Respond, Send
+from peers.gateway.events import (
+    CancelTimer,
+    Commit,
+    MessageReceived,
+    Record,
+    Respond,
+    Send,
+    Sent,
+    SetTimer,
+    Spawn,
+    TimerFired,
+)
 from peers.gateway.state import GatewayState
 from schemas.agents import build_channels, load_agents
 from schemas.bcp import BcpQueryFailed, BcpResponse
 
-from .test_flows import CAT1, CAT2, CAT3, agents
+from .test_flows import CAT1, CAT1_BITS, CAT2, CAT3, agents
 
 TOPIC = "bcp:main:researcher"
 KEY = ("main", "researcher")
@@ -149,3 +162,357 @@ def test_parse_names_the_content_when_a_whole_message_is_wrong():
         parse(BcpResponse, {"response": 1}, "invalid_message")
     assert caught.value.reason == "invalid_message"
     assert caught.value.detail.startswith("content: ")
+
+
+# A shell without I/O, to drive the core flow by flow.
+
+ANSWER1 = {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"}
+ANSWER3 = {"summary": "Short."}
+FLAGGED = {"company": "Acme, see https://acme.example", "founded": "1998-04-01"}
+
+
+class Clock:
+    """Seconds that move only when a test moves them."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Shell:
+    """Carry out a core's actions like the gateway does, without I/O; nobody at ``offline``."""
+
+    def __init__(self, core: GatewayCore, *offline: str) -> None:
+        self.core = core
+        self.offline = set(offline)
+
+    def run(self, actions: Any) -> list[Any]:
+        queue, done = deque(actions), []
+        while queue:
+            action = queue.popleft()
+            if isinstance(action, Spawn):
+                queue.extendleft(reversed(action.actions))
+                continue
+            done.append(action)
+            if isinstance(action, Send) and action.token is not None:
+                delivered = 0 if action.topic in self.offline else 1
+                queue.extendleft(reversed(self.core.handle(Sent(action.token, delivered))))
+        return done
+
+    def handle(self, event: Any) -> list[Any]:
+        return self.run(self.core.handle(event))
+
+
+def show(actions: list[Any]) -> list[str]:
+    """Return the actions in short words, in order."""
+    words = []
+    for action in actions:
+        match action:
+            case Record():
+                words.append(f"record {action.event} {action.status}")
+            case Commit():
+                words.append("commit")
+            case Send():
+                words.append(f"send {action.type} to {action.topic}")
+            case Respond():
+                words.append(f"reply {action.status}")
+            case SetTimer():
+                words.append(f"set {action.key[0]}")
+            case CancelTimer():
+                words.append(f"cancel {action.key[0]}")
+    return words
+
+
+def sent(actions: list[Any], message_type: str) -> Any:
+    """Return the content of the one message of ``message_type`` sent."""
+    [content] = [a.content for a in actions if isinstance(a, Send) and a.type == message_type]
+    return content
+
+
+def make(tmp_path: Path, *offline: str, **agent_options: Any) -> tuple[GatewayCore, Shell, Clock]:
+    clock = Clock()
+    channels = build_channels(load_agents(agents(tmp_path, **agent_options)))
+    core = GatewayCore(channels, GatewayState(), SETTINGS, clock=clock)
+    return core, Shell(core, *offline), clock
+
+
+def ask(shell: Shell, query_id: str = "q1", spec: dict[str, Any] = CAT1, **more: Any) -> list[Any]:
+    content = {"query_id": query_id, **spec, **more}
+    return shell.handle(MessageReceived("m1", "agent:main", TOPIC, "bcp_query_request", content))
+
+
+def answer(shell: Shell, response: Any, query_id: str = "q1", **more: Any) -> list[Any]:
+    content = {"query_id": query_id, "response": response, **more}
+    event = MessageReceived("m2", "agent:researcher", TOPIC, "bcp_response", content)
+    return shell.handle(event)
+
+
+def decide(shell: Shell, approval_id: str, decision: str, **more: Any) -> list[Any]:
+    content = {"approval_id": approval_id, "decision": decision, **more}
+    event = MessageReceived("m3", "human:bob", APPROVAL_TOPIC, "bcp_approval_decision", content)
+    return shell.handle(event)
+
+
+def approval_of(actions: list[Any]) -> str:
+    return str(sent(actions, "bcp_approval_request").approval_id)
+
+
+# Queries: the reader asked, the bits refunded when it is not there
+
+
+def test_an_admitted_query_is_charged_committed_then_sent_and_timed(tmp_path):
+    """The query's rows are committed before bcp_query; once the reader took it, its timer runs."""
+    core, shell, clock = make(tmp_path)
+    actions = ask(shell)
+    assert show(actions) == [
+        "record bcp_query_accepted accepted",
+        "record bcp_bits_charged charged",
+        "commit",
+        "send bcp_query to agent:researcher",
+        "set query",
+        "reply accepted",
+    ]
+    assert actions[4] == SetTimer(("query", "main", "q1"), SETTINGS.query_ttl)
+    assert sent(actions, "bcp_query").expires_at.timestamp() == clock.now + SETTINGS.query_ttl
+    assert core.state.ledger.used(KEY) == pytest.approx(CAT1_BITS)
+
+
+def test_a_reader_that_takes_nothing_gets_the_bits_back_and_the_query_fails(tmp_path):
+    """No reader online: a negative charge row, then bcp_query_failed reader_unavailable."""
+    core, shell, _ = make(tmp_path, "agent:researcher")
+    actions = ask(shell, spec=CAT2)
+    assert show(actions)[4:] == [
+        "record bcp_bits_charged charged",
+        "cancel query",
+        "record bcp_query_failed reader_unavailable",
+        "commit",
+        "send bcp_query_failed to agent:main",
+        "reply reader_unavailable",
+    ]
+    assert actions[4].payload["bits"] < 0
+    assert core.state.ledger.used(KEY) == 0 and core.state.ledger.cat2_used(KEY) == 0
+    assert ("main", "q1") in core.state.used_query_ids and not core.ctx.pending
+
+
+def test_a_send_outcome_nobody_waits_for_changes_nothing(tmp_path):
+    """A Sent with an unknown token returns no actions."""
+    core, _, _ = make(tmp_path)
+    assert core.handle(Sent(99, 1)) == []
+
+
+# Answers and retries
+
+
+def test_a_valid_answer_is_confirmed_to_the_reader_then_delivered(tmp_path):
+    """The verdict goes back correlated; the delivery is logged once the controller got it."""
+    core, shell, _ = make(tmp_path)
+    ask(shell)
+    actions = answer(shell, ANSWER1)
+    assert show(actions) == [
+        "record bcp_validation pass",
+        "commit",
+        "send bcp_validation_result to agent:researcher",
+        "cancel query",
+        "send bcp_response_delivery to agent:main",
+        "record bcp_delivered delivered",
+        "commit",
+        "reply delivered",
+    ]
+    assert actions[2].correlation_id == "m2" and actions[2].content.success
+    assert sent(actions, "bcp_response_delivery")["response"] == ANSWER1
+    assert not core.ctx.pending
+
+
+def test_invalid_answers_count_down_retries_then_fail_the_query(tmp_path):
+    """Each invalid answer says how many tries are left; the last one ends the query."""
+    _, shell, _ = make(tmp_path)
+    ask(shell)
+    for left in (2, 1):
+        actions = answer(shell, {"tier": "gold"})
+        assert sent(actions, "bcp_validation_result").retries_left == left
+        assert show(actions)[-1] == "reply validation_failed"
+    actions = answer(shell, {"tier": "gold"})
+    assert show(actions) == [
+        "record bcp_validation fail",
+        "commit",
+        "send bcp_validation_result to agent:researcher",
+        "cancel query",
+        "record bcp_query_failed retries_exhausted",
+        "commit",
+        "send bcp_query_failed to agent:main",
+        "reply retries_exhausted",
+    ]
+    assert show(answer(shell, ANSWER1))[-1] == "reply unknown_query"
+
+
+def test_a_response_from_outside_the_channel_is_logged_as_a_failed_validation(tmp_path):
+    """Without a channel the verdict is logged; with one but a broken message, it is not."""
+    _, shell, _ = make(tmp_path)
+    stranger = MessageReceived("m2", "agent:main", TOPIC, "bcp_response", {"query_id": "bad id!"})
+    actions = shell.handle(stranger)
+    assert show(actions) == [
+        "record bcp_validation fail",
+        "commit",
+        "send bcp_validation_result to agent:main",
+        "reply not_channel_reader",
+    ]
+    assert "query_id" not in sent(actions, "bcp_validation_result").model_fields_set
+    broken = MessageReceived("m4", "agent:researcher", TOPIC, "bcp_response", {"response": 1})
+    actions = shell.handle(broken)
+    assert show(actions) == [
+        "commit",
+        "send bcp_validation_result to agent:researcher",
+        "reply invalid_message",
+    ]
+
+
+# Expiry
+
+
+def test_a_query_with_no_valid_answer_expires_once(tmp_path):
+    """The query timer fails it with timeout; a second firing finds nothing to do."""
+    _, shell, _ = make(tmp_path)
+    ask(shell)
+    actions = shell.handle(TimerFired(("query", "main", "q1")))
+    assert show(actions) == [
+        "record bcp_expired timeout",
+        "cancel query",
+        "record bcp_query_failed timeout",
+        "commit",
+        "send bcp_query_failed to agent:main",
+    ]
+    assert shell.handle(TimerFired(("query", "main", "q1"))) == []
+
+
+def test_a_query_under_review_does_not_expire_on_its_own_timer(tmp_path):
+    """Once a human reviews the answer, only the approval's timeout ends the query."""
+    _, shell, _ = make(tmp_path)
+    ask(shell, spec=CAT3)
+    actions = answer(shell, ANSWER3)
+    assert show(actions)[-1] == "reply held_for_approval"
+    assert shell.handle(TimerFired(("query", "main", "q1"))) == []
+
+
+# Approvals and decisions
+
+
+def test_a_cat3_answer_waits_for_a_human_and_is_delivered_on_approval(tmp_path):
+    """The approval is committed before it is sent and timed; approval delivers the answer."""
+    core, shell, _ = make(tmp_path)
+    ask(shell, spec=CAT3)
+    actions = answer(shell, ANSWER3)
+    assert show(actions)[3:] == [
+        "record bcp_approval_requested pending",
+        "commit",
+        "set approval",
+        "send bcp_approval_request to system:approval",
+        "reply held_for_approval",
+    ]
+    approval_id = approval_of(actions)
+    actions = decide(shell, approval_id, "approve")
+    assert show(actions) == [
+        "cancel approval",
+        "record bcp_approval_decided approved",
+        "commit",
+        "cancel query",
+        "send bcp_response_delivery to agent:main",
+        "record bcp_delivered delivered",
+        "commit",
+        "reply approved",
+    ]
+    assert actions[1].actor == "human:bob"
+    assert core.state.decided.get(approval_id).status == "approved"
+    assert decide(shell, approval_id, "reject")[-1].status == "already_decided"
+
+
+def test_a_rejected_answer_fails_the_query(tmp_path):
+    """A human's rejection ends the query with approval_rejected."""
+    _, shell, _ = make(tmp_path)
+    ask(shell, spec=CAT3)
+    actions = decide(shell, approval_of(answer(shell, ANSWER3)), "reject")
+    assert "record bcp_query_failed approval_rejected" in show(actions)
+
+
+def test_an_edit_is_validated_again_and_only_for_a_response(tmp_path):
+    """An edit that fails validation is refused; a valid one is delivered as edited."""
+    _, shell, _ = make(tmp_path)
+    ask(shell, spec=CAT3)
+    approval_id = approval_of(answer(shell, ANSWER3))
+    refused = decide(shell, approval_id, "edit", edited_response={"summary": 7})
+    assert refused[-1].status == "invalid_edit"
+    actions = decide(shell, approval_id, "edit", edited_response={"summary": "Shorter."})
+    assert sent(actions, "bcp_response_delivery")["response"] == {"summary": "Shorter."}
+    assert actions[-1].status == "edited"
+
+
+def test_decisions_that_match_no_approval_are_refused(tmp_path):
+    """A malformed decision and one on an unknown approval are refused without a row."""
+    _, shell, _ = make(tmp_path)
+    bad = MessageReceived("m3", "human:bob", APPROVAL_TOPIC, "bcp_approval_decision", {})
+    assert shell.handle(bad) == [Respond(False, "invalid_decision", "not a bcp_approval_decision")]
+    assert show(decide(shell, "ap-000000000000", "approve")) == ["reply unknown_approval"]
+
+
+def test_an_undecided_approval_expires_and_its_query_fails(tmp_path):
+    """The approval timer decides it as expired by the gateway; a late firing does nothing."""
+    core, shell, _ = make(tmp_path)
+    ask(shell, spec=CAT3)
+    approval_id = approval_of(answer(shell, ANSWER3))
+    actions = shell.handle(TimerFired(("approval", approval_id)))
+    assert actions[1].status == "expired" and actions[1].actor == GATEWAY_CLIENT_ID
+    assert "record bcp_query_failed approval_rejected" in show(actions)
+    assert core.state.decided.get(approval_id).note == "no decision in time"
+    assert shell.handle(TimerFired(("approval", approval_id))) == []
+
+
+# Escalation
+
+
+def escalate(shell: Shell) -> str:
+    ask(shell, "q1", CAT1, task_id="t1")
+    actions = ask(shell, "q2", CAT3, task_id="t1", escalation_justification="need the gist")
+    assert show(actions) == [
+        "record bcp_approval_requested pending",
+        "commit",
+        "set approval",
+        "send bcp_approval_request to system:approval",
+        "reply accepted",
+    ]
+    request = sent(actions, "bcp_approval_request")
+    assert request.kind == "escalation" and request.from_category == 1
+    return request.approval_id
+
+
+def test_an_approved_escalation_asks_the_reader(tmp_path):
+    """Approval sends the Cat-3 query to the reader; the decision's reply is its status."""
+    core, shell, _ = make(tmp_path)
+    actions = decide(shell, escalate(shell), "approve")
+    assert "send bcp_query to agent:researcher" in show(actions)
+    assert actions[-1] == Respond(True, "approved")
+    assert ("main", "q2") in core.ctx.pending
+
+
+def test_a_rejected_escalation_fails_and_burns_its_query_id(tmp_path):
+    """Rejection fails the query with escalation_rejected; its id cannot be used again."""
+    core, shell, _ = make(tmp_path)
+    actions = decide(shell, escalate(shell), "reject")
+    assert "record bcp_query_failed escalation_rejected" in show(actions)
+    assert ("main", "q2") in core.state.used_query_ids
+
+
+def test_an_escalation_is_checked_against_the_budget_again_on_approval(tmp_path):
+    """Bits spent while the human decided can fail an approved escalation."""
+    core, shell, _ = make(tmp_path)
+    approval_id = escalate(shell)
+    core.state.ledger.charge(KEY, 2000)
+    actions = decide(shell, approval_id, "approve")
+    assert "record bcp_query_failed budget_exhausted" in show(actions)
+
+
+def test_only_a_response_can_be_edited(tmp_path):
+    """An edit of an escalation is refused as invalid_edit."""
+    _, shell, _ = make(tmp_path)
+    actions = decide(shell, escalate(shell), "edit", edited_response={"summary": "x"})
+    assert actions == [Respond(False, "invalid_edit", "only a response can be edited, with text")]
