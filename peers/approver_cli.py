@@ -47,12 +47,13 @@ from peers.approver import (
 from peers.client import Peer, PeerClosed
 from schemas.bcp import BcpApprovalRequest, DecisionRefusal
 
+from .tokens import TOKEN_ENV, find_token
+
 __all__ = ["add_approve"]
 
 T = TypeVar("T")
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
-TOKEN_ENV = "BCPBUS_TOKEN"
 
 # Exit codes of the approve command.
 EXIT_OK = 0
@@ -471,18 +472,11 @@ def _peer(args: argparse.Namespace, *, reconnect: bool) -> Peer | None:
         return None
     if ":" not in client_id:
         client_id = f"human:{client_id}"
-    token = _token(args)
+    token = find_token(args.token, args.token_file)
     if token is None:
         _error(f"approve {args.action}: give --token-file FILE, --token TOKEN or ${TOKEN_ENV}")
         return None
     return Peer(args.url, client_id, token, reconnect=reconnect)
-
-
-def _token(args: argparse.Namespace) -> str | None:
-    if args.token_file is not None:
-        # FileNotFoundError reaches bus.cli.main, which reports it with exit code 2.
-        return args.token_file.read_text().strip() or None
-    return args.token or os.environ.get(TOKEN_ENV) or None
 
 
 def _width() -> int:

@@ -17,6 +17,7 @@ from bus.activity import ActivityLog
 from bus.identities import default_agents_dir
 from schemas.agents import build_channels, load_agents
 
+from ..tokens import TOKEN_ENV, find_token
 from .settings import GatewaySettings
 
 __all__ = ["add_budget", "add_demo", "add_gateway"]
@@ -26,7 +27,7 @@ def add_gateway(sub: Any) -> None:
     """Add ``bcpbus gateway``."""
     parser = sub.add_parser("gateway", help="run the BCP gateway against a running bus")
     parser.add_argument("--url", default="ws://127.0.0.1:8765", help="the bus")
-    parser.add_argument("--token", help="system:gateway's token (or env BCPBUS_TOKEN)")
+    parser.add_argument("--token", help=f"system:gateway's token (or env {TOKEN_ENV})")
     parser.add_argument("--token-file", type=Path, help="a file holding the token")
     parser.add_argument("--db", type=Path, default=Path("bcpbus.db"), help="activity log")
     parser.add_argument("--agents-dir", type=Path, help="agent definitions (default ./agents)")
@@ -40,7 +41,9 @@ def add_gateway(sub: Any) -> None:
 def _gateway(args: argparse.Namespace) -> int:
     from .runner import run_standalone
 
-    token = _token(args)
+    token = find_token(args.token, args.token_file)
+    if token is None:
+        raise ValueError(f"no token: pass --token, --token-file or set {TOKEN_ENV}")
     agents_dir = args.agents_dir or default_agents_dir()
     if agents_dir is None:
         raise FileNotFoundError("no agents directory: pass --agents-dir")
@@ -51,17 +54,6 @@ def _gateway(args: argparse.Namespace) -> int:
         outbox_ttl=args.outbox_ttl,
     )
     return asyncio.run(run_standalone(args.url, token, args.db, agents_dir, settings))
-
-
-def _token(args: argparse.Namespace) -> str:
-    if args.token:
-        return str(args.token)
-    if args.token_file:
-        return str(args.token_file.read_text(encoding="utf-8").strip())
-    token = os.environ.get("BCPBUS_TOKEN")
-    if not token:
-        raise ValueError("no token: pass --token, --token-file or set BCPBUS_TOKEN")
-    return token
 
 
 def add_budget(sub: Any) -> None:
