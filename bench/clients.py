@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from bus import codec
 from peers.client import Message, Peer
+from schemas.common import timestamp
 
 from .common import emit, percentile, stdin_lines
 
@@ -28,7 +28,7 @@ def filler(client_id: str, message_type: str, size: int) -> dict[str, Any]:
         "messageId": uuid.uuid4().hex,
         "type": message_type,
         "from": client_id,
-        "timestamp": datetime.now(UTC).isoformat(),
+        "timestamp": timestamp(),
         "content": {"text": ""},
     }
     return {"text": "x" * max(0, size - len(codec.dumps(sample)))}

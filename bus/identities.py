@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.agents import load_agents
-from schemas.common import TaintLevel
+from schemas.common import TaintLevel, agent_id
 
 __all__ = ["PeerIdentity", "default_agents_dir", "load_identities"]
 
@@ -32,7 +32,7 @@ def load_identities(directory: str | Path) -> dict[str, PeerIdentity]:
     identities: dict[str, PeerIdentity] = {}
     for name, agent in load_agents(directory).items():
         roles = frozenset(channel.role for channel in agent.bcp_channels)
-        identities[f"agent:{name}"] = PeerIdentity(roles=roles, taint=agent.effective_taint)
+        identities[agent_id(name)] = PeerIdentity(roles=roles, taint=agent.effective_taint)
     return identities
 
 

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from bus.audit import has_relation, read_only
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalDecision, BcpApprovalRequest
+from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
 
 from .client import Message, Peer, PeerClosed, Reply
 
@@ -56,10 +57,7 @@ __all__ = [
 
 logger = logging.getLogger("peers.approver")
 
-APPROVAL_TOPIC = "system:approval"
-"""Where the gateway publishes requests and approvers publish decisions."""
-
-GATEWAY_ID = "system:gateway"
+GATEWAY_ID = GATEWAY_CLIENT_ID
 """The only clientId whose approval requests an :class:`Approver` accepts."""
 
 Decision = Literal["approve", "reject", "edit"]

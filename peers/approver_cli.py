@@ -46,6 +46,7 @@ from peers.approver import (
 )
 from peers.client import Peer, PeerClosed
 from schemas.bcp import BcpApprovalRequest, DecisionRefusal
+from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
 
 from .tokens import TOKEN_ENV, find_token
 
@@ -254,7 +255,7 @@ def _refusal(db: Path, message_id: str) -> str | None:
     with contextlib.suppress(FileNotFoundError, ValueError, sqlite3.Error):
         rows = audit.query_rows(db, message_id=message_id, event="process_finish")
         for row in rows:
-            if row.get("actor") == "system:gateway" and row.get("error"):
+            if row.get("actor") == GATEWAY_CLIENT_ID and row.get("error"):
                 return neutralize(str(row["error"]))
     return None
 
@@ -290,7 +291,7 @@ class _Watch:
             _error(_connection_error(self.approver.peer.url, exc))
             return EXIT_USAGE
         try:
-            self.say(f"watching system:approval as {self.approver.peer.client_id}; ", end="")
+            self.say(f"watching {APPROVAL_TOPIC} as {self.approver.peer.client_id}; ", end="")
             self.say("approving everything" if self.yes else "Ctrl-C or end of input to stop")
             await self._loop()
         finally:

@@ -28,6 +28,7 @@ from bus.credentials import Credentials
 from bus.identities import PeerIdentity, default_agents_dir, load_identities
 from bus.policy import Policy
 from bus.server import Bus
+from schemas.common import GATEWAY_CLIENT_ID, agent_id
 
 from .bcp import Controller, Reader
 from .client import Message, Peer, Reply
@@ -137,11 +138,11 @@ class BcpHarness:
 
     def controller(self, name: str) -> Controller:
         """A :class:`Controller` for ``agent:<name>``; call ``await c.start()``."""
-        return Controller(self.bus.peer(f"agent:{name}"))
+        return Controller(self.bus.peer(agent_id(name)))
 
     def reader(self, name: str) -> Reader:
         """A :class:`Reader` for ``agent:<name>``; call ``await r.start()``."""
-        return Reader(self.bus.peer(f"agent:{name}"))
+        return Reader(self.bus.peer(agent_id(name)))
 
 
 @contextlib.asynccontextmanager
@@ -162,7 +163,7 @@ async def running_bcp(
     if agents is None:
         raise FileNotFoundError("no agents directory")
     async with running_bus(directory, identities=load_identities(agents), limits=limits) as h:
-        token = h.token("system:gateway")
+        token = h.token(GATEWAY_CLIENT_ID)
         connector = h.bus.connect_local if local else None
         async with running_gateway(
             h.url, token, h.log, agents, settings, connector=connector

@@ -1,16 +1,53 @@
-"""Small types several wire models and the bus share: taint levels and identifier aliases."""
+"""Small types and names several wire models, the bus and the peers share: taint levels,
+identifier aliases, the gateway's well-known names, the timestamp format."""
 
 from __future__ import annotations
 
-from typing import Literal, NewType
+from datetime import UTC, datetime
+from typing import Final, Literal, NewType
 
-__all__ = ["TAINT_LEVELS", "ClientId", "TaintLevel", "Topic", "step_down", "taint_rank"]
+__all__ = [
+    "APPROVAL_TOPIC",
+    "GATEWAY_CLIENT_ID",
+    "TAINT_LEVELS",
+    "ClientId",
+    "TaintLevel",
+    "Topic",
+    "agent_id",
+    "step_down",
+    "taint_rank",
+    "timestamp",
+]
 
 ClientId = NewType("ClientId", str)
 """An authenticated peer identity, ``prefix:name`` (``agent:main``, ``system:gateway``)."""
 
 Topic = NewType("Topic", str)
 """A concrete topic: ``:``-separated segments, no ``*``."""
+
+GATEWAY_CLIENT_ID: Final = ClientId("system:gateway")
+"""The BCP gateway's clientId: the default policy's ``gateway`` role, the only sender of
+approval requests an approver accepts."""
+
+APPROVAL_TOPIC: Final = Topic("system:approval")
+"""Where the gateway publishes approval requests and approvers publish their decisions."""
+
+
+def agent_id(name: str) -> ClientId:
+    """Return the clientId of the agent defined as ``name`` in ``agents/``: ``agent:<name>``."""
+    return ClientId(f"agent:{name}")
+
+
+def timestamp(moment: datetime | None = None) -> str:
+    """Return ``moment`` (default: now) as RFC 3339 in UTC with milliseconds and ``Z``.
+
+    ``2026-01-02T03:04:05.678Z``: the form of every time on the wire. (The activity log's ``ts``
+    column keeps microseconds, in a fixed-width form of its own that sorts as text; see
+    :mod:`bus.activity`.)
+    """
+    moment = datetime.now(UTC) if moment is None else moment.astimezone(UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
 
 TaintLevel = Literal["none", "low", "medium", "high"]
 """How much attacker-written content a peer has read, lowest first."""

@@ -31,6 +31,7 @@ from peers.client import Peer
 from peers.gateway.runner import running_gateway
 from peers.gateway.settings import GatewaySettings
 from schemas.bcp import BcpResponseDelivery, BcpValidationResult
+from schemas.common import GATEWAY_CLIENT_ID
 
 __all__ = ["StepFailed", "run_demo"]
 
@@ -158,7 +159,7 @@ class _Demo:
                 token = credentials.add_ephemeral
                 settings = GatewaySettings(query_ttl=60, approval_timeout=600)
                 async with running_gateway(
-                    bus.url, token("system:gateway", []), log, agents_dir, settings
+                    bus.url, token(GATEWAY_CLIENT_ID, []), log, agents_dir, settings
                 ):
                     self.controller = Controller(
                         Peer(bus.url, "agent:main", token("agent:main", []))

@@ -17,8 +17,9 @@ from bus.local import Socket
 from bus.server import Bus
 from peers.client import Peer
 from schemas.agents import build_channels, load_agents
+from schemas.common import GATEWAY_CLIENT_ID
 
-from .gateway import GATEWAY_CLIENT_ID, Gateway
+from .gateway import Gateway
 from .restore import create_views, restore
 from .settings import GatewaySettings
 
