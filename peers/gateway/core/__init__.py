@@ -166,11 +166,10 @@ class GatewayCore:
                 return [Respond(True, "ignored")]
 
     def _query_request(self, event: MessageReceived) -> list[Action]:
-        match self.queries.check(event):
-            case Refused(actions=actions):
-                return list(actions)
-            case Admitted() as admitted:
-                query = self.queries.open(admitted)
+        admitted = self.queries.check(event)
+        if isinstance(admitted, Refused):
+            return list(admitted.actions)
+        query = self.queries.open(admitted)
         if admitted.escalation:
             held = Respond(True, "accepted", "escalation held for a human's approval")
             return [*self.approvals.escalate(query, admitted.request), held]

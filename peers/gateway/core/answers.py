@@ -66,16 +66,19 @@ class Answers:
             )
             return [row, *told, Respond(False, ReasonCode.VALIDATION_FAILED, result.detail())]
         if result.approval_required:
+            # At once: a second answer meanwhile is not taken, and the query timer leaves it.
+            query.state = QueryState.APPROVING
+
+            def review() -> list[Action]:
+                return self.approvals.review(
+                    channel, query.spec, result, query=query, bits=query.bits
+                )
+
+            # The approval opens once the reader has its verdict, as an approver joining
+            # meanwhile is sent every open approval again.
             held = "valid; held for human approval"
-            review = self.approvals.review(
-                channel, query.spec, result, query=query, bits=query.bits
-            )
-            return [
-                row,
-                *ctx.tell_reader(event, channel, ref, None, held),
-                *review,
-                Respond(True, "held_for_approval"),
-            ]
+            told = ctx.tell_reader(event, channel, ref, None, held, then=review)
+            return [row, *told, Respond(True, "held_for_approval")]
         return [
             row,
             *ctx.tell_reader(event, channel, ref, None, "accepted"),

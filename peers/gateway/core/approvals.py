@@ -80,7 +80,6 @@ class Approvals:
         """Hold a valid answer or push for a human before the controller gets it."""
         content: dict[str, Any] = {"kind": "response", "response": result.response}
         if query is not None:
-            query.state = QueryState.APPROVING
             content["query_id"] = query.query_id
         if subscription is not None:
             content["subscription_id"] = subscription.id

@@ -143,9 +143,13 @@ class Context:
         self, topic: str, message_type: str, content: BaseModel | Mapping[str, Any], then: Then
     ) -> Send:
         """Return a :class:`Send` whose outcome runs ``then`` (see :meth:`sent`)."""
+        return Send(topic, message_type, content, token=self.continue_with(then))
+
+    def continue_with(self, then: Then) -> int:
+        """Return a new token for a send whose outcome runs ``then``."""
         token = next(self._tokens)
         self._then[token] = then
-        return Send(topic, message_type, content, token=token)
+        return token
 
     def sent(self, event: Sent) -> list[Action]:
         """Return what follows a send with a token; nothing for an unknown token."""
@@ -214,8 +218,12 @@ class Context:
         result: ValidationResult | None = None,
         *,
         retries_left: int | None = None,
+        then: Callable[[], list[Action]] | None = None,
     ) -> list[Action]:
-        """Return the verdict on a reader's ``bcp_response``, after a commit of every row."""
+        """Return the verdict on a reader's ``bcp_response``, after a commit of every row.
+
+        ``then`` runs once the verdict is sent, and its actions follow it.
+        """
         fields: dict[str, Any] = _valid_ids(ref)
         fields.update(success=error is None, detail=detail[:1000])
         if error is not None:
@@ -239,8 +247,13 @@ class Context:
                 )
             )
         # correlationId ties the verdict to the bcp_response it answers; the reader SDK waits on it.
-        send = Send(event.sender, "bcp_validation_result", verdict, event.message_id)
+        token = None if then is None else self.continue_with(_after(then))
+        send = Send(event.sender, "bcp_validation_result", verdict, event.message_id, token)
         return [*actions, Commit(), send]
+
+
+def _after(then: Callable[[], list[Action]]) -> Then:
+    return lambda _delivered_to: then()
 
 
 def delivery(

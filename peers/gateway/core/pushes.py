@@ -74,13 +74,17 @@ class Pushes:
             Commit(),
         ]
         if result.approval_required:
+
+            def review() -> list[Action]:
+                assert subscription is not None
+                return self.approvals.review(
+                    channel, spec, result, subscription=subscription, bits=bits
+                )
+
+            # The approval opens once the reader has its verdict (see answers.py).
             held = "valid; held for human approval"
-            return [
-                *charged,
-                *ctx.tell_reader(event, channel, ref, None, held),
-                *self.approvals.review(channel, spec, result, subscription=subscription, bits=bits),
-                Respond(True, "held_for_approval"),
-            ]
+            told = ctx.tell_reader(event, channel, ref, None, held, then=review)
+            return [*charged, *told, Respond(True, "held_for_approval")]
         content = delivery(
             channel, spec, result.response or {}, bits, anomalies(result), subscription_id=sid
         )

@@ -23,6 +23,8 @@ from peers.gateway.events import (
     CancelTimer,
     Commit,
     MessageReceived,
+    PeerJoined,
+    PeerLeft,
     Record,
     Respond,
     Send,
@@ -31,7 +33,7 @@ from peers.gateway.events import (
     Spawn,
     TimerFired,
 )
-from peers.gateway.state import GatewayState
+from peers.gateway.state import GatewayState, Held, Orphans
 from schemas.agents import build_channels, load_agents
 from schemas.bcp import BcpQueryFailed, BcpResponse
 
@@ -277,6 +279,12 @@ def test_an_admitted_query_is_charged_committed_then_sent_and_timed(tmp_path):
     assert actions[4] == SetTimer(("query", "main", "q1"), SETTINGS.query_ttl)
     assert sent(actions, "bcp_query").expires_at.timestamp() == clock.now + SETTINGS.query_ttl
     assert core.state.ledger.used(KEY) == pytest.approx(CAT1_BITS)
+    assert show(ask(shell)) == [
+        "record bcp_query_refused duplicate_query_id",
+        "commit",
+        "send bcp_query_failed to agent:main",
+        "reply duplicate_query_id",
+    ]
 
 
 def test_a_reader_that_takes_nothing_gets_the_bits_back_and_the_query_fails(tmp_path):
@@ -427,6 +435,19 @@ def test_a_cat3_answer_waits_for_a_human_and_is_delivered_on_approval(tmp_path):
     assert decide(shell, approval_id, "reject")[-1].status == "already_decided"
 
 
+def test_a_review_opens_only_once_the_reader_has_its_verdict(tmp_path):
+    """An approver joining before the verdict is sent is not sent the approval twice."""
+    core, shell, _ = make(tmp_path)
+    ask(shell, spec=CAT3)
+    content = {"query_id": "q1", "response": ANSWER3}
+    actions = core.handle(MessageReceived("m2", "agent:researcher", TOPIC, "bcp_response", content))
+    *_, verdict, _reply = actions
+    assert not core.ctx.approvals and core.ctx.pending[("main", "q1")].state == "approving"
+    assert shell.handle(PeerJoined("human:bob", "system:bus")) == [Respond(True)]
+    assert show(shell.run([verdict]))[-1] == "send bcp_approval_request to system:approval"
+    assert len(core.ctx.approvals) == 1
+
+
 def test_a_rejected_answer_fails_the_query(tmp_path):
     """A human's rejection ends the query with approval_rejected."""
     _, shell, _ = make(tmp_path)
@@ -516,3 +537,263 @@ def test_only_a_response_can_be_edited(tmp_path):
     _, shell, _ = make(tmp_path)
     actions = decide(shell, escalate(shell), "edit", edited_response={"summary": "x"})
     assert actions == [Respond(False, "invalid_edit", "only a response can be edited, with text")]
+
+
+# Subscription pushes and their rate limits
+
+SUBSCRIPTIONS = """    subscriptions:
+      - id: alerts
+        category: 1
+        fields:
+          - {name: urgent, type: boolean}
+        min_interval_s: 3600
+      - id: hourly
+        category: 1
+        fields:
+          - {name: level, type: integer, min: 0, max: 7}
+      - id: digest
+        category: 3
+        directive: Summarize what changed.
+        max_words: 20
+"""
+
+
+def pushing(tmp_path: Path, *offline: str) -> tuple[GatewayCore, Shell, Clock]:
+    return make(tmp_path, *offline, subscriptions=SUBSCRIPTIONS)
+
+
+def push(shell: Shell, sid: str, response: Any, controller: str = "main") -> list[Any]:
+    content = {"subscription_id": sid, "controller": controller, "response": response}
+    return shell.handle(MessageReceived("m5", "agent:researcher", TOPIC, "bcp_response", content))
+
+
+def test_a_valid_push_is_charged_and_committed_before_it_is_delivered(tmp_path):
+    """The push's rows are durable first; the reader's verdict says it was delivered."""
+    core, shell, _ = pushing(tmp_path)
+    actions = push(shell, "alerts", {"urgent": True})
+    assert show(actions) == [
+        "record bcp_validation pass",
+        "record bcp_push_received accepted",
+        "record bcp_bits_charged charged",
+        "commit",
+        "send bcp_response_delivery to agent:main",
+        "record bcp_delivered delivered",
+        "commit",
+        "commit",
+        "send bcp_validation_result to agent:researcher",
+        "reply delivered",
+    ]
+    assert sent(actions, "bcp_response_delivery")["subscription_id"] == "alerts"
+    assert core.state.ledger.used(KEY) == 1
+
+
+def test_pushes_past_the_rate_limit_or_the_budget_are_refused_with_the_reason(tmp_path):
+    """min_interval_s and the channel's budget each refuse a push, with a detail in the row."""
+    core, shell, clock = pushing(tmp_path)
+    push(shell, "alerts", {"urgent": True})
+    clock.now += 60
+    actions = push(shell, "alerts", {"urgent": False})
+    assert show(actions) == [
+        "record bcp_push_refused rate_limited",
+        "commit",
+        "send bcp_validation_result to agent:researcher",
+        "reply rate_limited",
+    ]
+    assert "3600" in actions[0].payload["detail"]
+    core.state.ledger.charge(KEY, 2000)
+    assert show(push(shell, "hourly", {"level": 3}))[-1] == "reply budget_exhausted"
+
+
+def test_a_push_must_name_a_declared_subscription_of_its_controller(tmp_path):
+    """An unknown subscription, or another controller's, is refused as subscription_not_found."""
+    _, shell, _ = pushing(tmp_path)
+    for sid, controller in (("nope", "main"), ("alerts", "someone")):
+        actions = push(shell, sid, {"urgent": True}, controller)
+        assert show(actions)[0] == "record bcp_push_refused subscription_not_found"
+        assert "detail" not in actions[0].payload
+
+
+def test_an_invalid_push_is_refused_and_not_charged(tmp_path):
+    """A push that fails validation costs nothing and says why."""
+    core, shell, _ = pushing(tmp_path)
+    actions = push(shell, "hourly", {"level": 99})
+    assert show(actions)[:2] == [
+        "record bcp_validation fail",
+        "record bcp_push_refused validation_failed",
+    ]
+    assert core.state.ledger.used(KEY) == 0
+
+
+def test_a_cat3_push_waits_for_a_human_and_a_rejection_tells_the_reader(tmp_path):
+    """Approved, the push is delivered; rejected, the reader gets approval_rejected."""
+    _, shell, clock = pushing(tmp_path)
+    actions = push(shell, "digest", {"summary": "Two changes."})
+    assert show(actions)[-2:] == [
+        "send bcp_approval_request to system:approval",
+        "reply held_for_approval",
+    ]
+    delivered = decide(shell, approval_of(actions), "approve")
+    assert sent(delivered, "bcp_response_delivery")["subscription_id"] == "digest"
+    clock.now += 3600
+    rejected = decide(shell, approval_of(push(shell, "digest", {"summary": "More."})), "reject")
+    verdict = sent(rejected, "bcp_validation_result")
+    assert verdict.error == "approval_rejected" and verdict.subscription_id == "digest"
+
+
+# The outbox for an offline controller
+
+
+def test_pushes_to_an_offline_controller_are_held_in_order_and_flushed_when_it_joins(tmp_path):
+    """The first push is held after its send fails, the next without trying; both land in order."""
+    core, shell, _ = pushing(tmp_path, "agent:main")
+    first = push(shell, "alerts", {"urgent": True})
+    assert show(first)[4:] == [
+        "send bcp_response_delivery to agent:main",
+        "record bcp_held held",
+        "commit",
+        "set held",
+        "commit",
+        "send bcp_validation_result to agent:researcher",
+        "reply held",
+    ]
+    assert "held until agent:main" in sent(first, "bcp_validation_result").detail
+    second = push(shell, "hourly", {"level": 1})
+    assert "send bcp_response_delivery to agent:main" not in show(second)
+    assert show(shell.handle(PeerJoined("agent:main", "system:bus")))[:2] == [
+        "send bcp_response_delivery to agent:main",
+        "reply ok",
+    ]
+    shell.offline.clear()
+    actions = shell.handle(PeerJoined("agent:main", "system:bus"))
+    assert show(actions) == [
+        "send bcp_response_delivery to agent:main",
+        "cancel held",
+        "record bcp_delivered delivered",
+        "commit",
+        "send bcp_response_delivery to agent:main",
+        "cancel held",
+        "record bcp_delivered delivered",
+        "commit",
+        "reply ok",
+    ]
+    assert [a.content["subscription_id"] for a in actions if isinstance(a, Send)] == [
+        "alerts",
+        "hourly",
+    ]
+    assert core.ctx.outbox["main"] == []
+
+
+def test_a_held_push_that_expires_tells_its_reader(tmp_path):
+    """The held timer logs bcp_expired and tells the reader controller_unavailable, once."""
+    core, shell, _ = pushing(tmp_path, "agent:main")
+    push(shell, "alerts", {"urgent": True})
+    [held] = core.ctx.outbox["main"]
+    key = ("held", "main", held.hold_id)
+    actions = shell.handle(TimerFired(key))
+    assert show(actions) == [
+        "record bcp_expired controller_unavailable",
+        "commit",
+        "send bcp_validation_result to agent:researcher",
+    ]
+    assert shell.handle(TimerFired(key)) == []
+
+
+def test_a_held_failure_expires_silently_and_a_held_item_off_every_channel_is_dropped(tmp_path):
+    """An expired bcp_query_failed tells no reader; a restored item for no channel leaves no row."""
+    core, shell, clock = make(tmp_path, "agent:researcher", "agent:main")
+    ask(shell)
+    [held] = core.ctx.outbox["main"]
+    assert show(shell.handle(TimerFired(("held", "main", held.hold_id)))) == [
+        "record bcp_expired controller_unavailable",
+        "commit",
+    ]
+    stray = Held("hold-1", "main", {"type": "x", "content": {}}, clock.now - 5, "nobody")
+    assert core.adopt(GatewayState(held=[stray])) == [SetTimer(("held", "main", "hold-1"), 0.0)]
+    assert shell.handle(TimerFired(("held", "main", "hold-1"))) == []
+
+
+def test_a_flush_skips_what_expired_while_it_was_being_sent(tmp_path):
+    """An item that expired during its send is not logged as delivered; the flush goes on."""
+    core, shell, _ = pushing(tmp_path, "agent:main")
+    push(shell, "alerts", {"urgent": True})
+    push(shell, "hourly", {"level": 1})
+    first, _second = core.ctx.outbox["main"]
+    [spawn, _reply] = core.handle(PeerJoined("agent:main", "system:bus"))
+    [send] = spawn.actions
+    shell.handle(TimerFired(("held", "main", first.hold_id)))
+    after = core.handle(Sent(send.token, 1))
+    assert show(after) == ["send bcp_response_delivery to agent:main"]
+
+
+# Presence, start, settle after restart
+
+
+def test_presence_announces_subscriptions_and_resends_open_approvals(tmp_path):
+    """A reader joining hears its subscriptions; an approver joining gets open approvals."""
+    _, shell, _ = pushing(tmp_path)
+    actions = shell.handle(PeerJoined("agent:researcher", "system:bus"))
+    active = sent(actions, "bcp_subscriptions_active")
+    assert [s.subscription_id for s in active.subscriptions] == ["alerts", "hourly", "digest"]
+    approval_id = approval_of(push(shell, "digest", {"summary": "News."}))
+    actions = shell.handle(PeerJoined("human:carol", "system:bus"))
+    assert show(actions) == ["send bcp_approval_request to human:carol", "reply ok"]
+    assert actions[0].content["approval_id"] == approval_id
+
+
+def test_presence_from_anyone_but_the_bus_and_other_messages_are_ignored(tmp_path):
+    """A forged peer_joined is refused; peer_left and unknown types change nothing."""
+    _, shell, _ = make(tmp_path)
+    assert shell.handle(PeerJoined("agent:main", "agent:main"))[0].status == "ignored"
+    assert shell.handle(PeerLeft("agent:main", "system:bus")) == [Respond(True, "ignored")]
+    other = MessageReceived("m6", "agent:main", TOPIC, "chat", {})
+    assert shell.handle(other) == [Respond(True, "ignored")]
+
+
+def test_start_announces_to_every_reader_and_flushes_restored_outboxes(tmp_path):
+    """On start each reader hears its subscriptions and held deliveries go out."""
+    core, shell, clock = pushing(tmp_path)
+    item = {"type": "bcp_query_failed", "content": {"query_id": "q1"}}
+    held = Held("hold-1", "main", item, clock.now + 60, "researcher")
+    stray = Held("hold-2", "main", item, clock.now + 60, "nobody")
+    core.adopt(GatewayState(held=[held, stray]))
+    assert show(shell.run(core.start())) == [
+        "send bcp_subscriptions_active to agent:researcher",
+        "send bcp_query_failed to agent:main",
+        "cancel held",
+        "record bcp_delivered delivered",
+        "commit",
+        "send bcp_query_failed to agent:main",
+        "cancel held",
+    ]
+
+
+def test_settle_expires_orphaned_approvals_and_fails_orphaned_queries(tmp_path):
+    """What was in flight at the last stop ends: approvals expired, queries failed with timeout."""
+    core, shell, _ = make(tmp_path)
+    orphans = Orphans(
+        queries=[("main", "researcher", "q7")], approvals=[("main", "researcher", "ap-1")]
+    )
+    assert show(shell.run(core.settle(orphans))) == [
+        "record bcp_approval_decided expired",
+        "cancel query",
+        "record bcp_query_failed timeout",
+        "commit",
+        "send bcp_query_failed to agent:main",
+        "commit",
+    ]
+    assert core.state.decided.get("ap-1").note == "the gateway restarted"
+
+
+# Anomalies
+
+
+@pytest.mark.parametrize("action", ["flag", "review"])
+def test_anomalies_reach_the_controller_on_flag_and_the_human_on_review(tmp_path, action):
+    """flag delivers the anomalies with the answer; review lists them in the approval request."""
+    _, shell, _ = make(tmp_path, anomaly=action)
+    ask(shell, spec=CAT2)
+    actions = answer(shell, FLAGGED)
+    if action == "flag":
+        assert sent(actions, "bcp_response_delivery")["anomalies"]
+    else:
+        assert sent(actions, "bcp_approval_request").anomalies
