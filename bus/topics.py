@@ -13,7 +13,7 @@ so the cost of a lookup grows with the topic's length, not with the number of pa
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 from .errors import InvalidParams
@@ -185,7 +185,3 @@ class SubscriptionIndex(Generic[K]):
                 return None
             child = node.children[last] = _Node()
         return child.ends
-
-    def patterns(self) -> Iterator[str]:
-        """Yield the exact patterns currently indexed (wildcards are not listed)."""
-        yield from self._exact
