@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 from schemas.agents import Channel
 from schemas.bcp import BcpResponse, BcpSubscriptionsActive, ReasonCode
+from schemas.common import agent_id
 
 from ..events import (
     Action,
@@ -217,4 +218,4 @@ class GatewayCore:
                 for entry in channel.active_subscriptions()
             )
         )
-        return Send(f"agent:{reader}", "bcp_subscriptions_active", active)
+        return Send(agent_id(reader), "bcp_subscriptions_active", active)

@@ -26,6 +26,7 @@ from schemas.bcp import (
     QuerySpec,
     ReasonCode,
 )
+from schemas.common import agent_id
 
 from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
 from ..state import DECISION_STATUS, ApprovalStatus, Decided, QueryState
@@ -252,7 +253,7 @@ class Approvals:
             error=ReasonCode.APPROVAL_REJECTED,
             detail=f"a human {status} the push",
         )
-        return [Send(f"agent:{channel.reader}", "bcp_validation_result", verdict)]
+        return [Send(agent_id(channel.reader), "bcp_validation_result", verdict)]
 
     def _ask_after_escalation(self, query: Query) -> list[Action]:
         channel = query.channel

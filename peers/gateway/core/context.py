@@ -27,7 +27,7 @@ from schemas.bcp import (
     QuerySpec,
     ReasonCode,
 )
-from schemas.common import step_down
+from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, agent_id, step_down
 
 from ..events import Action, Commit, MessageReceived, Record, Send, Sent
 from ..state import ChannelKey, GatewayState, Held, QueryState
@@ -47,8 +47,6 @@ __all__ = [
     "wire",
 ]
 
-GATEWAY_CLIENT_ID = "system:gateway"
-APPROVAL_TOPIC = "system:approval"
 
 _ID = re.compile(ID_PATTERN)
 _SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
@@ -291,7 +289,7 @@ def channel_of(
     if channel is None:
         raise Refusal(ReasonCode.UNKNOWN_CHANNEL, f"no channel {event.topic!r} is defined")
     expected = channel.controller if sender_is == "controller" else channel.reader
-    if event.sender != f"agent:{expected}":
+    if event.sender != agent_id(expected):
         reason = (
             ReasonCode.NOT_CHANNEL_CONTROLLER
             if sender_is == "controller"

@@ -14,6 +14,7 @@ from typing import Any
 
 from schemas.agents import Channel
 from schemas.bcp import BcpValidationResult, ReasonCode
+from schemas.common import agent_id
 
 from ..events import Action, CancelTimer, Commit, Send, SetTimer
 from ..state import Held
@@ -52,7 +53,7 @@ class Outbox:
                 return after(True)
             return [self.ctx.delivered(channel, content), Commit(), *after(True)]
 
-        return [self.ctx.send_then(f"agent:{controller}", message_type, content, sent)]
+        return [self.ctx.send_then(agent_id(controller), message_type, content, sent)]
 
     def hold(self, channel: Channel, message_type: str, content: Mapping[str, Any]) -> list[Action]:
         """Keep a delivery for its offline controller, after a committed ``bcp_held`` row."""
@@ -106,9 +107,9 @@ class Outbox:
                 subscription_id=inner["subscription_id"],
                 success=False,
                 error=ReasonCode.CONTROLLER_UNAVAILABLE,
-                detail=f"agent:{held.controller} stayed offline; the push expired",
+                detail=f"{agent_id(held.controller)} stayed offline; the push expired",
             )
-            actions.append(Send(f"agent:{held.reader}", "bcp_validation_result", verdict))
+            actions.append(Send(agent_id(held.reader), "bcp_validation_result", verdict))
         return actions
 
     def flush(self, controller: str) -> list[Action]:
@@ -131,7 +132,7 @@ class Outbox:
                 actions += [self.ctx.delivered(channel, inner, hold_id=held.hold_id), Commit()]
             return [*actions, *self.flush(controller)]
 
-        return [self.ctx.send_then(f"agent:{controller}", held.content["type"], inner, sent)]
+        return [self.ctx.send_then(agent_id(controller), held.content["type"], inner, sent)]
 
 
 def _nothing(_delivered: bool) -> list[Action]:

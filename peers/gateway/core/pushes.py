@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from schemas.agents import Channel, Subscription
 from schemas.bcp import BcpResponse, ReasonCode
+from schemas.common import agent_id
 
 from ..bits import spec_bits
 from ..events import Action, Commit, MessageReceived, Respond
@@ -93,7 +94,7 @@ class Pushes:
             if delivered:
                 told = ctx.tell_reader(event, channel, ref, None, "accepted")
                 return [*told, Respond(True, "delivered")]
-            detail = f"valid; held until agent:{channel.controller} connects"
+            detail = f"valid; held until {agent_id(channel.controller)} connects"
             return [*ctx.tell_reader(event, channel, ref, None, detail), Respond(True, "held")]
 
         # Deliver first, so that the verdict the reader waits for says whether it was held.

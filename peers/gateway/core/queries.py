@@ -23,6 +23,7 @@ from schemas.bcp import (
     QuerySpec,
     ReasonCode,
 )
+from schemas.common import agent_id
 
 from ..bits import spec_bits
 from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
@@ -172,14 +173,14 @@ class Queries:
                 return [SetTimer(query.timer, ctx.settings.query_ttl), Respond(True, "accepted")]
             # Nothing crossed: give the bits back, visibly in the log.
             ctx.state.ledger.refund(key, query.bits, cat2=cat2)
-            detail = f"agent:{channel.reader} did not take it"
+            detail = f"{agent_id(channel.reader)} did not take it"
             return [
                 ctx.charged(channel, -query.bits, **ref),
                 *self.fail(query, ReasonCode.READER_UNAVAILABLE, detail),
                 Respond(False, ReasonCode.READER_UNAVAILABLE, "the reader is not connected"),
             ]
 
-        send = ctx.send_then(f"agent:{channel.reader}", "bcp_query", content, sent)
+        send = ctx.send_then(agent_id(channel.reader), "bcp_query", content, sent)
         return [accepted, ctx.charged(channel, query.bits, **ref), Commit(), send]
 
     def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
@@ -240,6 +241,6 @@ def _refuse_query(
     # An id that breaks the id pattern is not echoed: the frame must match schemas/json.
     if query_id is not None and _ID_RE.match(query_id):
         failed = BcpQueryFailed(query_id=query_id, error=refusal.reason, detail=refusal.detail)
-        actions.append(Send(f"agent:{event.sender.partition(':')[2]}", "bcp_query_failed", failed))
+        actions.append(Send(agent_id(event.sender.partition(":")[2]), "bcp_query_failed", failed))
     actions.append(Respond(False, refusal.reason, refusal.detail))
     return tuple(actions)
