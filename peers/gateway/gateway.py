@@ -35,7 +35,7 @@ from peers.client import Message, Peer, Reply
 from schemas.agents import Channel
 
 from .core import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, GatewayCore
-from .core.context import wire
+from .core.frames import wire
 from .events import (
     Action,
     CancelTimer,

@@ -6,6 +6,7 @@ peer joining) and returns the actions the shell must carry out in order (see
 :mod:`peers.gateway.events`). The flows live in parts over one shared :class:`Context`, each
 importing only the ones below it::
 
+    frames    the frames it sends, built through their schemas models
     context   shared state, refusals, row builders
     outbox    deliveries to controllers, held while they are offline
     queries   admission, asking the reader, failure, expiry, completion
@@ -46,9 +47,9 @@ from .context import (
     Refusal,
     Settings,
     channel_of,
-    iso,
     parse,
 )
+from .frames import iso
 from .outbox import Outbox
 from .pushes import Pushes
 from .queries import Admitted, Queries, Refused

@@ -15,9 +15,10 @@ from schemas.bcp import ReasonCode
 
 from ..events import Action, MessageReceived, Respond
 from ..state import QueryState
-from ..validation import validate_response
+from ..validation import ValidationResult, validate_response
 from .approvals import Approvals
-from .context import Context, anomalies
+from .context import Context, Query
+from .frames import anomalies
 from .queries import Queries
 
 __all__ = ["Answers"]
@@ -46,25 +47,7 @@ class Answers:
         result = validate_response(query.spec, raw, anomaly_action=channel.anomaly_action)
         row = ctx.validation(channel, result, event.message_id, query_id=query_id)
         if not result.accepted:
-            query.retries_left -= 1
-            if query.retries_left <= 0:
-                reason = ReasonCode.RETRIES_EXHAUSTED
-                return [
-                    row,
-                    *ctx.tell_reader(event, channel, ref, reason, result.detail(), result),
-                    *self.queries.fail(query, reason, "the reader's answers kept failing"),
-                    Respond(False, reason),
-                ]
-            told = ctx.tell_reader(
-                event,
-                channel,
-                ref,
-                ReasonCode.VALIDATION_FAILED,
-                result.detail(),
-                result,
-                retries_left=query.retries_left,
-            )
-            return [row, *told, Respond(False, ReasonCode.VALIDATION_FAILED, result.detail())]
+            return [row, *self._retry(event, query, result)]
         if result.approval_required:
             # At once: a second answer meanwhile is not taken, and the query timer leaves it.
             query.state = QueryState.APPROVING
@@ -85,3 +68,22 @@ class Answers:
             *self.queries.complete(query, result.response or {}, anomalies(result)),
             Respond(True, "delivered"),
         ]
+
+    def _retry(
+        self, event: MessageReceived, query: Query, result: ValidationResult
+    ) -> list[Action]:
+        """Count an invalid answer; tell the reader the tries left, or fail the query."""
+        ctx, channel, ref = self.ctx, query.channel, {"query_id": query.query_id}
+        query.retries_left -= 1
+        if query.retries_left <= 0:
+            reason = ReasonCode.RETRIES_EXHAUSTED
+            return [
+                *ctx.tell_reader(event, channel, ref, reason, result.detail(), result),
+                *self.queries.fail(query, reason, "the reader's answers kept failing"),
+                Respond(False, reason),
+            ]
+        reason = ReasonCode.VALIDATION_FAILED
+        told = ctx.tell_reader(
+            event, channel, ref, reason, result.detail(), result, retries_left=query.retries_left
+        )
+        return [*told, Respond(False, reason, result.detail())]

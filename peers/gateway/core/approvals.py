@@ -31,17 +31,8 @@ from schemas.common import agent_id
 from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
 from ..state import DECISION_STATUS, ApprovalStatus, Decided, QueryState
 from ..validation import ValidationResult, validate_response
-from .context import (
-    APPROVAL_TOPIC,
-    GATEWAY_CLIENT_ID,
-    Approval,
-    Context,
-    Query,
-    anomalies,
-    delivery,
-    iso,
-    wire,
-)
+from .context import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, Approval, Context, Query
+from .frames import anomalies, delivery, iso, wire
 from .outbox import Outbox
 from .queries import Queries
 

@@ -3,35 +3,30 @@
 :class:`Context` holds the channels, the restored :class:`~peers.gateway.state.GatewayState`,
 the queries and approvals in flight, the outbox, and the continuations of sends whose outcome
 matters (see :class:`~peers.gateway.events.Sent`). The parts of the core
-(:mod:`.outbox`, :mod:`.queries`, :mod:`.approvals`, :mod:`.responses`) each take it.
+(:mod:`.outbox`, :mod:`.queries`, :mod:`.approvals`, :mod:`.answers`, :mod:`.pushes`) each take it.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
-    ID_PATTERN,
-    SUBSCRIPTION_ID_PATTERN,
-    BcpResponseDelivery,
-    BcpValidationResult,
     NormalizedResponse,
     QuerySpec,
     ReasonCode,
 )
-from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, agent_id, step_down
+from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, agent_id
 
 from ..events import Action, Commit, MessageReceived, Record, Send, Sent
 from ..state import ChannelKey, GatewayState, Held, QueryState
 from ..validation import ValidationResult
+from .frames import anomalies, validation_result, wire
 
 __all__ = [
     "APPROVAL_TOPIC",
@@ -42,14 +37,8 @@ __all__ = [
     "Refusal",
     "Settings",
     "channel_of",
-    "iso",
     "parse",
-    "wire",
 ]
-
-
-_ID = re.compile(ID_PATTERN)
-_SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
 
 
 class Settings(Protocol):
@@ -222,15 +211,7 @@ class Context:
 
         ``then`` runs once the verdict is sent, and its actions follow it.
         """
-        fields: dict[str, Any] = _valid_ids(ref)
-        fields.update(success=error is None, detail=detail[:1000])
-        if error is not None:
-            fields["error"] = error
-        if result is not None and result.reasons:
-            fields["reasons"] = result.reasons
-        if retries_left is not None:
-            fields["retries_left"] = retries_left
-        verdict = BcpValidationResult(**fields)
+        verdict = validation_result(ref, error, detail, result, retries_left)
         actions: list[Action] = []
         if channel is None:
             payload = {**wire(verdict), "channel": event.topic}
@@ -252,30 +233,6 @@ class Context:
 
 def _after(then: Callable[[], list[Action]]) -> Then:
     return lambda _delivered_to: then()
-
-
-def delivery(
-    channel: Channel,
-    spec: QuerySpec,
-    response: NormalizedResponse,
-    bits: float,
-    found: list[dict[str, Any]],
-    **ref: str,
-) -> dict[str, Any]:
-    """Return the ``bcp_response_delivery`` content for a valid answer or push."""
-    content: dict[str, Any] = {
-        **ref,
-        "category": spec.category,
-        "from_agent": channel.reader,
-        "response": response,
-        "bandwidth_bits": round(bits, 3),
-        "taint": step_down(channel.reader_taint),
-        "channel_mode": "bcp",
-    }
-    # Only a flag channel delivers the anomalies; on review a human approved the answer.
-    if found and channel.anomaly_action == "flag":
-        content["anomalies"] = found
-    return wire(BcpResponseDelivery.model_validate(content))
 
 
 def channel_of(
@@ -309,34 +266,3 @@ def parse(
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "content"
         raise Refusal(reason, f"{where}: {first['msg']}"[:500]) from None
-
-
-def wire(model: BaseModel) -> dict[str, Any]:
-    """Return the content of a frame built through its ``schemas`` model.
-
-    Only the fields the gateway set are sent (it sets none to null), so a frame carries the keys
-    it always carried; a nested model that says ``null`` on purpose, such as a reason's
-    ``field``, keeps it, as ``schemas/json`` requires.
-    """
-    return model.model_dump(mode="json", exclude_unset=True)
-
-
-def anomalies(result: ValidationResult) -> list[dict[str, Any]]:
-    """Return the anomalies ``result`` found, as JSON."""
-    return [a.model_dump(mode="json", exclude_none=True) for a in result.anomalies]
-
-
-def iso(seconds: float) -> str:
-    """Return ``seconds`` since the epoch as RFC 3339 UTC with a ``Z``."""
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _valid_ids(ref: Mapping[str, Any]) -> dict[str, str]:
-    # An id the reader got wrong is not echoed: the verdict's correlationId already ties it
-    # to the message it answers, and the frame must match schemas/json/bcp_validation_result.
-    patterns = {"query_id": _ID, "subscription_id": _SUBSCRIPTION_ID}
-    return {
-        key: value
-        for key, value in ref.items()
-        if isinstance(value, str) and patterns[key].match(value)
-    }

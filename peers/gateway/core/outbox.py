@@ -18,7 +18,8 @@ from schemas.common import agent_id
 
 from ..events import Action, CancelTimer, Commit, Send, SetTimer
 from ..state import Held
-from .context import Context, iso
+from .context import Context
+from .frames import iso
 
 __all__ = ["Outbox"]
 

@@ -14,9 +14,10 @@ from schemas.common import agent_id
 
 from ..bits import spec_bits
 from ..events import Action, Commit, MessageReceived, Respond
-from ..validation import validate_response
+from ..validation import ValidationResult, validate_response
 from .approvals import Approvals
-from .context import Context, Refusal, anomalies, delivery
+from .context import Context, Refusal
+from .frames import anomalies, delivery
 from .outbox import Outbox
 
 __all__ = ["Pushes"]
@@ -36,14 +37,9 @@ class Pushes:
         """Check, validate and charge a push; deliver it or hold it; tell the reader; reply."""
         ctx = self.ctx
         assert response.subscription_id is not None
-        sid = response.subscription_id
-        ref = {"subscription_id": sid}
-        subscription = channel.subscription(sid)
+        ref = {"subscription_id": response.subscription_id}
         try:
-            if subscription is None or response.controller != channel.controller:
-                detail = f"no subscription {sid!r} from {response.controller!r} to this reader"
-                raise Refusal(ReasonCode.SUBSCRIPTION_NOT_FOUND, detail)
-            self._check(channel, subscription)
+            subscription = self._check(channel, response)
         except Refusal as refusal:
             # A subscription that does not exist is the whole story; a limit says which.
             unknown = refusal.reason == ReasonCode.SUBSCRIPTION_NOT_FOUND
@@ -57,19 +53,29 @@ class Pushes:
         spec = subscription.as_spec()
         result = validate_response(spec, response.response, anomaly_action=channel.anomaly_action)
         checked = ctx.validation(channel, result, event.message_id, **ref)
-        if not result.accepted:
-            reason = ReasonCode.VALIDATION_FAILED
-            return [
-                checked,
-                ctx.record("bcp_push_refused", channel, reason, **ref),
-                *ctx.tell_reader(event, channel, ref, reason, result.detail(), result),
-                Respond(False, reason, result.detail()),
-            ]
+        if result.accepted:
+            return [checked, *self._accept(event, channel, subscription, result)]
+        reason = ReasonCode.VALIDATION_FAILED
+        return [
+            checked,
+            ctx.record("bcp_push_refused", channel, reason, **ref),
+            *ctx.tell_reader(event, channel, ref, reason, result.detail(), result),
+            Respond(False, reason, result.detail()),
+        ]
+
+    def _accept(
+        self,
+        event: MessageReceived,
+        channel: Channel,
+        subscription: Subscription,
+        result: ValidationResult,
+    ) -> list[Action]:
+        ctx, sid, spec = self.ctx, subscription.id, subscription.as_spec()
+        ref = {"subscription_id": sid}
         bits = spec_bits(spec)
         ctx.state.ledger.charge(channel.key, bits, cat2=False)
         ctx.state.rates.record((*channel.key, sid), ctx.clock())
         charged: list[Action] = [
-            checked,
             ctx.record("bcp_push_received", channel, "accepted", bits=bits, **ref),
             ctx.charged(channel, bits, subscription_id=sid, category=spec.category),
             Commit(),
@@ -77,7 +83,6 @@ class Pushes:
         if result.approval_required:
 
             def review() -> list[Action]:
-                assert subscription is not None
                 return self.approvals.review(
                     channel, spec, result, subscription=subscription, bits=bits
                 )
@@ -100,7 +105,13 @@ class Pushes:
         # Deliver first, so that the verdict the reader waits for says whether it was held.
         return [*charged, *self.outbox.deliver(channel, "bcp_response_delivery", content, verdict)]
 
-    def _check(self, channel: Channel, subscription: Subscription) -> None:
+    def _check(self, channel: Channel, response: BcpResponse) -> Subscription:
+        """Return the subscription ``response`` pushes on, within its limits; raise Refusal."""
+        sid = str(response.subscription_id)
+        subscription = channel.subscription(sid)
+        if subscription is None or response.controller != channel.controller:
+            detail = f"no subscription {sid!r} from {response.controller!r} to this reader"
+            raise Refusal(ReasonCode.SUBSCRIPTION_NOT_FOUND, detail)
         ctx, key = self.ctx, (*channel.key, subscription.id)
         if not ctx.state.rates.allows(
             key,
@@ -119,3 +130,4 @@ class Pushes:
             raise Refusal(
                 ReasonCode.BUDGET_EXHAUSTED, f"this push needs {bits:.1f} bits; {left:.1f} left"
             )
+        return subscription

@@ -28,17 +28,8 @@ from schemas.common import agent_id
 from ..bits import spec_bits
 from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
 from ..state import QueryState
-from .context import (
-    GATEWAY_CLIENT_ID,
-    Context,
-    Query,
-    Refusal,
-    channel_of,
-    delivery,
-    iso,
-    parse,
-    wire,
-)
+from .context import GATEWAY_CLIENT_ID, Context, Query, Refusal, channel_of, parse
+from .frames import delivery, iso, wire
 from .outbox import Outbox
 
 __all__ = ["Admitted", "Queries", "Refused"]

@@ -1,0 +1,102 @@
+"""The frames the gateway sends, built through their ``schemas`` models, and their helpers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from schemas.agents import Channel
+from schemas.bcp import (
+    ID_PATTERN,
+    SUBSCRIPTION_ID_PATTERN,
+    BcpResponseDelivery,
+    BcpValidationResult,
+    NormalizedResponse,
+    QuerySpec,
+)
+from schemas.common import step_down
+
+from ..validation import ValidationResult
+
+__all__ = ["anomalies", "delivery", "iso", "validation_result", "wire"]
+
+_ID = re.compile(ID_PATTERN)
+_SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
+
+
+def validation_result(
+    ref: Mapping[str, Any],
+    error: str | None,
+    detail: str,
+    result: ValidationResult | None = None,
+    retries_left: int | None = None,
+) -> BcpValidationResult:
+    """Return the ``bcp_validation_result`` for a reader: success when ``error`` is None."""
+    fields: dict[str, Any] = _valid_ids(ref)
+    fields.update(success=error is None, detail=detail[:1000])
+    if error is not None:
+        fields["error"] = error
+    if result is not None and result.reasons:
+        fields["reasons"] = result.reasons
+    if retries_left is not None:
+        fields["retries_left"] = retries_left
+    return BcpValidationResult(**fields)
+
+
+def delivery(
+    channel: Channel,
+    spec: QuerySpec,
+    response: NormalizedResponse,
+    bits: float,
+    found: list[dict[str, Any]],
+    **ref: str,
+) -> dict[str, Any]:
+    """Return the ``bcp_response_delivery`` content for a valid answer or push."""
+    content: dict[str, Any] = {
+        **ref,
+        "category": spec.category,
+        "from_agent": channel.reader,
+        "response": response,
+        "bandwidth_bits": round(bits, 3),
+        "taint": step_down(channel.reader_taint),
+        "channel_mode": "bcp",
+    }
+    # Only a flag channel delivers the anomalies; on review a human approved the answer.
+    if found and channel.anomaly_action == "flag":
+        content["anomalies"] = found
+    return wire(BcpResponseDelivery.model_validate(content))
+
+
+def wire(model: BaseModel) -> dict[str, Any]:
+    """Return the content of a frame built through its ``schemas`` model.
+
+    Only the fields the gateway set are sent (it sets none to null), so a frame carries the keys
+    it always carried; a nested model that says ``null`` on purpose, such as a reason's
+    ``field``, keeps it, as ``schemas/json`` requires.
+    """
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+def anomalies(result: ValidationResult) -> list[dict[str, Any]]:
+    """Return the anomalies ``result`` found, as JSON."""
+    return [a.model_dump(mode="json", exclude_none=True) for a in result.anomalies]
+
+
+def iso(seconds: float) -> str:
+    """Return ``seconds`` since the epoch as RFC 3339 UTC with a ``Z``."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _valid_ids(ref: Mapping[str, Any]) -> dict[str, str]:
+    # An id the reader got wrong is not echoed: the verdict's correlationId already ties it
+    # to the message it answers, and the frame must match schemas/json/bcp_validation_result.
+    patterns = {"query_id": _ID, "subscription_id": _SUBSCRIPTION_ID}
+    return {
+        key: value
+        for key, value in ref.items()
+        if isinstance(value, str) and patterns[key].match(value)
+    }
