@@ -130,7 +130,7 @@ def machine() -> dict[str, Any]:
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "libraries": {
             name: _version(name)
-            for name in ("bcpbus", "websockets", "pydantic", "pydantic-core", "aiosqlite")
+            for name in ("bcpbus", "websockets", "pydantic", "pydantic-core", "orjson")
         }
         | {"orjson": _version("orjson"), "uvloop": _version("uvloop")}
         | {"sqlite": sqlite3.sqlite_version},

@@ -182,8 +182,11 @@ def _summary(
         entry["ratio_msgs"] = summarize(
             b[window]["msgs_per_s"] / r[window]["msgs_per_s"] for b, r in pairs
         )
+        # A --quick run may read zero clock ticks of relay CPU: leave that pair out of the ratio.
         entry["ratio_cpu"] = summarize(
-            b[window]["server_cpu_us"] / r[window]["server_cpu_us"] for b, r in pairs
+            b[window]["server_cpu_us"] / r[window]["server_cpu_us"]
+            for b, r in pairs
+            if r[window]["server_cpu_us"]
         )
         summary[window] = entry
     return summary
