@@ -73,77 +73,100 @@ def load_state(channels: Container[ChannelKey], db: str | Path) -> GatewayState:
     Rows about channels not in ``channels`` are skipped (an approval's decision is kept on any
     channel). A database without the table (a first start) gives an empty state.
     """
-    state = GatewayState()
+    replay = _Replay(channels)
+    for ts, event, status, actor, payload_json in _rows(db):
+        replay.apply(ts, event, status, actor, json.loads(payload_json or "{}"))
+    return replay.finish()
+
+
+def _rows(db: str | Path) -> list[tuple[str, str, str | None, str | None, str | None]]:
     if not Path(db).exists():
-        return state
+        return []
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         if not conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='activity_log'"
         ).fetchone():
-            return state
-        rows = conn.execute(
+            return []
+        return conn.execute(
             "SELECT ts, event, status, actor, payload_json FROM activity_log WHERE event IN ("
             "'bcp_budget_reset','bcp_bits_charged','bcp_query_accepted','bcp_query_failed',"
             "'bcp_delivered','bcp_expired','bcp_held','bcp_approval_requested',"
             "'bcp_approval_decided') ORDER BY id"
         ).fetchall()
-    open_queries: dict[tuple[str, str], str] = {}
-    open_approvals: dict[str, str] = {}
-    held: dict[str, dict[str, Any]] = {}
-    for ts, event, status, actor, payload_json in rows:
-        payload = json.loads(payload_json or "{}")
+
+
+class _Replay:
+    """The gateway's state rebuilt row by row, oldest first."""
+
+    def __init__(self, channels: Container[ChannelKey]) -> None:
+        self.channels = channels
+        self.state = GatewayState()
+        self.open_queries: dict[tuple[str, str], str] = {}
+        self.open_approvals: dict[str, str] = {}
+        self.held: dict[str, dict[str, Any]] = {}
+
+    def apply(
+        self, ts: str, event: str, status: str | None, actor: str | None, payload: dict[str, Any]
+    ) -> None:
+        state = self.state
         if event == "bcp_approval_decided":
             # Before the channel check: an approval id is the gateway's own, on any channel.
             _remember_decided(state, ts, status, actor, payload)
         key = _channel_key(payload.get("channel"))
-        if key is None or key not in channels:
-            continue
-        query_id = payload.get("query_id")
+        if key is None or key not in self.channels:
+            return
+        query_id: Any = payload.get("query_id")  # As the row has it: the log is not checked.
         if event == "bcp_budget_reset":
             state.ledger.reset(key)
         elif event == "bcp_bits_charged":
-            bits = float(payload.get("bits", 0))
-            cat2 = payload.get("category") == 2 and query_id is not None
-            if bits >= 0:
-                state.ledger.charge(key, bits, cat2=cat2)
-            else:
-                state.ledger.refund(key, -bits, cat2=cat2)
-            sid = payload.get("subscription_id")
-            if sid is not None and bits > 0:
-                state.rates.record((*key, sid), _epoch(ts))
+            self._charged(key, ts, payload)
         elif event == "bcp_query_accepted":
             state.tasks.record(key, payload.get("task_id"), int(payload.get("category", 1)))
             state.used_query_ids.add((key[0], query_id))
-            open_queries[(key[0], query_id)] = key[1]
+            self.open_queries[(key[0], query_id)] = key[1]
         elif event in ("bcp_query_failed", "bcp_delivered", "bcp_expired", "bcp_held"):
             if query_id is not None:
-                open_queries.pop((key[0], query_id), None)
-            hold_id = payload.get("hold_id")
+                self.open_queries.pop((key[0], query_id), None)
+            hold_id: Any = payload.get("hold_id")
             if event == "bcp_held":
-                held[hold_id] = {**payload, "ts": ts}
+                self.held[hold_id] = {**payload, "ts": ts}
             elif hold_id is not None:
-                held.pop(hold_id, None)
+                self.held.pop(hold_id, None)
         elif event == "bcp_approval_requested":
-            open_approvals[payload["approval_id"]] = f"{key[0]}:{key[1]}"
+            self.open_approvals[payload["approval_id"]] = f"{key[0]}:{key[1]}"
         elif event == "bcp_approval_decided":
-            open_approvals.pop(payload.get("approval_id"), None)
-    orphans = state.orphans
-    orphans.queries = [(c, r, q) for (c, q), r in open_queries.items()]
-    for approval_id, pair in open_approvals.items():
-        controller, reader = pair.split(":", 1)
-        orphans.approvals.append((controller, reader, approval_id))
-    for hold_id, payload in held.items():
-        controller, reader = _channel_key(payload["channel"]) or ("", "")
-        state.held.append(
-            Held(
-                hold_id=hold_id,
-                controller=controller,
-                content=payload["held"],
-                expires_at=_epoch(payload["expires_at"]),
-                reader=reader,
+            self.open_approvals.pop(str(payload.get("approval_id")), None)
+
+    def _charged(self, key: ChannelKey, ts: str, payload: dict[str, Any]) -> None:
+        bits = float(payload.get("bits", 0))
+        cat2 = payload.get("category") == 2 and payload.get("query_id") is not None
+        if bits >= 0:
+            self.state.ledger.charge(key, bits, cat2=cat2)
+        else:
+            self.state.ledger.refund(key, -bits, cat2=cat2)
+        sid = payload.get("subscription_id")
+        if sid is not None and bits > 0:
+            self.state.rates.record((*key, sid), _epoch(ts))
+
+    def finish(self) -> GatewayState:
+        """Return the state, with what was in flight as its orphans and the outbox in order."""
+        state, orphans = self.state, self.state.orphans
+        orphans.queries = [(c, r, q) for (c, q), r in self.open_queries.items()]
+        for approval_id, pair in self.open_approvals.items():
+            controller, reader = pair.split(":", 1)
+            orphans.approvals.append((controller, reader, approval_id))
+        for hold_id, payload in self.held.items():
+            controller, reader = _channel_key(payload["channel"]) or ("", "")
+            state.held.append(
+                Held(
+                    hold_id=hold_id,
+                    controller=controller,
+                    content=payload["held"],
+                    expires_at=_epoch(payload["expires_at"]),
+                    reader=reader,
+                )
             )
-        )
-    return state
+        return state
 
 
 def _remember_decided(
