@@ -61,6 +61,8 @@ from schemas import strict_yaml
 from schemas.bus import CLIENT_ID_PATTERN, ROLE_NAME_PATTERN
 from schemas.common import TAINT_LEVELS, TaintLevel, taint_rank
 
+from .topics import MAX_TOPIC_LENGTH, PATTERN_RE, SEGMENT_RE, TOPIC_RE
+
 __all__ = [
     "GATEWAY_ONLY_TYPES",
     "POLICY_VERSION",
@@ -92,12 +94,7 @@ _ROLE_NAME = re.compile(ROLE_NAME_PATTERN)
 _TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")  # as the payload envelope's `type`
 _PREFIX = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # the clientId prefix, as in CLIENT_ID_PATTERN
 _CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
-_LITERAL = re.compile(r"[A-Za-z0-9._-]+")
-_SEG = r"[A-Za-z0-9._-]+"
-_TOPIC = re.compile(rf"{_SEG}(?::{_SEG})*")
-_PATTERN = re.compile(rf"(?:{_SEG}|\*)(?::(?:{_SEG}|\*))*")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-_MAX_PATTERN = 256
 # Segments a non-declassifier may not put first in a subscribe pattern: each could match `bcp`
 # (`{name}` too, since a peer could be called `agent:bcp`).
 _BCP_READING_HEADS = frozenset({"bcp", "*", _NAME})
@@ -163,7 +160,7 @@ class Grants:
     def __post_init__(self) -> None:
         for patterns in (*self.send_patterns.values(), self.subscribe_patterns):
             for pattern in patterns:
-                if _PATTERN.fullmatch(pattern) is None:
+                if PATTERN_RE.fullmatch(pattern) is None:
                     raise ValueError(f"invalid topic pattern {pattern!r}")
         send = {
             type_: re.compile("|".join(f"(?:{_regex(p)})" for p in patterns))
@@ -190,7 +187,7 @@ class Grants:
             regex = self._send.get(message_type)
             allowed = (
                 regex is not None
-                and _TOPIC.fullmatch(topic) is not None
+                and TOPIC_RE.fullmatch(topic) is not None
                 and regex.fullmatch(topic) is not None
             )
             if len(self._cache) >= _CACHE_SIZE:
@@ -207,7 +204,7 @@ class Grants:
         the granted one. So ``agent:main`` is fine under a grant of ``agent:*``, but ``agent:*``
         is refused to a peer granted only ``agent:main``. A malformed pattern is refused.
         """
-        if _PATTERN.fullmatch(pattern) is None:
+        if PATTERN_RE.fullmatch(pattern) is None:
             return False
         requested = pattern.split(":")
         return any(_covers(granted, requested) for granted in self._subscribe)
@@ -453,8 +450,8 @@ def _error(source: str, path: str, message: str) -> PolicyError:
 
 def _pattern_problem(pattern: str) -> str | None:
     """Return what is wrong with a topic pattern from the policy, or None if it is valid."""
-    if not pattern or len(pattern) > _MAX_PATTERN:
-        return f"a pattern must be 1 to {_MAX_PATTERN} characters"
+    if not pattern or len(pattern) > MAX_TOPIC_LENGTH:
+        return f"a pattern must be 1 to {MAX_TOPIC_LENGTH} characters"
     for segment in pattern.split(":"):
         if segment in ("*", _NAME):
             continue
@@ -467,7 +464,7 @@ def _pattern_problem(pattern: str) -> str | None:
             return f"{pattern!r}: {_NAME} must be a whole segment"
         if "*" in segment:
             return f"{pattern!r}: '*' must be a whole segment"
-        if _LITERAL.fullmatch(segment) is None:
+        if SEGMENT_RE.fullmatch(segment) is None:
             return (
                 f"{pattern!r}: segments are ':'-separated, non-empty, and use letters, digits, "
                 "'.', '_', '-', a whole '*' or {name}"

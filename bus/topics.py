@@ -18,11 +18,29 @@ from typing import Generic, TypeVar
 
 from .errors import InvalidParams
 
-__all__ = ["MAX_TOPIC_LENGTH", "SubscriptionIndex", "matches", "validate_pattern", "validate_topic"]
+__all__ = [
+    "LITERAL_SEGMENT",
+    "MAX_TOPIC_LENGTH",
+    "PATTERN_RE",
+    "SEGMENT_RE",
+    "TOPIC_RE",
+    "SubscriptionIndex",
+    "matches",
+    "validate_pattern",
+    "validate_topic",
+]
 
+# The one grammar of topics and patterns; bus.policy reads its patterns with it too.
 MAX_TOPIC_LENGTH = 256
-_SEGMENT = re.compile(r"[A-Za-z0-9._{}-]+|\*")
-_LITERAL = re.compile(r"[A-Za-z0-9._-]+")
+"""The longest topic or pattern, in characters."""
+LITERAL_SEGMENT = r"[A-Za-z0-9._-]+"
+"""One segment of a concrete topic."""
+SEGMENT_RE = re.compile(LITERAL_SEGMENT)
+TOPIC_RE = re.compile(rf"{LITERAL_SEGMENT}(?::{LITERAL_SEGMENT})*")
+"""A whole concrete topic (check its length apart)."""
+PATTERN_RE = re.compile(rf"(?:{LITERAL_SEGMENT}|\*)(?::(?:{LITERAL_SEGMENT}|\*))*")
+"""A whole subscription pattern: concrete segments or whole ``*`` ones."""
+_PATTERN_SEGMENT = re.compile(rf"{LITERAL_SEGMENT}|\*")
 
 K = TypeVar("K", bound=Hashable)
 
@@ -36,7 +54,7 @@ def validate_topic(topic: str) -> str:
     """
     if "*" in topic:
         raise InvalidParams(f"cannot publish to {topic!r}: '*' is only for subscription patterns")
-    _check(topic, _LITERAL, "topic")
+    _check(topic, SEGMENT_RE, "topic")
     return topic
 
 
@@ -46,9 +64,7 @@ def validate_pattern(pattern: str) -> str:
     Raises:
         InvalidParams: as for :func:`validate_topic`, except that whole ``*`` segments are allowed.
     """
-    _check(pattern, _SEGMENT, "pattern")
-    if "{" in pattern or "}" in pattern:
-        raise InvalidParams(f"invalid pattern {pattern!r}: braces are not allowed")
+    _check(pattern, _PATTERN_SEGMENT, "pattern")
     return pattern
 
 
