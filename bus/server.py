@@ -22,7 +22,6 @@ import logging
 import secrets
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
 
@@ -37,6 +36,7 @@ from schemas.bus import (
     PresenceType,
     SubscribeParams,
 )
+from schemas.common import timestamp
 
 from . import __version__
 from .activity import ActivityLog
@@ -494,7 +494,7 @@ class Bus:
         return {"success": True}
 
     async def _ping(self, route: Route[Connection], request: Request) -> Any:
-        return {"pong": True, "serverTime": _now()}
+        return {"pong": True, "serverTime": timestamp()}
 
     def _refuse(
         self,
@@ -761,7 +761,7 @@ class Bus:
                 "messageId": f"presence-{uuid.uuid4().hex}",
                 "type": event,
                 "from": BUS_CLIENT_ID,
-                "timestamp": _now(),
+                "timestamp": timestamp(),
                 "content": content,
             }
             try:
@@ -807,7 +807,3 @@ def _reply_text(result: Any) -> str:
     if isinstance(result, dict):
         return f"{result.get('status', '')}: {result.get('message', '')}"[:200]
     return "malformed processMessage result"
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
