@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from . import __version__, audit
-from .activity import ActivityLog
+from .assemble import running
 from .config import ConfigError, ServeConfig
 from .credentials import Credentials, CredentialsError
 from .identities import default_agents_dir, load_identities
@@ -228,22 +228,22 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with ActivityLog(config.db) as log:
-        async with Bus(
-            policy=policy,
-            credentials=credentials,
-            log=log,
-            identities=identities,
-            limits=config.limits,
-            server_id=config.server_id,
-        ) as bus:
-            await bus.start(config.host, config.port)
-            async with run_beside(bus) if run_beside else contextlib.nullcontext():
-                # Printed once the gateway is subscribed too: "listening" means ready for BCP.
-                print(f"listening on {bus.url}", flush=True)
-                if ready is not None:
-                    ready(bus)
-                await stop.wait()
+    async with running(
+        config.db,
+        credentials=credentials,
+        policy=policy,
+        identities=identities,
+        limits=config.limits,
+        server_id=config.server_id,
+        host=config.host,
+        port=config.port,
+    ) as bus:
+        async with run_beside(bus) if run_beside else contextlib.nullcontext():
+            # Printed once the gateway is subscribed too: "listening" means ready for BCP.
+            print(f"listening on {bus.url}", flush=True)
+            if ready is not None:
+                ready(bus)
+            await stop.wait()
     return 0
 
 

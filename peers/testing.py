@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bus.activity import ActivityLog
+from bus.assemble import running
 from bus.config import Limits
 from bus.credentials import Credentials
 from bus.identities import PeerIdentity, default_agents_dir, load_identities
@@ -116,17 +117,10 @@ async def running_bus(
     """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit."""
     db = Path(directory) / "activity.db"
     credentials = Credentials.empty()
-    async with ActivityLog(db) as log:
-        bus = Bus(
-            policy=policy or Policy.default(),
-            credentials=credentials,
-            log=log,
-            identities=identities,
-            limits=limits,
-        )
-        async with bus:
-            await bus.start("127.0.0.1", 0)
-            yield BusHarness(bus, log, credentials, db)
+    async with running(
+        db, credentials=credentials, policy=policy, identities=identities, limits=limits
+    ) as bus:
+        yield BusHarness(bus, bus.log, credentials, db)
 
 
 @dataclass

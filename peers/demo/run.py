@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bus import audit
-from bus.activity import ActivityLog
+from bus.assemble import running
 from bus.credentials import Credentials
 from bus.identities import default_agents_dir, load_identities
-from bus.policy import Policy
-from bus.server import Bus
 from peers.approver import Approver, render_request
 from peers.bcp import Controller, QueryFailed, Reader
 from peers.client import Peer
@@ -145,33 +143,25 @@ class _Demo:
         if agents_dir is None:
             self.out("bcpbus demo: the reference agents (agents/) are not installed")
             return 1
-        async with ActivityLog(self.db) as log:
-            credentials = Credentials.empty()
-            bus = Bus(
-                policy=Policy.default(),
-                credentials=credentials,
-                log=log,
-                identities=load_identities(agents_dir),
-            )
-            async with bus:
-                await bus.start("127.0.0.1", 0)
-                self.out(f"bus listening on {bus.url}; activity log {self.db}")
-                token = credentials.add_ephemeral
-                settings = GatewaySettings(query_ttl=60, approval_timeout=600)
-                async with running_gateway(
-                    bus.url, token(GATEWAY_CLIENT_ID, []), log, agents_dir, settings
-                ):
-                    self.controller = Controller(
-                        Peer(bus.url, "agent:main", token("agent:main", []))
-                    )
-                    self.reader = Reader(
-                        Peer(bus.url, "agent:researcher", token("agent:researcher", []))
-                    )
-                    self.approver = Approver(
-                        Peer(bus.url, "human:operator", token("human:operator", []))
-                    )
-                    code = await self._steps()
-            await log.commit()
+        credentials = Credentials.empty()
+        async with running(
+            self.db, credentials=credentials, identities=load_identities(agents_dir)
+        ) as bus:
+            log = bus.log
+            self.out(f"bus listening on {bus.url}; activity log {self.db}")
+            token = credentials.add_ephemeral
+            settings = GatewaySettings(query_ttl=60, approval_timeout=600)
+            async with running_gateway(
+                bus.url, token(GATEWAY_CLIENT_ID, []), log, agents_dir, settings
+            ):
+                self.controller = Controller(Peer(bus.url, "agent:main", token("agent:main", [])))
+                self.reader = Reader(
+                    Peer(bus.url, "agent:researcher", token("agent:researcher", []))
+                )
+                self.approver = Approver(
+                    Peer(bus.url, "human:operator", token("human:operator", []))
+                )
+                code = await self._steps()
         if code == 0:
             self._summary()
         return code

@@ -1,0 +1,62 @@
+"""The one way to put a bus together: its activity log opened, the bus started on it.
+
+``bcpbus serve``, the demo and :mod:`peers.testing` all build it here, so a new part of the bus
+(or a new order of opening and closing) is written once::
+
+    async with running(db, credentials=creds) as bus:
+        print(bus.url)          # the log is bus.log
+        ...
+
+On exit the bus closes first (every connection, with the requests in flight answered), then the
+log, which flushes what the bus recorded last. The gateway, which lives in :mod:`peers`, is
+started beside the bus with ``peers.gateway.runner``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping
+
+from .activity import ActivityLog
+from .config import Limits
+from .credentials import Credentials
+from .identities import PeerIdentity
+from .policy import Policy
+from .server import Bus
+
+__all__ = ["running"]
+
+
+@contextlib.asynccontextmanager
+async def running(
+    db: str | os.PathLike[str],
+    *,
+    credentials: Credentials,
+    policy: Policy | None = None,
+    identities: Mapping[str, PeerIdentity] | None = None,
+    limits: Limits | None = None,
+    server_id: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> AsyncIterator[Bus]:
+    """Open the activity log at ``db`` and start a bus on ``host:port`` (0: a free port).
+
+    Args:
+        policy: the authorization policy; None for the built-in one.
+
+    Raises:
+        sqlite3.Error: the log cannot be opened at ``db``.
+        OSError: ``host:port`` cannot be listened on.
+    """
+    async with ActivityLog(db) as log:
+        async with Bus(
+            policy=policy or Policy.default(),
+            credentials=credentials,
+            log=log,
+            identities=identities,
+            limits=limits,
+            server_id=server_id,
+        ) as bus:
+            await bus.start(host, port)
+            yield bus
