@@ -157,9 +157,29 @@ def query_rows(
     if limit is not None and not 0 <= limit <= MAX_LIMIT:
         # SQLite cannot bind a larger integer, and reads a negative LIMIT as "no limit".
         raise ValueError(f"limit: {limit} is out of range: give a number from 0 to {MAX_LIMIT}")
+    where, params = _filters(
+        {"message_id": message_id, "actor": actor, "event": event}, topic, since, until
+    )
+    sql = "SELECT * FROM activity_log"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY id"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    with _connect(db) as conn:
+        # The pattern test runs inside SQLite so LIMIT counts only matching rows.
+        conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
+        return [dict(row) for row in conn.execute(sql, params)]
+
+
+def _filters(
+    exact: dict[str, str | None], topic: str | None, since: str | None, until: str | None
+) -> tuple[list[str], list[Any]]:
+    """The WHERE clauses and their parameters for :func:`query_rows`'s filters."""
     where: list[str] = []
     params: list[Any] = []
-    for column, value in (("message_id", message_id), ("actor", actor), ("event", event)):
+    for column, value in exact.items():
         if value is not None:
             where.append(f"{column} = ?")
             params.append(_text(value, column))
@@ -173,17 +193,7 @@ def query_rows(
         clauses, topic_params = _topic_filter(topic)
         where.extend(clauses)
         params.extend(topic_params)
-    sql = "SELECT * FROM activity_log"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY id"
-    if limit is not None:
-        sql += " LIMIT ?"
-        params.append(limit)
-    with _connect(db) as conn:
-        # The pattern test runs inside SQLite so LIMIT counts only matching rows.
-        conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
-        return [dict(row) for row in conn.execute(sql, params)]
+    return where, params
 
 
 def bits_per_channel(db: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -97,7 +97,15 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
 
     parser.set_defaults(command=usage)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_serve(sub, beside)
+    _add_peers(sub)
+    _add_audit(sub)
+    if extend is not None:
+        extend(sub)
+    return parser
 
+
+def _add_serve(sub: Any, beside: Beside | None) -> None:
     serve = sub.add_parser("serve", help="run the bus (and the BCP gateway)")
     serve.add_argument("--config", type=Path, help="YAML config file (see README)")
     serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
@@ -115,6 +123,8 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     )
     serve.set_defaults(command=_serve, beside=beside)
 
+
+def _add_peers(sub: Any) -> None:
     peers = sub.add_parser("peers", help="manage peer credentials")
     peers.add_argument("--peers-file", type=Path, default=Path("bcpbus-peers.yaml"))
     peers_sub = peers.add_subparsers(title="actions", metavar="ACTION", required=True)
@@ -131,6 +141,8 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     rm.add_argument("client_id", metavar="CLIENT_ID")
     rm.set_defaults(command=_peers_remove)
 
+
+def _add_audit(sub: Any) -> None:
     aud = sub.add_parser("audit", help="read the activity log")
     aud.add_argument(
         "--db", type=Path, default=Path("bcpbus.db"), help="activity log (default ./bcpbus.db)"
@@ -147,9 +159,6 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     aud.add_argument("--query", metavar="QUERY_ID", help="one BCP query's whole story")
     aud.add_argument("--json", action="store_true", help="JSON instead of a table")
     aud.set_defaults(command=_audit)
-    if extend is not None:
-        extend(sub)
-    return parser
 
 
 # serve

@@ -21,7 +21,7 @@ import json
 import logging
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -42,7 +42,7 @@ from . import __version__
 from .activity import ActivityLog
 from .config import Limits
 from .connection import ByteBudget, Connection, PeerGone
-from .credentials import Credentials
+from .credentials import Credentials, PeerRecord
 from .errors import (
     CLOSE_AUTH_FAILED,
     CLOSE_GOING_AWAY,
@@ -65,7 +65,7 @@ from .errors import (
 from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .params import SendFields, parse, read_send_message
-from .policy import Policy, PolicyError, may_flow
+from .policy import Grants, Policy, PolicyError, may_flow
 from .protocol import Request
 from .recent import RecentIds
 from .router import Route, Router
@@ -392,43 +392,9 @@ class Bus:
         params = parse(InitializeParams, request.params)
         client_id = params.client_id
         token = params.auth.token if params.auth is not None else _bearer(conn.ws)
-        record = self.credentials.verify(client_id, token)
-        if record is None:
-            self.log.record(
-                "auth_failed",
-                rpc_id=_rpc_id(request),
-                actor=client_id,
-                status="refused",
-                error="unknown clientId or wrong token" if token else "no credential",
-            )
-            await self.log.commit()
-            conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-            raise AuthenticationFailed()
-        limit = self.limits.max_connections
-        if limit is not None and client_id not in self._router and len(self._router) >= limit:
-            self.log.record(
-                "limit_exceeded", rpc_id=_rpc_id(request), actor=client_id, status="max_connections"
-            )
-            conn.close_after_answer(CLOSE_TRY_AGAIN_LATER, "too many peers")
-            raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
-        identity = self.identities.get(client_id, PeerIdentity())
-        try:
-            roles = self.policy.roles_for(client_id, (*record.roles, *identity.roles))
-            grants = self.policy.grants(client_id, roles, taint=identity.taint)
-        except (PolicyError, ValueError) as exc:
-            # A credential whose roles the policy does not allow (e.g. the gateway role for a
-            # peer that is not a gateway member): refuse, and tell the operator why in the log.
-            self.log.record(
-                "auth_failed",
-                rpc_id=_rpc_id(request),
-                actor=client_id,
-                status="policy",
-                error=str(exc),
-            )
-            conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-            raise AuthenticationFailed(
-                "Authentication failed: this clientId's roles are not allowed by the policy"
-            ) from None
+        record = await self._authenticate(conn, request, client_id, token)
+        self._check_capacity(conn, request, client_id)
+        roles, grants = self._grants_for(conn, request, client_id, record.roles)
         replaced = self._router.join(conn, client_id, grants)
         if replaced is not None:
             self._take_over(replaced, client_id)
@@ -456,6 +422,70 @@ class Bus:
                 "topics": list(grants.subscribe_patterns),
             },
         }
+
+    async def _authenticate(
+        self, conn: Connection, request: Request, client_id: str, token: str | None
+    ) -> PeerRecord:
+        """The credential ``token`` proves for ``client_id``.
+
+        Raises:
+            AuthenticationFailed: none; the refusal is committed to the log first, and the
+                connection closes (4003) after the answer.
+        """
+        record = self.credentials.verify(client_id, token)
+        if record is not None:
+            return record
+        self.log.record(
+            "auth_failed",
+            rpc_id=_rpc_id(request),
+            actor=client_id,
+            status="refused",
+            error="unknown clientId or wrong token" if token else "no credential",
+        )
+        await self.log.commit()
+        conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
+        raise AuthenticationFailed()
+
+    def _check_capacity(self, conn: Connection, request: Request, client_id: str) -> None:
+        """Refuse one peer more than ``max_connections`` (a takeover is not one more).
+
+        Raises:
+            LimitExceeded: the bus is full; the connection closes (1013) after the answer.
+        """
+        limit = self.limits.max_connections
+        if limit is None or client_id in self._router or len(self._router) < limit:
+            return
+        self.log.record(
+            "limit_exceeded", rpc_id=_rpc_id(request), actor=client_id, status="max_connections"
+        )
+        conn.close_after_answer(CLOSE_TRY_AGAIN_LATER, "too many peers")
+        raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
+
+    def _grants_for(
+        self, conn: Connection, request: Request, client_id: str, credential_roles: Iterable[str]
+    ) -> tuple[frozenset[str], Grants]:
+        """The roles and grants the policy gives ``client_id``.
+
+        Raises:
+            AuthenticationFailed: the policy refuses these roles to this clientId (e.g. the
+                gateway role for a peer that is not a gateway member); the log says why.
+        """
+        identity = self.identities.get(client_id, PeerIdentity())
+        try:
+            roles = self.policy.roles_for(client_id, (*credential_roles, *identity.roles))
+            return roles, self.policy.grants(client_id, roles, taint=identity.taint)
+        except (PolicyError, ValueError) as exc:
+            self.log.record(
+                "auth_failed",
+                rpc_id=_rpc_id(request),
+                actor=client_id,
+                status="policy",
+                error=str(exc),
+            )
+            conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
+            raise AuthenticationFailed(
+                "Authentication failed: this clientId's roles are not allowed by the policy"
+            ) from None
 
     def _take_over(self, old: Connection, client_id: str) -> None:
         self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))

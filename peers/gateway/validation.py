@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
-from typing import Final
+from typing import Any, Final
 
 from peers.gateway.normalize import count_words, normalize_answer, normalize_summary
 from peers.gateway.screening import screen
@@ -160,20 +160,7 @@ def validate_response(
             if field.name in response:
                 _check_field(field, response[field.name], values, reasons)
     elif spec.category == 2:
-        for question in spec.questions or ():
-            if question.id in response:
-                text = _check_text(
-                    question.id,
-                    response[question.id],
-                    question.max_words,
-                    partial(normalize_answer, question=question),
-                    anomalies,
-                    reasons,
-                    allow_email=question.expected_format == "email",
-                )
-                if text is not None:
-                    _store_formatted(question.id, text, question.expected_format, values, reasons)
-        _check_same_as(spec, values, reasons)
+        _check_answers(spec, response, values, anomalies, reasons)
     elif "summary" in response:
         text = _check_text(
             "summary",
@@ -193,6 +180,30 @@ def validate_response(
     ordered = {key: values[key] for key in spec.response_keys()}
     review = anomaly_action == "review" and bool(anomalies)
     return ValidationResult(spec.category, True, ordered, (), tuple(anomalies), review)
+
+
+def _check_answers(
+    spec: QuerySpec,
+    response: dict[str, Any],
+    values: dict[str, NormalizedValue],
+    anomalies: list[Anomaly],
+    reasons: list[ValidationReason],
+) -> None:
+    """Cat-2: check, screen and normalize each question's answer into ``values``."""
+    for question in spec.questions or ():
+        if question.id in response:
+            text = _check_text(
+                question.id,
+                response[question.id],
+                question.max_words,
+                partial(normalize_answer, question=question),
+                anomalies,
+                reasons,
+                allow_email=question.expected_format == "email",
+            )
+            if text is not None:
+                _store_formatted(question.id, text, question.expected_format, values, reasons)
+    _check_same_as(spec, values, reasons)
 
 
 def _reason(field: str | None, code: ValidationCode, message: str) -> ValidationReason:
