@@ -72,15 +72,13 @@ import itertools
 import json
 import logging
 import os
-import queue
 import sqlite3
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
+from .dbthread import DatabaseThread
 from .errors import AuditUnavailable
 
 __all__ = ["COLUMNS", "EVENTS", "LINGER", "SCHEMA", "ActivityLog"]
@@ -208,7 +206,6 @@ END;
 """The DDL :meth:`ActivityLog.open` runs; idempotent, so every process may run it."""
 
 _Row = tuple[str | None, ...]
-_T = TypeVar("_T")
 
 
 class _FileGone(Exception):
@@ -286,7 +283,7 @@ class ActivityLog:
         self._unavailable: str | None = None
 
         # The database thread and what only it touches.
-        self._thread: _DatabaseThread | None = None
+        self._thread: DatabaseThread | None = None
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
@@ -304,7 +301,7 @@ class ActivityLog:
         if self._thread is not None or self._closing:
             raise RuntimeError("the activity log was already opened")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        thread = _DatabaseThread(f"activity-db {self.path}", after=self._checkpoint_if_due)
+        thread = DatabaseThread(f"activity-db {self.path}", after=self._checkpoint_if_due)
         self._thread = thread
         try:
             await thread.run(self._connect)
@@ -656,75 +653,6 @@ class ActivityLog:
             busy = 1
         if not busy:
             self.checkpoints += 1
-
-
-class _DatabaseThread:
-    """One thread that runs functions for the event loop, in order, one at a time.
-
-    :meth:`run` costs one hop to the thread and one back (``call_soon_threadsafe``) whatever the
-    function does; ``after`` runs on the thread once each result has been handed back, so its
-    work delays the next function, not the caller of this one.
-    """
-
-    def __init__(self, name: str, *, after: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._after = after
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any]] = (
-            queue.SimpleQueue()
-        )
-        self._stopped: asyncio.Future[None] = self._loop.create_future()
-        # A daemon: a log that is never closed must not keep the interpreter alive.
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, function: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
-        """Run ``function(*args)`` on the thread; the future gets its result or exception."""
-        future: asyncio.Future[_T] = self._loop.create_future()
-        self._jobs.put((function, args, future))
-        return future
-
-    async def stop(self, last: Callable[[], None]) -> None:
-        """Run ``last`` on the thread after every function queued, then end the thread."""
-        self._jobs.put((last, (), None))
-        await asyncio.wait({self._stopped})
-        self._thread.join()  # it has returned or is about to: only its exit is left
-
-    def _serve(self) -> None:
-        while True:
-            function, args, future = self._jobs.get()
-            if future is None:  # stop(): the last job
-                try:
-                    function()
-                except Exception:  # pragma: no cover - closing fails only on a failing disk
-                    logger.exception("activity log: closing the database failed")
-                self._hand_back(self._stopped, None, None)
-                return
-            try:
-                result = function(*args)
-            except BaseException as exc:
-                self._hand_back(future, None, exc)
-            else:
-                self._hand_back(future, result, None)
-            try:
-                self._after()
-            except Exception:  # pragma: no cover - _after catches its own; this guards a bug,
-                # which must not stop the thread every write waits on
-                logger.exception("activity log: work between batches failed")
-
-    def _hand_back(
-        self, future: asyncio.Future[Any], result: Any, exc: BaseException | None
-    ) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            self._loop.call_soon_threadsafe(_settle, future, result, exc)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if future.done():  # the caller was cancelled
-        return
-    if exc is None:
-        future.set_result(result)
-    else:
-        future.set_exception(exc)
 
 
 # Which failures are worth retrying the same batch for: the database's passing trouble. Any
