@@ -14,13 +14,11 @@ Use it as an async context manager::
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import json
 import logging
 import secrets
-import uuid
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
@@ -33,7 +31,6 @@ from schemas.bus import (
     InitializeParams,
     PeerJoined,
     PeerLeft,
-    PresenceType,
     SubscribeParams,
 )
 from schemas.common import timestamp
@@ -66,18 +63,17 @@ from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .params import SendFields, parse, read_send_message
 from .policy import Grants, Policy, PolicyError, may_flow
+from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
 from .recent import RecentIds
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
+from .watch import Anonymous, SlowConsumers
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
 logger = logging.getLogger("bus.server")
 
-BUS_CLIENT_ID = "system:bus"
-"""The ``from`` of messages the bus itself sends (presence events)."""
-PRESENCE_TOPIC = "system:presence"
 MAX_ANONYMOUS_ERRORS = 10
 """Error answers a connection may get before a successful ``initialize``; then close 1008."""
 
@@ -111,8 +107,10 @@ class Bus:
         self.limits = limits or Limits()
         self.server_id = server_id or f"bus-{secrets.token_hex(4)}"
         self._connections: set[Connection] = set()
-        self._anonymous: collections.Counter[str] = collections.Counter()
-        """Connections not initialized yet, per remote IP address."""
+        self._anonymous = Anonymous(
+            total=self.limits.max_anonymous_connections,
+            per_address=self.limits.max_anonymous_per_address,
+        )
         self._budget = ByteBudget(self.limits.max_inflight_bytes)
         window = self.limits.dedup_window
         self._recent = (
@@ -124,10 +122,14 @@ class Bus:
         self._local_links: set[asyncio.Task[None]] = set()
         self._router: Router[Connection] = Router()
         self._errors_before_init: dict[Connection, int] = {}
-        self._slow_since: dict[Connection, float] = {}
+        self._slow: SlowConsumers[Connection] | None = (
+            SlowConsumers(self.limits.slow_consumer_timeout)
+            if self.limits.slow_consumer_timeout is not None
+            else None
+        )
         self._server: Server | None = None
         self._closing = False
-        self._presence: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
         self._methods = {
             "subscribe": self._subscribe,
@@ -150,8 +152,8 @@ class Bus:
             open_timeout=limits.handshake_timeout,
             compression=None,
         )
-        self._presence_task = asyncio.create_task(self._presence_loop())
-        if limits.slow_consumer_timeout is not None:
+        self._presence_task = asyncio.create_task(self._presence.run(self._publish_own))
+        if self._slow is not None:
             self._sweeper = asyncio.create_task(self._sweep_slow_consumers())
         logger.info("listening on %s", self.url)
 
@@ -259,25 +261,14 @@ class Bus:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
         # Sockets that have not authenticated are counted apart from peers, in total and per
         # address, so that anonymous sockets can never take the places of peers.
-        limits, address = self.limits, _address(ws)
-        for name, limit, count in (
-            (
-                "max_anonymous_connections",
-                limits.max_anonymous_connections,
-                self._anonymous.total(),
-            ),
-            (
-                "max_anonymous_per_address",
-                limits.max_anonymous_per_address,
-                self._anonymous[address],
-            ),
-        ):
-            if limit is not None and count >= limit:
-                self.log.record("limit_exceeded", actor=address, status=name, error=str(limit))
-                return ws.respond(
-                    HTTPStatus.SERVICE_UNAVAILABLE,
-                    "too many connections that have not initialized\n",
-                )
+        address = _address(ws)
+        refusal = self._anonymous.refusal(address)
+        if refusal is not None:
+            name, limit = refusal
+            self.log.record("limit_exceeded", actor=address, status=name, error=str(limit))
+            return ws.respond(
+                HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
+            )
         return None
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
@@ -292,7 +283,7 @@ class Bus:
         )
         self._connections.add(conn)
         address = _address(ws)
-        self._anonymous[address] += 1
+        self._anonymous.opened(address)
         self.log.record("connect", actor=str(ws.remote_address))
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
@@ -305,10 +296,11 @@ class Bus:
         finally:
             watchdog.cancel()
             if conn.client_id is None:
-                self._leave_anonymous(address)
+                self._anonymous.closed(address)
             self._connections.discard(conn)
             self._errors_before_init.pop(conn, None)
-            self._slow_since.pop(conn, None)
+            if self._slow is not None:
+                self._slow.forget(conn)
             self._forget(conn)
             await conn.drain_tasks()
 
@@ -323,17 +315,14 @@ class Bus:
             self.log.record("initialize_timeout", actor=conn.name, error=f"{timeout}s")
             await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
 
-    def _leave_anonymous(self, address: str) -> None:
-        self._anonymous[address] -= 1
-        if self._anonymous[address] <= 0:
-            del self._anonymous[address]
-
     def _forget(self, conn: Connection) -> None:
         route = self._router.leave(conn)
         if route is None:
             return  # Never authenticated, or replaced: the takeover logged and announced it.
         self.log.record("disconnect", actor=route.client_id, status=str(conn.ws.close_code))
-        self._announce("peer_left", PeerLeft(client_id=route.client_id, reason="disconnected"))
+        self._presence.announce(
+            "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
+        )
 
     # Requests
 
@@ -398,7 +387,7 @@ class Bus:
         replaced = self._router.join(conn, client_id, grants)
         if replaced is not None:
             self._take_over(replaced, client_id)
-        self._leave_anonymous(_address(conn.ws))
+        self._anonymous.closed(_address(conn.ws))
         conn.authenticated(client_id)
         if grants.may_subscribe(client_id):
             # As in the seed protocol, a peer is subscribed to its own address from the start,
@@ -411,7 +400,7 @@ class Bus:
             status="ok",
             payload={"roles": sorted(roles), "taint": grants.taint},
         )
-        self._announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
+        self._presence.announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
         return {
             "serverId": self.server_id,
             "serverInfo": {"name": "bcpbus", "version": __version__},
@@ -489,7 +478,7 @@ class Bus:
 
     def _take_over(self, old: Connection, client_id: str) -> None:
         self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))
-        self._announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
+        self._presence.announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
     async def _subscribe(self, route: Route[Connection], request: Request) -> Any:
@@ -627,6 +616,11 @@ class Bus:
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         return await self._fan_out(targets, topic, payload, message_id, actor=actor, rpc_id=rpc_id)
 
+    async def _publish_own(
+        self, topic: str, payload: dict[str, Any], message_id: str, message_type: str
+    ) -> int:
+        return await self.publish(topic, payload, message_id, message_type, sender=None)
+
     async def _accept(
         self,
         topic: str,
@@ -751,55 +745,22 @@ class Bus:
         such a peer: its ping waits behind the unread bytes, so its timeout never starts. One
         task checks every socket, which costs well under a microsecond each.
         """
-        timeout = self.limits.slow_consumer_timeout
-        assert timeout is not None
-        interval = min(1.0, timeout / 4)
+        slow = self._slow
+        assert slow is not None
+        interval = min(1.0, slow.timeout / 4)
         while True:
             await asyncio.sleep(interval)
-            now = _clock()
-            slow_since = self._slow_since
-            for conn in list(self._connections):
-                since = slow_since.get(conn)
-                if not conn.write_blocked():
-                    slow_since.pop(conn, None)
-                elif since is None:
-                    slow_since[conn] = now
-                elif now - since >= timeout:
-                    del slow_since[conn]
-                    size = conn.write_buffer_size()
-                    self.log.record(
-                        "slow_consumer",
-                        actor=conn.name,
-                        status=str(CLOSE_SLOW_CONSUMER),
-                        error=f"{size} bytes unread, nothing written for {timeout:g}s",
-                    )
-                    logger.info("disconnecting slow consumer %s (%d bytes unread)", conn.name, size)
-                    conn.spawn(conn.force_close(CLOSE_SLOW_CONSUMER, "slow consumer"))
-
-    # Presence
-
-    def _announce(self, event: PresenceType, content: PeerJoined | PeerLeft) -> None:
-        # The content goes through its model (schemas/json/peer_*.json), so what peers in
-        # other languages validate against is exactly what the bus sends.
-        self._presence.put_nowait((event, content.model_dump(mode="json", by_alias=True)))
-
-    async def _presence_loop(self) -> None:
-        # One task, one event at a time: subscribers see joins and departures in order.
-        while True:
-            event, content = await self._presence.get()
-            payload: dict[str, Any] = {
-                "messageId": f"presence-{uuid.uuid4().hex}",
-                "type": event,
-                "from": BUS_CLIENT_ID,
-                "timestamp": timestamp(),
-                "content": content,
-            }
-            try:
-                await self.publish(
-                    PRESENCE_TOPIC, payload, payload["messageId"], event, sender=None
+            states = [(conn, conn.write_blocked()) for conn in self._connections]
+            for conn in slow.check(states, _clock()):
+                size = conn.write_buffer_size()
+                self.log.record(
+                    "slow_consumer",
+                    actor=conn.name,
+                    status=str(CLOSE_SLOW_CONSUMER),
+                    error=f"{size} bytes unread, nothing written for {slow.timeout:g}s",
                 )
-            except BusError:
-                logger.exception("could not announce %s of %s", event, content["clientId"])
+                logger.info("disconnecting slow consumer %s (%d bytes unread)", conn.name, size)
+                conn.spawn(conn.force_close(CLOSE_SLOW_CONSUMER, "slow consumer"))
 
 
 class _SlowConsumer(Exception):
