@@ -217,13 +217,14 @@ class Bus:
         if not busy:
             return
         grace = self.limits.shutdown_grace
-        done, pending = await asyncio.wait(
+        _, pending = await asyncio.wait(
             [asyncio.ensure_future(conn.wait_requests_answered()) for conn in busy],
             timeout=grace,
         )
         for waiter in pending:
             waiter.cancel()
         if pending:
+            await asyncio.wait(pending)
             logger.warning(
                 "closing with requests unanswered after %ss on %d peers", grace, len(pending)
             )
