@@ -128,6 +128,8 @@ class Connection:
         self._budget = budget
         self._requests = 0
         self._request_done = asyncio.Event()
+        self._request_tasks: set[asyncio.Task[None]] = set()
+        self._abandon_with: BusError | None = None
 
     @property
     def name(self) -> str:
@@ -188,7 +190,9 @@ class Connection:
                 case Request():
                     if requests:
                         self._requests += 1
-                        self.spawn(self._answer(event, charge))
+                        task = self.spawn(self._answer(event, charge))
+                        self._request_tasks.add(task)
+                        task.add_done_callback(self._request_tasks.discard)
                 case Response() | ErrorResponse():
                     self._pending.settle(event)
                 case Notification(method=method):
@@ -199,6 +203,11 @@ class Connection:
         try:
             try:
                 result = await self._handler(self, request)
+            except asyncio.CancelledError:
+                if self._abandon_with is None:
+                    raise
+                # abandon_requests(): the bus is closing; the peer still gets an answer.
+                self.session.respond_error(request, self._abandon_with)
             except BusError as exc:
                 self.session.respond_error(request, exc)
             except Exception:
@@ -234,6 +243,12 @@ class Connection:
     def requests_in_flight(self) -> int:
         """Requests from this peer being handled now."""
         return self._requests
+
+    def abandon_requests(self, error: BusError) -> None:
+        """Stop handling this peer's requests in flight and answer each with ``error``."""
+        self._abandon_with = error
+        for task in self._request_tasks:
+            task.cancel()
 
     async def wait_requests_answered(self) -> None:
         """Return once no request of this peer is being handled."""
@@ -303,11 +318,12 @@ class Connection:
 
     # Tasks
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` as a task this connection owns and awaits when it closes."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def drain_tasks(self, grace: float = 5.0) -> None:
         """Wait for the request tasks still running, then cancel what is left."""

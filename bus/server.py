@@ -223,11 +223,16 @@ class Bus:
         )
         for waiter in pending:
             waiter.cancel()
-        if pending:
-            await asyncio.wait(pending)
-            logger.warning(
-                "closing with requests unanswered after %ss on %d peers", grace, len(pending)
-            )
+        if not pending:
+            return
+        await asyncio.wait(pending)
+        logger.warning("closing with requests unanswered after %ss: answering -32007", grace)
+        late = ShuttingDown(
+            "The bus shut down before this request was answered; it may have been carried out"
+        )
+        for conn in busy:
+            conn.abandon_requests(late)
+        await asyncio.wait([asyncio.ensure_future(conn.wait_requests_answered()) for conn in busy])
 
     async def __aenter__(self) -> Bus:
         return self

@@ -347,6 +347,36 @@ async def test_requests_in_flight_at_close_get_their_answer(tmp_path):
             await closing
 
 
+async def test_requests_still_unanswered_after_the_grace_get_32007(tmp_path):
+    """A request whose delivery outlasts shutdown_grace is answered -32007 (saying it may have
+    been carried out) before the connection closes with 1001."""
+    async with running_bus(tmp_path, limits=Limits(shutdown_grace=0.2)) as h:
+        started, never = asyncio.Event(), asyncio.Event()
+
+        async def stuck(message: Message) -> None:
+            started.set()
+            await never.wait()
+
+        async with h.peer("agent:w1") as agent:
+            agent.handle(None, stuck)
+            ws = await initialized(h, "tg:42")
+            await ws.send(frame("sendMessage", send_params("m-1", {"n": 1}), request_id=7))
+            async with asyncio.timeout(scaled(5)):
+                await started.wait()
+            closing = asyncio.create_task(h.bus.close())
+            async with asyncio.timeout(scaled(5)):
+                reply = json.loads(await ws.recv())
+            assert reply["id"] == 7 and reply["error"]["code"] == -32007
+            assert "may have been carried out" in reply["error"]["message"]
+            with pytest.raises(ConnectionClosed) as caught:
+                async with asyncio.timeout(scaled(5)):
+                    await ws.recv()
+            assert caught.value.rcvd is not None and caught.value.rcvd.code == 1001
+            async with asyncio.timeout(scaled(5)):
+                await closing
+            never.set()
+
+
 # 5. Duplicate messageIds.
 
 
