@@ -45,9 +45,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, NoReturn, Self
+from typing import Annotated, Any, Final, Literal, Self
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -55,11 +54,9 @@ from pydantic import (
     PrivateAttr,
     StrictInt,
     StrictStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from schemas import strict_yaml
 from schemas.bcp import (
@@ -120,13 +117,6 @@ class DefinitionError(ValueError):
         return f"{self.source}: {self.field}: {self.message}"
 
 
-def _definition_error(path: str, message: str) -> NoReturn:
-    # The path travels in ``ctx`` and is appended to pydantic's location (see _to_error).
-    raise PydanticCustomError(
-        "invalid_definition", "{path}: {message}", {"path": path, "message": message}
-    )
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -176,18 +166,21 @@ class BcpChannel(_Model):
     @model_validator(mode="after")
     def _check_subscriptions(self) -> Self:
         if self.subscriptions and self.role == "reader":
-            _definition_error("subscriptions", "only a controller channel declares subscriptions")
+            strict_yaml.invalid(
+                "only a controller channel declares subscriptions", at="subscriptions"
+            )
         seen: set[str] = set()
         for index, subscription in enumerate(self.subscriptions):
             if subscription.category > self.max_category:
-                _definition_error(
-                    f"subscriptions[{index}].category",
+                strict_yaml.invalid(
                     f"category {subscription.category} is above the channel's max_category "
                     f"{self.max_category}",
+                    at=f"subscriptions[{index}].category",
                 )
             if subscription.id in seen:
-                _definition_error(
-                    f"subscriptions[{index}].id", f"duplicate subscription id {subscription.id!r}"
+                strict_yaml.invalid(
+                    f"duplicate subscription id {subscription.id!r}",
+                    at=f"subscriptions[{index}].id",
                 )
             seen.add(subscription.id)
         return self
@@ -222,16 +215,18 @@ class AgentDefinition(_Model):
         seen: set[tuple[str, str]] = set()
         for index, channel in enumerate(self.bcp_channels):
             if channel.peer == self.name:
-                _definition_error(f"bcp_channels[{index}].peer", "a channel to the agent itself")
+                strict_yaml.invalid(
+                    "a channel to the agent itself", at=f"bcp_channels[{index}].peer"
+                )
             if (channel.peer, channel.role) in seen:
-                _definition_error(
-                    f"bcp_channels[{index}].peer",
+                strict_yaml.invalid(
                     f"a second {channel.role} channel with peer {channel.peer!r}",
+                    at=f"bcp_channels[{index}].peer",
                 )
             seen.add((channel.peer, channel.role))
         if self.taint == "none" and self.reader_channels:
             # A reader reads attacker-written text; the bus's no-write-down rule relies on this.
-            _definition_error("taint", "an agent with a reader channel cannot have taint none")
+            strict_yaml.invalid("an agent with a reader channel cannot have taint none", at="taint")
         return self
 
     @property
@@ -314,35 +309,6 @@ class Channel:
         return tuple(s.active(self.controller) for s in self.subscriptions)
 
 
-def _format_loc(loc: Iterable[int | str]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
-    return path
-
-
-def _to_error(source: str, exc: ValidationError) -> DefinitionError:
-    errors = exc.errors(include_url=False)
-    error = errors[0]
-    path = _format_loc(error["loc"])
-    ctx = error.get("ctx") or {}
-    if "path" in ctx:
-        path = f"{path}.{ctx['path']}" if path else str(ctx["path"])
-        message = str(ctx["message"])
-    elif error["type"] == "missing":
-        message = "required"
-    elif error["type"] == "extra_forbidden":
-        message = "unknown key"
-    else:
-        value = error.get("input")
-        message = f"{error['msg']} (got {value!r:.60})"
-        if isinstance(value, bool):
-            message += "; YAML reads unquoted yes/no/on/off as booleans: quote them"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problems)"
-    return DefinitionError(source, path or "frontmatter", message)
-
-
 def _split_frontmatter(text: str, source: str) -> tuple[str, str]:
     lines = text.removeprefix("\ufeff").splitlines(keepends=True)
     if not lines or lines[0].strip() != "---":
@@ -371,19 +337,12 @@ def parse_agent(text: str, *, source: str) -> AgentDefinition:
     """
     frontmatter, body = _split_frontmatter(text, source)
     try:
-        data = strict_yaml.load(frontmatter)
-    except yaml.YAMLError as exc:
-        # Marks count from 0 within the frontmatter, which starts on the file's second line.
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 2}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise DefinitionError(source, "frontmatter", f"not valid YAML{where}: {problem}") from exc
-    if not isinstance(data, dict):
-        raise DefinitionError(source, "frontmatter", "must be a YAML mapping")
-    try:
-        definition = AgentDefinition.model_validate(data)
-    except ValidationError as exc:
-        raise _to_error(source, exc) from exc
+        # The frontmatter starts on the file's second line, after the opening ---.
+        definition = strict_yaml.load_model(
+            AgentDefinition, frontmatter, source=source, first_line=2
+        )
+    except strict_yaml.LoadError as exc:
+        raise DefinitionError(source, exc.path or "frontmatter", exc.message) from exc
     definition._source = source
     definition._body = body
     return definition

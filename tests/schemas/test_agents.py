@@ -203,8 +203,8 @@ def test_an_agent_built_in_code_names_itself_as_source():
         ("name: boss\n", "must start with a --- line"),
         ("---\nname: boss\n", "no closing --- line"),
         ("---\nname: [boss\n---\n", "not valid YAML"),
-        ("---\n- boss\n---\n", "must be a YAML mapping"),
-        ("---\n---\n", "must be a YAML mapping"),
+        ("---\n- boss\n---\n", "expected a mapping with keys"),
+        ("---\n---\n", "expected a mapping with keys"),
         ("---\nname: boss\nname: other\n---\n", "YAML at line 3: duplicate key 'name'"),
     ],
 )
@@ -284,12 +284,12 @@ F = (*SUB, 1, "fields")
         (
             changed(("bcp_channels", 0, "max_cat2_queries"), -1),
             "bcp_channels[0].max_cat2_queries",
-            "greater than or equal to 0",
+            "must not be negative",
         ),
         (
             changed(("bcp_channels", 0, "max_escalations_per_task"), -1),
             "bcp_channels[0].max_escalations_per_task",
-            "greater than or equal to 0",
+            "must not be negative",
         ),
         (changed(("bcp_channels", 0, "max_category"), 4), "bcp_channels[0].max_category", "1"),
         (changed(("bcp_channels", 0, "role"), "boss"), "bcp_channels[0].role", "controller"),
