@@ -1,18 +1,20 @@
 """Configuration: the limits value object and the ``bcpbus serve --config`` YAML file.
 
 Every limit has a ``DEFAULT_*`` constant and a key in the config file's ``limits:`` section;
-``null`` in YAML (None in Python) turns a limit off where that is safe.
+``null`` in YAML (None in Python) turns a limit off where that is safe. The file is read with
+:func:`schemas.strict_yaml.load_model`: the dataclasses here are its shape, so an unknown key,
+a negative limit or a string where a number belongs is refused with the key's path.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from schemas import strict_yaml
 
@@ -34,7 +36,9 @@ __all__ = [
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
     "ConfigError",
+    "Count",
     "Limits",
+    "Seconds",
     "ServeConfig",
     "read_section",
 ]
@@ -56,6 +60,13 @@ DEFAULT_DEDUP_WINDOW = 300.0
 DEFAULT_DEDUP_MAX_IDS = 100_000
 DEFAULT_SHUTDOWN_GRACE = 10.0
 
+_T = TypeVar("_T")
+
+Count = Annotated[StrictInt, Field(ge=0)]
+"""A count in a config section: a YAML integer, not negative (not ``1.5``, ``"3"`` or ``true``)."""
+Seconds = Annotated[float, Field(ge=0, strict=True, allow_inf_nan=False)]
+"""A duration in a config section: a finite YAML number of seconds, not negative."""
+
 
 class ConfigError(ValueError):
     """The config file is unreadable or has a bad key or value; the message names which."""
@@ -65,46 +76,48 @@ class ConfigError(ValueError):
 class Limits:
     """What one bus allows, each limit with its own clear error and log row when hit."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
     # Limits
-    max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES
+    max_frame_bytes: Count | None = DEFAULT_MAX_FRAME_BYTES
     """Largest incoming text frame; a larger one closes the connection with 1009."""
-    max_connections: int | None = DEFAULT_MAX_CONNECTIONS
+    max_connections: Count | None = DEFAULT_MAX_CONNECTIONS
     """Authenticated peers; one more ``initialize`` gets -32005 and close 1013. A takeover of a
     connected clientId does not count as one more."""
-    max_anonymous_connections: int | None = DEFAULT_MAX_ANONYMOUS_CONNECTIONS
+    max_anonymous_connections: Count | None = DEFAULT_MAX_ANONYMOUS_CONNECTIONS
     """Sockets that have not (yet) initialized, counted apart from peers so that they cannot
     lock peers out; the handshake of one more is answered with HTTP 503."""
-    max_anonymous_per_address: int | None = DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
+    max_anonymous_per_address: Count | None = DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
     """Sockets not yet initialized from one remote IP address; one more gets HTTP 503."""
-    max_subscriptions: int | None = DEFAULT_MAX_SUBSCRIPTIONS
+    max_subscriptions: Count | None = DEFAULT_MAX_SUBSCRIPTIONS
     """Patterns per connection; one more ``subscribe`` gets -32005."""
-    max_inflight_deliveries: int | None = DEFAULT_MAX_INFLIGHT_DELIVERIES
+    max_inflight_deliveries: Count | None = DEFAULT_MAX_INFLIGHT_DELIVERIES
     """``processMessage`` calls awaiting one peer's answer; more wait for a slot, within the
     same ``process_timeout``, and count as ``timeout`` if none frees up."""
-    max_inflight_requests: int | None = DEFAULT_MAX_INFLIGHT_REQUESTS
+    max_inflight_requests: Count | None = DEFAULT_MAX_INFLIGHT_REQUESTS
     """Requests from one connection being handled at once; past it the bus stops reading that
     socket until one is answered (backpressure: TCP then slows the sender)."""
-    max_inflight_bytes: int | None = DEFAULT_MAX_INFLIGHT_BYTES
+    max_inflight_bytes: Count | None = DEFAULT_MAX_INFLIGHT_BYTES
     """Bytes of request frames being handled, for the whole bus; a request that would go over
     it gets -32005 at once."""
-    max_write_buffer: int | None = DEFAULT_MAX_WRITE_BUFFER
+    max_write_buffer: Count | None = DEFAULT_MAX_WRITE_BUFFER
     """Bytes written to one peer that it has not read yet; above it deliveries to that peer fail
     at once (status ``slow_consumer``) instead of queueing more."""
-    dedup_max_ids: int | None = DEFAULT_DEDUP_MAX_IDS
+    dedup_max_ids: Count | None = DEFAULT_DEDUP_MAX_IDS
     """Recent ``(from, messageId)`` pairs remembered to refuse duplicates (-32008)."""
     # Timeouts
-    handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
+    handshake_timeout: Seconds | None = DEFAULT_HANDSHAKE_TIMEOUT
     """Seconds for the WebSocket opening handshake."""
-    initialize_timeout: float | None = DEFAULT_INITIALIZE_TIMEOUT
+    initialize_timeout: Seconds | None = DEFAULT_INITIALIZE_TIMEOUT
     """Seconds from connect to a successful ``initialize``; then close code 4002."""
-    process_timeout: float | None = DEFAULT_PROCESS_TIMEOUT
+    process_timeout: Seconds | None = DEFAULT_PROCESS_TIMEOUT
     """Seconds one peer has to answer one ``processMessage``."""
-    slow_consumer_timeout: float | None = DEFAULT_SLOW_CONSUMER_TIMEOUT
+    slow_consumer_timeout: Seconds | None = DEFAULT_SLOW_CONSUMER_TIMEOUT
     """Seconds the bus may be unable to write to a peer (its unread bytes above the socket's 32
     KiB write limit all along) before it disconnects it with 4004."""
-    dedup_window: float | None = DEFAULT_DEDUP_WINDOW
+    dedup_window: Seconds | None = DEFAULT_DEDUP_WINDOW
     """Seconds a ``messageId`` is remembered per sender; None turns duplicate refusal off."""
-    shutdown_grace: float | None = DEFAULT_SHUTDOWN_GRACE
+    shutdown_grace: Seconds | None = DEFAULT_SHUTDOWN_GRACE
     """Seconds a closing bus waits for the requests in flight to be answered."""
 
 
@@ -133,76 +146,72 @@ class ServeConfig:
         """Read a YAML config file; relative paths in it are relative to the file.
 
         Raises:
-            ConfigError: the file is missing or not YAML, or a key is unknown or has a bad value.
+            ConfigError: the file is missing or not YAML, or a key is unknown or has a bad value;
+                the message names the file and the key's path.
         """
         path = Path(path)
         try:
-            data = strict_yaml.load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read config: {exc}") from exc
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the config must be a mapping of keys to values")
-        return cls.from_mapping(data, base=path.parent, source=str(path))
+        try:
+            data = strict_yaml.load_model(_ConfigFile, text, source=str(path), empty={})
+        except strict_yaml.LoadError as exc:
+            raise ConfigError(str(exc)) from exc
+        return data.to_config(base=path.parent, source=str(path))
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], *, base: Path, source: str) -> ServeConfig:
         """Build a config from parsed YAML; see :meth:`load`."""
-        config = cls()
-        changes: dict[str, Any] = {}
-        for key, value in data.items():
-            if key == "limits":
-                changes[key] = read_section(Limits, value, f"{source}: limits")
-            elif key == "gateway":
-                if not isinstance(value, dict):
-                    raise ConfigError(f"{source}: gateway: must be a mapping")
-                changes[key] = value
-            elif key in ("db", "peers_file", "policy", "agents_dir"):
-                changes[key] = None if value is None else base / str(value)
-            elif key in ("host", "server_id"):
-                changes[key] = _typed(value, str, f"{source}: {key}")
-            elif key == "port":
-                changes[key] = _typed(value, int, f"{source}: port")
-            else:
-                raise ConfigError(f"{source}: unknown key {key!r}")
-        return replace(config, source=source, **changes)
+        try:
+            checked = strict_yaml.validate(_ConfigFile, data, source=source)
+        except strict_yaml.LoadError as exc:
+            raise ConfigError(str(exc)) from exc
+        return checked.to_config(base=base, source=source)
 
 
-def read_section(cls: type[Any], value: Any, where: str) -> Any:
-    """Build the frozen dataclass ``cls`` from a config section of non-negative numbers.
+class _ConfigFile(BaseModel):
+    """The keys a config file may set, each the :class:`ServeConfig` field of its name."""
 
-    ``null`` turns a limit off; a boolean field takes only ``true`` or ``false``.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: StrictStr = ServeConfig.host
+    port: Annotated[StrictInt, Field(ge=0, le=65535)] = ServeConfig.port
+    db: StrictStr = str(ServeConfig.db)
+    peers_file: StrictStr = str(ServeConfig.peers_file)
+    policy: StrictStr | None = None
+    agents_dir: StrictStr | None = None
+    server_id: StrictStr | None = None
+    limits: Limits = Field(default_factory=Limits)
+    gateway: dict[StrictStr, Any] = Field(default_factory=dict)
+
+    def to_config(self, *, base: Path, source: str) -> ServeConfig:
+        """Return the defaults changed by the keys the file sets, its paths made absolute."""
+        changes = {key: getattr(self, key) for key in self.model_fields_set}
+        for key in ("db", "peers_file", "policy", "agents_dir"):
+            if changes.get(key) is not None:
+                changes[key] = base / changes[key]
+        return replace(ServeConfig(), source=source, **changes)
+
+
+def read_section(cls: type[_T], value: Any, where: str) -> _T:
+    """Build ``cls`` from one section of the config file, such as ``gateway:``.
+
+    ``cls`` is a dataclass with ``__pydantic_config__ = ConfigDict(extra="forbid")``, as
+    :class:`Limits` is; its annotations say what each key takes (``null`` turns a limit off
+    only where the field allows None).
+
+    Args:
+        cls: the section's dataclass.
+        value: the section as YAML gave it.
+        where: the file and the section, such as ``bcpbus.yaml: gateway``.
 
     Raises:
         ConfigError: ``value`` is not a mapping, or a key is unknown or has a bad value; the
-            message starts with ``where``.
+            message starts with ``where`` and goes on with the key's path.
     """
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: must be a mapping")
-    known = {f.name: f for f in fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, item in value.items():
-        if key not in known:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(known)})")
-        default = getattr(cls(), key)
-        kind = type(default) if default is not None else float
-        if item is None:
-            if isinstance(default, bool):
-                raise ConfigError(f"{where}.{key}: must be true or false")
-            kwargs[key] = None
-            continue
-        if isinstance(item, bool) is not isinstance(default, bool) or not isinstance(
-            item, int | float
-        ):
-            raise ConfigError(f"{where}.{key}: expected a number, got {item!r}")
-        if item < 0:
-            raise ConfigError(f"{where}.{key}: must not be negative")
-        kwargs[key] = kind(item)
-    return cls(**kwargs)
-
-
-def _typed(value: Any, kind: type[Any], where: str) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
-    return value
+    try:
+        return strict_yaml.validate(cls, value, source=where)
+    except strict_yaml.LoadError as exc:
+        at = f"{where}.{exc.path}" if exc.path else where
+        raise ConfigError(f"{at}: {exc.message}") from exc

@@ -2,7 +2,8 @@
 
 The bus's config file (:class:`bus.config.ServeConfig`) keeps the ``gateway:`` section as a raw
 mapping, since the bus knows nothing of the gateway; :meth:`GatewaySettings.from_mapping`
-checks it with the same rules as the ``limits:`` section.
+checks it with :func:`bus.config.read_section`, the loader of the ``limits:`` section: the
+annotations below are the section's shape.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bus.config import read_section
+from pydantic import ConfigDict, StrictBool
+
+from bus.config import Count, Seconds, read_section
 
 __all__ = ["GatewaySettings"]
 
@@ -20,15 +23,17 @@ __all__ = ["GatewaySettings"]
 class GatewaySettings:
     """How the BCP gateway runs (``bcpbus serve``, ``bcpbus gateway``)."""
 
-    enabled: bool = True
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    enabled: StrictBool = True
     """Whether ``bcpbus serve`` starts the gateway beside the bus."""
-    query_ttl: float = 300.0
+    query_ttl: Seconds = 300.0
     """Seconds a query may wait for a valid answer before it fails with ``timeout``."""
-    max_retries: int = 2
+    max_retries: Count = 2
     """Invalid answers a reader may send for one query before ``retries_exhausted``."""
-    approval_timeout: float = 600.0
+    approval_timeout: Seconds = 600.0
     """Seconds a human has to decide an approval; then it counts as rejected."""
-    outbox_ttl: float = 3600.0
+    outbox_ttl: Seconds = 3600.0
     """Seconds a subscription push waits for an offline controller before it expires."""
 
     @classmethod
@@ -38,5 +43,4 @@ class GatewaySettings:
         Raises:
             ConfigError: a key is unknown or has a bad value; the message starts with ``where``.
         """
-        settings: GatewaySettings = read_section(cls, data, where)
-        return settings
+        return read_section(cls, data, where)

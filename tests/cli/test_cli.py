@@ -117,9 +117,7 @@ def test_bad_gateway_config_key_stops_serve(tmp_path):
     """A typo in the config file's gateway section is an error naming the file and the key."""
     (tmp_path / "bcpbus.yaml").write_text("gateway:\n  query_tl: 10\n")
     result = run("serve", "--config", "bcpbus.yaml", cwd=tmp_path)
-    assert (
-        result.returncode == 2 and "bcpbus.yaml: gateway: unknown key 'query_tl'" in result.stderr
-    )
+    assert result.returncode == 2 and "bcpbus.yaml: gateway.query_tl: unknown key" in result.stderr
 
 
 def test_a_command_that_fails_to_import_fails_loudly(tmp_path):
