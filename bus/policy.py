@@ -53,9 +53,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, Final, cast
+from typing import Annotated, Any, ClassVar, Final
 
-import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 
 from schemas import strict_yaml
 from schemas.bus import CLIENT_ID_PATTERN, ROLE_NAME_PATTERN
@@ -101,9 +109,6 @@ _BCP_READING_HEADS = frozenset({"bcp", "*", _NAME})
 # Per connection, so it must stay small: 20,000 connections x 1,024 entries was gigabytes. A miss
 # is two regex matches (under 1 us).
 _CACHE_SIZE = 16
-
-_ROLE_KEYS = frozenset({"description", "members", "taint", "declassifier", "send", "subscribe"})
-_RULE_KEYS = frozenset({"types", "topics"})
 
 
 class PolicyError(ValueError):
@@ -274,26 +279,10 @@ class Policy:
                 the message names ``source`` and the field's path.
         """
         try:
-            data = strict_yaml.load(text)
-        except yaml.YAMLError as exc:
-            raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
-        if data is None:
-            raise PolicyError(
-                f"{source}: the policy is empty; it needs `version: {POLICY_VERSION}` and at "
-                "least one role under `roles:`"
-            )
-        if not isinstance(data, dict):
-            raise PolicyError(f"{source}: the top level must be a mapping of version and roles")
-        _check_keys(data, frozenset({"version", "roles"}), source, "")
-        version = data.get("version")
-        if version is None:
-            raise _error(source, "version", f"required; write `version: {POLICY_VERSION}`")
-        if type(version) is not int or version != POLICY_VERSION:
-            raise _error(source, "version", f"{version!r} is not supported; use {POLICY_VERSION}")
-        roles = data.get("roles")
-        if not isinstance(roles, dict) or not roles:
-            raise _error(source, "roles", "required: a mapping of at least one role")
-        return cls((_parse_role(name, body, source) for name, body in roles.items()), source=source)
+            shape = strict_yaml.load_model(_PolicyFile, text, source=source)
+        except strict_yaml.LoadError as exc:
+            raise PolicyError(str(exc)) from exc
+        return cls((body.to_role(name) for name, body in shape.roles.items()), source=source)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Policy:
@@ -542,67 +531,64 @@ def _check_declassifiers(roles: Iterable[Role], source: str) -> None:
             raise _error(source, f"roles.{role.name}.members", "a declassifier role needs a member")
 
 
-# Parsing YAML into roles
+# The file's shape: only types and keys here; Policy checks what the values mean.
 
 
-def _check_keys(data: dict[Any, Any], allowed: frozenset[str], source: str, path: str) -> None:
-    for key in data:
-        if key not in allowed:
-            where = f"{path}.{key}" if path else str(key)
-            raise _error(
-                source, where, f"unknown key; expected one of {', '.join(sorted(allowed))}"
-            )
+def _role_name(value: Any) -> Any:
+    if not isinstance(value, str):
+        strict_yaml.invalid(f"role name {value!r} must be a string")
+    return value
 
 
-def _strings(value: Any, source: str, path: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise _error(source, path, "expected a list (write [] for none)")
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise _error(source, f"{path}[{i}]", f"expected a string, got {item!r}")
-    return tuple(value)
+def _roles(value: Any) -> Any:
+    if not isinstance(value, dict) or not value:
+        strict_yaml.invalid("required: a mapping of at least one role")
+    return value
 
 
-def _parse_role(name: Any, body: Any, source: str) -> Role:
-    if not isinstance(name, str):
-        raise _error(source, "roles", f"role name {name!r} must be a string")
-    at = f"roles.{name}"
-    if not isinstance(body, dict):
-        raise _error(source, at, "expected a mapping of the role's fields")
-    _check_keys(body, _ROLE_KEYS, source, at)
-    description = body.get("description", "")
-    if not isinstance(description, str):
-        raise _error(source, f"{at}.description", "expected a string")
-    taint = body.get("taint")
-    if taint is not None and taint not in TAINT_LEVELS:
-        raise _error(source, f"{at}.taint", f"{taint!r} is not one of {', '.join(TAINT_LEVELS)}")
-    declassifier = body.get("declassifier", False)
-    if not isinstance(declassifier, bool):
-        raise _error(source, f"{at}.declassifier", "expected true or false")
-    rules = body.get("send", [])
-    if not isinstance(rules, list):
-        raise _error(source, f"{at}.send", "expected a list of {types, topics} rules")
-    send = []
-    for i, rule in enumerate(rules):
-        here = f"{at}.send[{i}]"
-        if not isinstance(rule, dict):
-            raise _error(source, here, "expected a mapping with types and topics")
-        _check_keys(rule, _RULE_KEYS, source, here)
-        missing = sorted(_RULE_KEYS - rule.keys())
-        if missing:
-            raise _error(source, f"{here}.{missing[0]}", "required")
-        send.append(
-            SendRule(
-                types=_strings(rule["types"], source, f"{here}.types"),
-                topics=_strings(rule["topics"], source, f"{here}.topics"),
-            )
+class _SendRuleFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    types: tuple[StrictStr, ...]
+    topics: tuple[StrictStr, ...]
+
+
+class _RoleFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: StrictStr = ""
+    members: tuple[StrictStr, ...] = ()
+    taint: TaintLevel | None = None
+    declassifier: StrictBool = False
+    send: tuple[_SendRuleFile, ...] = ()
+    subscribe: tuple[StrictStr, ...] = ()
+
+    def to_role(self, name: str) -> Role:
+        return Role(
+            name=name,
+            members=self.members,
+            send=tuple(SendRule(rule.types, rule.topics) for rule in self.send),
+            subscribe=self.subscribe,
+            taint=self.taint,
+            declassifier=self.declassifier,
+            description=self.description,
         )
-    return Role(
-        name=name,
-        members=_strings(body.get("members", []), source, f"{at}.members"),
-        send=tuple(send),
-        subscribe=_strings(body.get("subscribe", []), source, f"{at}.subscribe"),
-        taint=cast(TaintLevel | None, taint),
-        declassifier=declassifier,
-        description=description,
-    )
+
+
+class _PolicyFile(strict_yaml.VersionedFile):
+    VERSION: ClassVar[int] = POLICY_VERSION
+    roles: Annotated[
+        dict[Annotated[str, BeforeValidator(_role_name)], _RoleFile], BeforeValidator(_roles)
+    ] = Field(default=None, validate_default=True)  # so that a missing `roles:` gets _roles' words
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mapping(cls, data: Any) -> Any:
+        if data is None:
+            strict_yaml.invalid(
+                f"the policy is empty; it needs `version: {POLICY_VERSION}` and at least one "
+                "role under `roles:`"
+            )
+        if not isinstance(data, dict):
+            strict_yaml.invalid("the top level must be a mapping of version and roles")
+        return data

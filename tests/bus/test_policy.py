@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from bus.policy import (
     Role,
     SendRule,
     _covers,
+    _RoleFile,
     may_flow,
 )
 from schemas.common import TAINT_LEVELS
@@ -649,3 +651,8 @@ def test_default_reader_cannot_reach_controller():
     assert may_flow(reader, gateway)
     assert may_flow(gateway, controller)
     assert may_flow(controller, reader)
+
+
+def test_the_file_shape_covers_every_role_field():
+    """Every field of Role but its name is a key a policy file may write, and no other."""
+    assert set(_RoleFile.model_fields) == {f.name for f in fields(Role)} - {"name"}
