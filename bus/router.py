@@ -126,4 +126,4 @@ class Router(Generic[K]):
     def targets(self, topic: str, *, sender: K | None = None) -> list[Route[K]]:
         """The peers with a pattern matching ``topic``, each once, never the sender."""
         routes = self._routes
-        return [routes[handle] for handle in self._index.match(topic) if handle != sender]
+        return [routes[handle] for handle in self._index.match(topic) if handle is not sender]
