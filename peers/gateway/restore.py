@@ -143,7 +143,9 @@ class _Replay:
         if bits >= 0:
             self.state.ledger.charge(key, bits, cat2=cat2)
         else:
-            self.state.ledger.refund(key, -bits, cat2=cat2)
+            # A refund with an outcome is a query settled to what its outcome costs: it still
+            # counts as a Cat-2 query. One without gave everything back (logs before outcomes).
+            self.state.ledger.refund(key, -bits, cat2=cat2 and "outcome" not in payload)
         sid = payload.get("subscription_id")
         if sid is not None and bits > 0:
             self.state.rates.record((*key, sid), _epoch(ts))

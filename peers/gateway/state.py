@@ -81,7 +81,7 @@ class Ledger:
             account.cat2_used += 1
 
     def refund(self, channel: ChannelKey, bits: float, *, cat2: bool = False) -> None:
-        """Take back a charge whose query never reached the reader."""
+        """Give back what a charge reserved beyond what its outcome cost (see ``core.outcomes``)."""
         account = self._accounts.setdefault(channel, _Account())
         account.bits_used = max(0.0, account.bits_used - bits)
         if cat2:

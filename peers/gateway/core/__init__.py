@@ -8,6 +8,7 @@ importing only the ones below it::
 
     frames    the frames it sends, built through their schemas models
     context   shared state, refusals, row builders
+    outcomes  what each outcome of a query costs
     outbox    deliveries to controllers, held while they are offline
     queries   admission, asking the reader, failure, expiry, completion
     approvals escalations and reviews, decisions, expiry

@@ -34,6 +34,7 @@ from ..validation import ValidationResult, validate_response
 from .context import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, Approval, Context, Query
 from .frames import anomalies, delivery, iso, wire
 from .outbox import Outbox
+from .outcomes import outcome_charge
 from .queries import Queries
 
 __all__ = ["Approvals"]
@@ -249,7 +250,8 @@ class Approvals:
     def _ask_after_escalation(self, query: Query) -> list[Action]:
         channel = query.channel
         # The budget may have been spent while the human decided: check again.
-        if not self.ctx.state.ledger.fits(channel.key, query.bits, channel.budget_bits):
+        reserve = outcome_charge(query.bits).reserve
+        if not self.ctx.state.ledger.fits(channel.key, reserve, channel.budget_bits):
             detail = "the budget ran out during approval"
             return self.queries.fail(query, ReasonCode.BUDGET_EXHAUSTED, detail)
         return self.queries.ask_reader(query, f"escalation-{query.query_id}")

@@ -75,6 +75,8 @@ class Query:
     """The answers still allowed: the first one plus ``max_retries``, counting down."""
     task_id: str | None
     state: QueryState = QueryState.ASKING
+    charged: float = 0.0
+    """The bits charged to it so far: its reserve once the reader is asked, then its outcome's."""
 
     @property
     def timer(self) -> tuple[str, ...]:

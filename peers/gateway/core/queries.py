@@ -2,9 +2,10 @@
 expired or completed.
 
 :meth:`Queries.check` runs every check on a controller's ``bcp_query_request`` and reserves
-nothing; :meth:`Queries.ask_reader` charges the query and sends it (a reader that takes nothing
-gets the bits back, in the log too); :meth:`Queries.fail` and :meth:`Queries.complete` end it
-with a ``bcp_query_failed`` or a delivery to the controller, held if it is offline.
+nothing; :meth:`Queries.ask_reader` charges the query its dearer outcome and sends it;
+:meth:`Queries.fail` and :meth:`Queries.complete` end it with a ``bcp_query_failed`` or a
+delivery to the controller, held if it is offline, and give back what that outcome does not
+cost (see :mod:`.outcomes`): a failure is charged too, as the controller learns of it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..state import QueryState
 from .context import GATEWAY_CLIENT_ID, Context, Query, Refusal, channel_of, parse
 from .frames import delivery, iso, wire
 from .outbox import Outbox
+from .outcomes import outcome_charge
 
 __all__ = ["Admitted", "Queries", "Refused"]
 
@@ -96,11 +98,12 @@ class Queries:
             )
         spec = request.as_spec()
         bits = spec_bits(spec)
-        if not state.ledger.fits(key, bits, channel.budget_bits):
+        reserve = outcome_charge(bits).reserve
+        if not state.ledger.fits(key, reserve, channel.budget_bits):
             left = state.ledger.left(key, channel.budget_bits)
             raise Refusal(
                 ReasonCode.BUDGET_EXHAUSTED,
-                f"this query needs {bits:.1f} bits; {left:.1f} of {channel.budget_bits:.1f} "
+                f"this query needs {reserve:.1f} bits; {left:.1f} of {channel.budget_bits:.1f} "
                 "are left",
             )
         limit = channel.max_cat2_queries
@@ -133,10 +136,15 @@ class Queries:
         return query
 
     def ask_reader(self, query: Query, message_id: str) -> list[Action]:
-        """Charge ``query`` and send it to the reader; reply ``accepted`` once it took it."""
+        """Charge ``query`` and send it to the reader; reply ``accepted`` once it took it.
+
+        It is charged its dearer outcome (:attr:`~.outcomes.OutcomeCharge.reserve`) now; a
+        reader that takes nothing is one of the failures, charged like the others.
+        """
         ctx, channel, key = self.ctx, query.channel, query.channel.key
-        cat2 = query.spec.category == 2
-        ctx.state.ledger.charge(key, query.bits, cat2=cat2)
+        reserve = outcome_charge(query.bits).reserve
+        ctx.state.ledger.charge(key, reserve, cat2=query.spec.category == 2)
+        query.charged = reserve
         ctx.state.tasks.record(key, query.task_id, query.spec.category)
         content = BcpQuery.model_validate(
             {
@@ -162,17 +170,16 @@ class Queries:
         def sent(delivered_to: int) -> list[Action]:
             if delivered_to:
                 return [SetTimer(query.timer, ctx.settings.query_ttl), Respond(True, "accepted")]
-            # Nothing crossed: give the bits back, visibly in the log.
-            ctx.state.ledger.refund(key, query.bits, cat2=cat2)
+            # The controller learns that the reader was away: an outcome, charged as a failure.
             detail = f"{agent_id(channel.reader)} did not take it"
             return [
-                ctx.charged(channel, -query.bits, **ref),
                 *self.fail(query, ReasonCode.READER_UNAVAILABLE, detail),
                 Respond(False, ReasonCode.READER_UNAVAILABLE, "the reader is not connected"),
             ]
 
         send = ctx.send_then(agent_id(channel.reader), "bcp_query", content, sent)
-        return [accepted, ctx.charged(channel, query.bits, **ref), Commit(), send]
+        charged = ctx.charged(channel, reserve, **ref, answer_bits=query.bits)
+        return [accepted, charged, Commit(), send]
 
     def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
         """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row."""
@@ -184,6 +191,7 @@ class Queries:
         failed = BcpQueryFailed(query_id=query.query_id, error=reason, detail=detail)
         return [
             CancelTimer(query.timer),
+            *self._settle(query, outcome_charge(query.bits).failed, reason),
             row,
             Commit(),
             *self.outbox.deliver(channel, "bcp_query_failed", wire(failed)),
@@ -209,8 +217,21 @@ class Queries:
         )
         return [
             CancelTimer(query.timer),
+            # A lost refund row only leaves the ledger charging more: no commit needed here.
+            *self._settle(query, outcome_charge(query.bits).delivered, "delivered"),
             *self.outbox.deliver(channel, "bcp_response_delivery", content),
         ]
+
+    def _settle(self, query: Query, cost: float, outcome: str) -> list[Action]:
+        """Give back what ``query`` was charged beyond ``cost``, what its outcome costs."""
+        refund = query.charged - cost
+        if refund <= 1e-9:
+            return []  # Not charged (refused before the reader), or charged exactly that.
+        channel = query.channel
+        self.ctx.state.ledger.refund(channel.key, refund)
+        query.charged = cost
+        ref = {"query_id": query.query_id, "category": query.spec.category}
+        return [self.ctx.charged(channel, -refund, **ref, outcome=outcome)]
 
     def orphan(self, channel: Channel, query_id: str) -> Query:
         """Return a stand-in for a query that was in flight when the gateway stopped."""

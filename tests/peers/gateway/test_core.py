@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, strategies as st
 
 from peers.gateway.core import (
     APPROVAL_TOPIC,
@@ -19,6 +21,7 @@ from peers.gateway.core import (
     channel_of,
     parse,
 )
+from peers.gateway.core.outcomes import FAILURE_OUTCOMES, OutcomeCharge, outcome_charge
 from peers.gateway.events import (
     CancelTimer,
     Commit,
@@ -41,6 +44,8 @@ from .test_flows import CAT1, CAT1_BITS, CAT2, CAT3, agents
 
 TOPIC = "bcp:main:researcher"
 KEY = ("main", "researcher")
+FAILED = 1 + math.log2(len(FAILURE_OUTCOMES))
+"""What any failure of a query the reader got costs: 3.585 bits."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +266,7 @@ def approval_of(actions: list[Any]) -> str:
     return str(sent(actions, "bcp_approval_request").approval_id)
 
 
-# Queries: the reader asked, the bits refunded when it is not there
+# Queries: the reader asked, each outcome charged
 
 
 def test_an_admitted_query_is_charged_committed_then_sent_and_timed(tmp_path):
@@ -278,7 +283,9 @@ def test_an_admitted_query_is_charged_committed_then_sent_and_timed(tmp_path):
     ]
     assert actions[4] == SetTimer(("query", "main", "q1"), SETTINGS.query_ttl)
     assert sent(actions, "bcp_query").expires_at.timestamp() == clock.now + SETTINGS.query_ttl
-    assert core.state.ledger.used(KEY) == pytest.approx(CAT1_BITS)
+    assert actions[1].payload["bits"] == pytest.approx(CAT1_BITS + 1)
+    assert actions[1].payload["answer_bits"] == pytest.approx(CAT1_BITS)
+    assert core.state.ledger.used(KEY) == pytest.approx(CAT1_BITS + 1)
     assert show(ask(shell)) == [
         "record bcp_query_refused duplicate_query_id",
         "commit",
@@ -287,21 +294,114 @@ def test_an_admitted_query_is_charged_committed_then_sent_and_timed(tmp_path):
     ]
 
 
-def test_a_reader_that_takes_nothing_gets_the_bits_back_and_the_query_fails(tmp_path):
-    """No reader online: a negative charge row, then bcp_query_failed reader_unavailable."""
+def test_a_reader_that_takes_nothing_pays_for_a_failure_and_the_query_fails(tmp_path):
+    """No reader online: the controller learns it, so the query is settled to a failure's bits."""
     core, shell, _ = make(tmp_path, "agent:researcher")
     actions = ask(shell, spec=CAT2)
     assert show(actions)[4:] == [
-        "record bcp_bits_charged charged",
         "cancel query",
+        "record bcp_bits_charged charged",
         "record bcp_query_failed reader_unavailable",
         "commit",
         "send bcp_query_failed to agent:main",
         "reply reader_unavailable",
     ]
-    assert actions[4].payload["bits"] < 0
-    assert core.state.ledger.used(KEY) == 0 and core.state.ledger.cat2_used(KEY) == 0
+    charge = outcome_charge(actions[1].payload["answer_bits"])
+    assert actions[5].payload["bits"] == pytest.approx(charge.failed - charge.reserve)
+    assert actions[5].payload["outcome"] == "reader_unavailable"
+    assert core.state.ledger.used(KEY) == pytest.approx(FAILED)
+    assert core.state.ledger.cat2_used(KEY) == 1
     assert ("main", "q1") in core.state.used_query_ids and not core.ctx.pending
+
+
+# Outcomes: what each one costs
+
+BOOLEAN = {"category": 1, "fields": [{"name": "ok", "type": "boolean"}]}
+
+
+@given(st.floats(min_value=0, max_value=10_000, allow_nan=False))
+def test_outcome_charges_are_a_prefix_code(answer_bits):
+    """Deliveries and failures together satisfy Kraft's inequality; the reserve covers both."""
+    charge = outcome_charge(answer_bits)
+    kraft = 2 ** (answer_bits - charge.delivered) + len(FAILURE_OUTCOMES) * 2**-charge.failed
+    assert kraft <= 1 + 1e-9
+    assert charge.reserve >= max(charge.delivered, charge.failed)
+    assert charge == OutcomeCharge(answer_bits, answer_bits + 1, FAILED)
+
+
+def reject(shell: Shell) -> list[Any]:
+    return decide(shell, approval_of(answer(shell, ANSWER3)), "reject")
+
+
+def expire_approval(shell: Shell) -> list[Any]:
+    return shell.handle(TimerFired(("approval", approval_of(answer(shell, ANSWER3)))))
+
+
+def retry_out(shell: Shell) -> list[Any]:
+    return [a for _ in range(3) for a in answer(shell, {"tier": "gold"})]
+
+
+@pytest.mark.parametrize(
+    ("spec", "offline", "outcome", "expected"),
+    [
+        (CAT1, (), lambda shell: answer(shell, ANSWER1), CAT1_BITS + 1),
+        (BOOLEAN, (), lambda shell: answer(shell, {"ok": True}), 2.0),
+        (CAT1, ("agent:researcher",), lambda shell: [], FAILED),
+        (CAT1, (), lambda shell: shell.handle(TimerFired(("query", "main", "q1"))), FAILED),
+        (CAT1, (), retry_out, FAILED),
+        (CAT3, (), reject, FAILED),
+        (CAT3, (), expire_approval, FAILED),
+    ],
+    ids=[
+        "delivered",
+        "delivered-boolean",
+        "unavailable",
+        "timeout",
+        "retries",
+        "rejected",
+        "expired",
+    ],
+)
+def test_each_outcome_is_charged_what_it_carries(tmp_path, spec, offline, outcome, expected):
+    """A delivery costs its answer's bits plus one, any failure one plus log2 of the failures."""
+    core, shell, _ = make(tmp_path, *offline)
+    rows = [*ask(shell, spec=spec), *outcome(shell)]
+    assert not core.ctx.pending
+    charges = [a.payload["bits"] for a in rows if isinstance(a, Record) and a.event.endswith("ged")]
+    assert sum(charges) == pytest.approx(expected)
+    assert core.state.ledger.used(KEY) == pytest.approx(expected)
+    assert all(bits < 0 for bits in charges[1:]), "only the reserve is charged; then refunds"
+
+
+def test_a_refusal_before_the_reader_has_the_query_is_free(tmp_path):
+    """Admission refusals, rejected escalations and a budget gone during approval cost nothing."""
+    core, shell, _ = make(tmp_path)
+    assert show(ask(shell, spec={"category": 1}))[-1] == "reply invalid_spec"
+    assert core.state.ledger.used(KEY) == 0
+    decide(shell, escalate(shell), "reject")
+    assert core.state.ledger.used(KEY) == pytest.approx(CAT1_BITS + 1)
+    ask(shell, "q3", CAT1, task_id="t2")
+    ask(shell, "q4", CAT3, task_id="t2", escalation_justification="need the gist")
+    [approval_id] = core.ctx.approvals
+    core.state.ledger.charge(KEY, 2000)
+    actions = decide(shell, approval_id, "approve")
+    assert "record bcp_bits_charged charged" not in show(actions)
+
+
+def test_a_reader_declining_on_purpose_pays_for_every_bit_it_moves(tmp_path):
+    """Answering for a 1 and declining for a 0 moves 40 bits for at least 40 bits charged."""
+    secret = [(0xA5C3F00F1E >> i) & 1 for i in range(40)]
+    core, shell, _ = make(tmp_path, budget=1000)
+    learned = []
+    for i, bit in enumerate(secret):
+        actions = ask(shell, f"q{i}", BOOLEAN)
+        if bit:
+            actions = answer(shell, {"ok": True}, f"q{i}")
+        else:
+            actions = shell.handle(TimerFired(("query", "main", f"q{i}")))
+        learned.append(1 if "send bcp_response_delivery to agent:main" in show(actions) else 0)
+    assert learned == secret
+    assert core.state.ledger.used(KEY) >= len(secret)
 
 
 def test_a_send_outcome_nobody_waits_for_changes_nothing(tmp_path):
@@ -347,6 +447,7 @@ def test_invalid_answers_count_down_retries_then_fail_the_query(tmp_path):
         "commit",
         "send bcp_validation_result to agent:researcher",
         "cancel query",
+        "record bcp_bits_charged charged",
         "record bcp_query_failed retries_exhausted",
         "commit",
         "send bcp_query_failed to agent:main",
@@ -387,6 +488,7 @@ def test_a_query_with_no_valid_answer_expires_once(tmp_path):
     assert show(actions) == [
         "record bcp_expired timeout",
         "cancel query",
+        "record bcp_bits_charged charged",
         "record bcp_query_failed timeout",
         "commit",
         "send bcp_query_failed to agent:main",

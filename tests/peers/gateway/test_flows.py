@@ -39,6 +39,9 @@ CAT2 = {
     ],
 }
 CAT3 = {"category": 3, "directive": "Summarize the document.", "max_words": 40}
+BOOLEAN = {"category": 1, "fields": [{"name": "ok", "type": "boolean"}]}
+FAILED = 1 + math.log2(6)
+"""What any failure of a query the reader got costs (see peers.gateway.core.outcomes)."""
 
 CONTROLLER = """---
 name: main
@@ -242,8 +245,8 @@ async def test_refusals_reach_the_controller_at_once(tmp_path):
 
 
 async def test_budget_runs_out_and_survives_a_gateway_restart(tmp_path):
-    """A 20-bit budget allows two Cat-1 queries; after a restart the third is still refused."""
-    directory = agents(tmp_path, budget=2 * CAT1_BITS + 1)
+    """A 16.8-bit budget allows two Cat-1 queries; after a restart the third is still refused."""
+    directory = agents(tmp_path, budget=2 * (CAT1_BITS + 1) + 1)
     answer = {"has_pricing": False, "tier": "free", "rating": 2, "region": "us"}
     async with running_bcp(tmp_path, agents_dir=directory) as h:
         async with Pair(h) as p:
@@ -259,7 +262,8 @@ async def test_budget_runs_out_and_survives_a_gateway_restart(tmp_path):
 
             token = h.bus.token("system:gateway")
             async with running_gateway(h.bus.url, token, h.bus.log, directory) as again:
-                assert again.ledger.used(("main", "researcher")) == pytest.approx(2 * CAT1_BITS)
+                used = again.ledger.used(("main", "researcher"))
+                assert used == pytest.approx(2 * (CAT1_BITS + 1))
                 with pytest.raises(QueryFailed) as failed:
                     await p.main.ask("researcher", CAT1, timeout=scaled(10))
                 assert failed.value.reason == "budget_exhausted"
@@ -487,8 +491,8 @@ async def test_query_expires(tmp_path):
         assert p.rows(event="bcp_expired", status="timeout")
 
 
-async def test_reader_unavailable_refunds_the_bits(tmp_path):
-    """With no reader connected the query fails at once and its bits are given back."""
+async def test_reader_unavailable_is_charged_as_a_failure(tmp_path):
+    """With no reader connected the query fails at once, charged what a failure carries."""
     async with running_bcp(tmp_path) as h:
         main = h.controller("main")
         await main.start()
@@ -496,13 +500,44 @@ async def test_reader_unavailable_refunds_the_bits(tmp_path):
             with pytest.raises(QueryFailed) as failed:
                 await main.ask("researcher", CAT1, timeout=scaled(10))
             assert failed.value.reason == "reader_unavailable"
-            assert h.gateway.ledger.used(("main", "researcher")) == pytest.approx(0)
+            assert h.gateway.ledger.used(("main", "researcher")) == pytest.approx(FAILED)
             charges = [
                 json.loads(r["payload_json"])["bits"] for r in h.bus.rows(event="bcp_bits_charged")
             ]
-            assert sum(charges) == pytest.approx(0, abs=1e-6) and len(charges) == 2
+            assert sum(charges) == pytest.approx(FAILED) and len(charges) == 2
         finally:
             await main.close()
+
+
+async def test_a_reader_declining_on_purpose_moves_no_more_bits_than_charged(tmp_path):
+    """A reader online to answer a 1 and away for a 0 moves a 40-bit secret; the log charges 40+."""
+    secret = [(0xA5C3F00F1E >> i) & 1 for i in range(40)]
+    async with running_bcp(tmp_path) as h:
+        main = h.controller("main")
+        await main.start()
+        learned = []
+        try:
+            for bit in secret:
+                reader = h.reader("researcher")
+                if bit:
+                    reader.on_query(answers({"ok": True}))
+                    await reader.start()
+                try:
+                    await main.ask("researcher", BOOLEAN, timeout=scaled(10))
+                    learned.append(1)
+                except QueryFailed as failed:
+                    assert failed.reason == "reader_unavailable"
+                    learned.append(0)
+                finally:
+                    if bit:
+                        await reader.close()
+        finally:
+            await main.close()
+        rows = h.bus.rows(event="bcp_bits_charged")
+        charged = sum(json.loads(row["payload_json"])["bits"] for row in rows)
+        assert learned == secret
+        assert charged >= len(secret)
+        assert h.gateway.ledger.used(("main", "researcher")) == pytest.approx(charged)
 
 
 async def test_hostile_reader_cannot_reach_the_controller(tmp_path):

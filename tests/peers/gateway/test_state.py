@@ -135,3 +135,33 @@ def test_a_first_start_loads_an_empty_state(tmp_path):
         state = load_state({("main", "researcher")}, tmp_path / name)
         assert isinstance(state, GatewayState) and state.orphans == Orphans()
         assert state.held == [] and not state.used_query_ids and not len(state.decided)
+
+
+def test_a_settled_query_still_counts_as_a_cat2_query_after_a_restart(tmp_path):
+    """A refund with an outcome keeps the Cat-2 count; an older refund without one gives it back."""
+    import json
+    import sqlite3
+
+    db = tmp_path / "log.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TABLE activity_log (id INTEGER PRIMARY KEY, ts TEXT, event TEXT, status TEXT,"
+            " actor TEXT, payload_json TEXT)"
+        )
+        ref = {"channel": "bcp:main:researcher", "category": 2}
+        for query_id, bits, extra in [
+            ("q1", 90.0, {}),
+            ("q1", -86.415, {"outcome": "timeout"}),
+            ("q2", 90.0, {}),
+            ("q2", -90.0, {}),
+        ]:
+            payload = {**ref, "query_id": query_id, "bits": bits, **extra}
+            conn.execute(
+                "INSERT INTO activity_log (ts, event, status, actor, payload_json) VALUES"
+                " ('2026-11-23T07:00:00Z', 'bcp_bits_charged', 'charged', 'system:gateway', ?)",
+                (json.dumps(payload),),
+            )
+    conn.close()
+    state = load_state({CHANNEL}, db)
+    assert state.ledger.used(CHANNEL) == pytest.approx(3.585)
+    assert state.ledger.cat2_used(CHANNEL) == 1
