@@ -29,9 +29,10 @@ import re
 import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Annotated, Any, ClassVar, Final
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from schemas import strict_yaml
 from schemas.bus import CLIENT_ID_PATTERN
@@ -54,7 +55,6 @@ logger = logging.getLogger("bus.credentials")
 _CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
 _ROLE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # as role names in the policy
 _TOKEN_HASH = re.compile(r"sha256:[0-9a-f]{64}")
-_PEER_KEYS = frozenset({"roles", "token_hash"})
 _HEADER = (
     "# bcpbus peers file: clientIds allowed to connect, their roles and token hashes.\n"
     "# Only hashes are stored; a lost token cannot be recovered, only replaced.\n"
@@ -260,47 +260,67 @@ def _check_role(role: Any) -> None:
         )
 
 
-def _parse(text: str, source: str) -> Iterator[PeerRecord]:
-    def fail(path: str, message: str) -> CredentialsError:
-        return CredentialsError(f"{source}: {path}: {message}")
+# The file's shape; a bad entry is reported with the words of validate_client_id and
+# _check_role, so the file and the command line explain a clientId or a role alike.
 
+
+def _client_id_key(value: Any) -> Any:
     try:
-        data = strict_yaml.load(text)
-    except yaml.YAMLError as exc:
-        raise CredentialsError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CredentialsError(
-            f"{source}: expected a mapping with `version: {CREDENTIALS_VERSION}` and `peers:`"
-        )
-    for key in data:
-        if key not in ("version", "peers"):
-            raise fail(str(key), "unknown key; expected version and peers")
-    version = data.get("version")
-    if type(version) is not int or version != CREDENTIALS_VERSION:
-        raise fail("version", f"{version!r}: expected {CREDENTIALS_VERSION}")
-    peers = data.get("peers")
-    if not isinstance(peers, dict):
-        raise fail("peers", "expected a mapping of clientId to {roles, token_hash} ({} for none)")
-    for client_id, body in peers.items():
-        at = f"peers.{client_id}"
-        try:
-            validate_client_id(client_id)
-        except CredentialsError as exc:
-            raise fail("peers", str(exc)) from None
-        if not isinstance(body, dict):
-            raise fail(at, "expected a mapping with roles and token_hash")
-        for key in body:
-            if key not in _PEER_KEYS:
-                raise fail(f"{at}.{key}", "unknown key; expected roles and token_hash")
-        roles = body.get("roles")
-        if not isinstance(roles, list):
-            raise fail(f"{at}.roles", "expected a list of role names ([] for none)")
-        for i, role in enumerate(roles):
-            try:
-                _check_role(role)
-            except CredentialsError as exc:
-                raise fail(f"{at}.roles[{i}]", str(exc)) from None
-        token_hash = body.get("token_hash")
-        if not isinstance(token_hash, str) or _TOKEN_HASH.fullmatch(token_hash) is None:
-            raise fail(f"{at}.token_hash", "expected sha256: and 64 lowercase hex digits")
-        yield PeerRecord(client_id, tuple(roles), token_hash)
+        return validate_client_id(value)
+    except CredentialsError as exc:
+        strict_yaml.invalid(str(exc))
+
+
+def _role_name(value: Any) -> Any:
+    try:
+        _check_role(value)
+    except CredentialsError as exc:
+        strict_yaml.invalid(str(exc))
+    return value
+
+
+def _token_hash(value: Any) -> Any:
+    if not isinstance(value, str) or _TOKEN_HASH.fullmatch(value) is None:
+        strict_yaml.invalid("expected sha256: and 64 lowercase hex digits")
+    return value
+
+
+def _expect(kind: type, message: str) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if not isinstance(value, kind):
+            strict_yaml.invalid(message)
+        return value
+
+    return BeforeValidator(check)
+
+
+def _missing() -> Any:
+    # None, validated: a missing key gets the same words as a wrong one, what to write there.
+    return Field(default=None, validate_default=True)
+
+
+class _PeerFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    roles: Annotated[
+        tuple[Annotated[str, BeforeValidator(_role_name)], ...],
+        _expect(list, "expected a list of role names ([] for none)"),
+    ] = _missing()
+    token_hash: Annotated[str, BeforeValidator(_token_hash)] = _missing()
+
+
+class _PeersFile(strict_yaml.VersionedFile):
+    VERSION: ClassVar[int] = CREDENTIALS_VERSION
+    peers: Annotated[
+        dict[Annotated[str, BeforeValidator(_client_id_key)], _PeerFile],
+        _expect(dict, "expected a mapping of clientId to {roles, token_hash} ({} for none)"),
+    ] = _missing()
+
+
+def _parse(text: str, source: str) -> Iterator[PeerRecord]:
+    try:
+        shape = strict_yaml.load_model(_PeersFile, text, source=source)
+    except strict_yaml.LoadError as exc:
+        raise CredentialsError(str(exc)) from exc
+    for client_id, peer in shape.peers.items():
+        yield PeerRecord(client_id, peer.roles, peer.token_hash)
