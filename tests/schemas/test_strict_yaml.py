@@ -144,3 +144,35 @@ def test_invalid_blames_a_path_below_the_value():
     with pytest.raises(LoadError) as caught:
         validate(dict[str, Pair], {"p": {"low": 2, "high": 1}}, source="s")
     assert str(caught.value) == "s: p.low: must not exceed high"
+
+
+class Inner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    a: int = 0
+
+
+class Other(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    b: int = 0
+
+
+@dataclass(frozen=True)
+class Holder:
+    __pydantic_config__ = ConfigDict(extra="forbid")
+    maybe: Annotated[Inner, Field(description="optional")] | None = None
+    either: Inner | Other | None = None
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"maybe": {"z": 1}}, "s: maybe.z: unknown key; expected one of a"),
+        ({"either": {"z": 1}}, "unknown key"),
+    ],
+)
+def test_known_keys_are_found_through_optional_and_annotated(data, error):
+    """The keys of a mapping are listed through ``| None`` and Annotated, never guessed."""
+    with pytest.raises(LoadError) as caught:
+        validate(Holder, data, source="s")
+    assert error in str(caught.value)
+    assert "expected one of a, b" not in str(caught.value)
