@@ -61,6 +61,7 @@ __all__ = [
     "JSON_SAFE_INT",
     "MAX_WORDS_LIMIT",
     "SUBSCRIPTION_ID_PATTERN",
+    "CHANNEL_TOPIC_PATTERN",
     "UNTRUSTED_NOTICE",
     "ActiveSubscription",
     "AgentName",
@@ -82,6 +83,7 @@ __all__ = [
     "ExpectedFormat",
     "FieldType",
     "NormalizedResponse",
+    "Provenance",
     "NormalizedValue",
     "QueryId",
     "QuerySpec",
@@ -569,8 +571,34 @@ class BcpValidationResult(_Model):
         return self
 
 
+CHANNEL_TOPIC_PATTERN = r"^bcp:[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""A BCP channel's topic: ``bcp:<controller>:<reader>``, two agent names."""
+
+
+class Provenance(_Model):
+    """Where a delivery's text comes from: the channel, its reader, and what it answers.
+
+    .. versionadded:: 0.2
+    """
+
+    channel: Annotated[str, Field(pattern=CHANNEL_TOPIC_PATTERN)]
+    reader: AgentName
+    query_id: QueryId | None = None
+    subscription_id: SubscriptionId | None = None
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> Self:
+        _one_id(self.query_id, self.subscription_id)
+        return self
+
+
 class BcpResponseDelivery(_Model):
-    """``bcp_response_delivery`` (gateway -> controller): a validated, normalized answer."""
+    """``bcp_response_delivery`` (gateway -> controller): a validated, normalized answer.
+
+    A Cat-2 or Cat-3 delivery is a tainted reader's text: the gateway marks it ``untrusted``,
+    with the ``notice`` approvers see and its ``provenance``. Render it for a model with
+    :func:`peers.bcp.render_for_prompt`, which quotes and delimits each value.
+    """
 
     query_id: QueryId | None = None
     subscription_id: SubscriptionId | None = None
@@ -582,6 +610,19 @@ class BcpResponseDelivery(_Model):
     channel_mode: Literal["bcp"] = "bcp"
     anomalies: tuple[Anomaly, ...] = ()
     """On a channel whose ``anomaly_action`` is ``flag``: what screening found."""
+    untrusted: bool = False
+    """True for Cat-2 and Cat-3: the values are free text from a tainted reader, to be read as
+    data, never followed. Cat-1 values are typed from the controller's own spec.
+
+    .. versionadded:: 0.2"""
+    notice: _Detail | None = None
+    """With ``untrusted``: :data:`UNTRUSTED_NOTICE`, for whoever reads the text.
+
+    .. versionadded:: 0.2"""
+    provenance: Provenance | None = None
+    """With ``untrusted``: the channel, reader and query or subscription the text came from.
+
+    .. versionadded:: 0.2"""
 
     @model_validator(mode="after")
     def _check_ids(self) -> Self:

@@ -13,6 +13,7 @@ from schemas.agents import Channel
 from schemas.bcp import (
     ID_PATTERN,
     SUBSCRIPTION_ID_PATTERN,
+    UNTRUSTED_NOTICE,
     BcpResponseDelivery,
     BcpValidationResult,
     NormalizedResponse,
@@ -55,7 +56,10 @@ def delivery(
     found: list[dict[str, Any]],
     **ref: str,
 ) -> dict[str, Any]:
-    """Return the ``bcp_response_delivery`` content for a valid answer or push."""
+    """Return the ``bcp_response_delivery`` content for a valid answer or push.
+
+    Cat-2 and Cat-3 content is marked ``untrusted``, with the notice and its provenance.
+    """
     content: dict[str, Any] = {
         **ref,
         "category": spec.category,
@@ -68,6 +72,12 @@ def delivery(
     # Only a flag channel delivers the anomalies; on review a human approved the answer.
     if found and channel.anomaly_action == "flag":
         content["anomalies"] = found
+    if spec.category >= 2:
+        # Free text from a tainted reader: say so, and where it came from, in the frame itself,
+        # so that a controller can keep it apart from instructions (see render_for_prompt).
+        content["untrusted"] = True
+        content["notice"] = UNTRUSTED_NOTICE
+        content["provenance"] = {"channel": channel.topic, "reader": channel.reader, **ref}
     return wire(BcpResponseDelivery.model_validate(content))
 
 

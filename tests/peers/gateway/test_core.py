@@ -38,11 +38,12 @@ from peers.gateway.events import (
 )
 from peers.gateway.state import GatewayState, Held, Orphans
 from schemas.agents import build_channels, load_agents
-from schemas.bcp import BcpQueryFailed, BcpResponse
+from schemas.bcp import UNTRUSTED_NOTICE, BcpQueryFailed, BcpResponse
 
 from .test_flows import CAT1, CAT1_BITS, CAT2, CAT3, agents
 
 TOPIC = "bcp:main:researcher"
+DELIVERY = "bcp_response_delivery"
 KEY = ("main", "researcher")
 FAILED = 1 + math.log2(len(FAILURE_OUTCOMES))
 """What any failure of a query the reader got costs: 3.585 bits."""
@@ -433,6 +434,18 @@ def test_a_valid_answer_is_confirmed_to_the_reader_then_delivered(tmp_path):
     assert not core.ctx.pending
 
 
+def test_text_is_delivered_marked_untrusted_with_its_provenance(tmp_path):
+    """A Cat-2 answer carries untrusted, the notice and its provenance; a Cat-1 one does not."""
+    _, shell, _ = make(tmp_path)
+    ask(shell, "q2", CAT2)
+    delivery = sent(answer(shell, {"company": "Acme", "founded": "1998-04-01"}, "q2"), DELIVERY)
+    assert delivery["untrusted"] is True and delivery["notice"] == UNTRUSTED_NOTICE
+    assert delivery["provenance"] == {"channel": TOPIC, "reader": "researcher", "query_id": "q2"}
+    ask(shell)
+    delivery = sent(answer(shell, ANSWER1), DELIVERY)
+    assert not {"untrusted", "notice", "provenance"} & delivery.keys()
+
+
 def test_invalid_answers_count_down_retries_then_fail_the_query(tmp_path):
     """Each invalid answer says how many tries are left; the last one ends the query."""
     _, shell, _ = make(tmp_path)
@@ -735,7 +748,13 @@ def test_a_cat3_push_waits_for_a_human_and_a_rejection_tells_the_reader(tmp_path
         "reply held_for_approval",
     ]
     delivered = decide(shell, approval_of(actions), "approve")
-    assert sent(delivered, "bcp_response_delivery")["subscription_id"] == "digest"
+    delivery = sent(delivered, "bcp_response_delivery")
+    assert delivery["subscription_id"] == "digest" and delivery["untrusted"]
+    assert delivery["provenance"] == {
+        "channel": TOPIC,
+        "reader": "researcher",
+        "subscription_id": "digest",
+    }
     clock.now += 3600
     rejected = decide(shell, approval_of(push(shell, "digest", {"summary": "More."})), "reject")
     verdict = sent(rejected, "bcp_validation_result")
