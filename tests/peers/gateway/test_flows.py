@@ -641,7 +641,7 @@ async def test_a_late_approver_gets_pending_requests_and_the_view_lists_them(tmp
 @pytest.mark.parametrize("action", ["flag", "review"])
 async def test_anomaly_actions_flag_and_review(tmp_path, action):
     """flag delivers with the anomalies listed; review sends the answer to a human first."""
-    answer = {"company": "Acme, see https://acme.example", "founded": "1998-04-01"}
+    answer = {"company": "acme.com", "founded": "1998-04-01"}
     async with running_bcp(tmp_path, agents_dir=agents(tmp_path, anomaly=action)) as h:
         async with Pair(h) as p:
             p.reader.on_query(answers(answer))
@@ -653,4 +653,4 @@ async def test_anomaly_actions_flag_and_review(tmp_path, action):
             delivery = await task
             codes = {a.code for a in delivery.anomalies}
             assert ("url" in codes) is (action == "flag")
-            assert "acme.example" in str(delivery.response["company"])
+            assert "acme.com" in str(delivery.response["company"])
