@@ -11,10 +11,15 @@ bounded by the spec, not by the answer. The rules, by category (BCP §"Validatio
   integer (not a boolean, not ``1.0``, not ``"1"``) within ``[min, max]``; an enum value is exactly
   one of ``values`` (no case folding).
 - Cat-2: each answer is a string; after normalization it is non-empty, has at most ``max_words``
-  words of at most :data:`MAX_WORD_CHARS` characters each, has its ``expected_format``, agrees
-  with its ``same_as`` question, and passes screening.
+  words of at most :data:`MAX_WORD_CHARS` characters each, has its ``expected_format`` and only
+  characters of its format's alphabet (:func:`~peers.gateway.bits.alphabet_of`: other scripts are
+  ``bad_format``), agrees with its ``same_as`` question, and passes screening.
 - Cat-3: ``{"summary": text}`` under the same text rules without a format; always needs a human's
   approval (:attr:`ValidationResult.approval_required`).
+- Cat-2 and Cat-3, once every part is valid: the whole answer can carry no more bits than its spec
+  is charged (:func:`~peers.gateway.bits.answer_bits` at most
+  :func:`~peers.gateway.bits.spec_bits`), or it is ``too_long``. The charge is fixed when the
+  query is accepted, so an answer that would carry more is refused, never charged more.
 
 Which form each check reads: the JSON type and the length bound read the raw answer; screening
 reads the raw answer too (invisible and bidi characters are findings although normalization drops
@@ -45,6 +50,7 @@ from functools import partial
 from itertools import islice
 from typing import Any, Final
 
+from peers.gateway.bits import alphabet_of, answer_bits, foreign_char, spec_bits
 from peers.gateway.normalize import count_words, normalize_answer, normalize_summary
 from peers.gateway.screening import screen
 from schemas.bcp import (
@@ -69,7 +75,7 @@ __all__ = [
 ]
 
 MAX_WORD_CHARS: Final = 64
-"""Longest word accepted. A word is charged 11 bits; an unbounded word would carry far more."""
+"""Longest word accepted, whatever it measures: it bounds the work of measuring a word."""
 
 _RAW_CHARS_PER_WORD: Final = 32
 _RAW_SLACK: Final = 256
@@ -170,8 +176,10 @@ def validate_response(
             anomalies,
             reasons,
         )
-        if text is not None:
+        if text is not None and _check_alphabet("summary", text, None, reasons):
             values["summary"] = text
+    if not reasons and spec.category != 1:
+        _check_capacity(spec, values, reasons)
     if anomalies and anomaly_action == "reject":
         reasons.extend(_anomaly_reasons(anomalies))
     if reasons:
@@ -311,11 +319,40 @@ def _store_formatted(
     values: dict[str, NormalizedValue],
     reasons: list[ValidationReason],
 ) -> None:
-    if check_format(text, expected_format):
-        values[key] = text
-    else:
+    if not check_format(text, expected_format):
         message = f"not a valid {expected_format}: {_FORMAT_HINTS[expected_format]}"
         reasons.append(_reason(key, ValidationCode.BAD_FORMAT, message))
+    elif _check_alphabet(key, text, expected_format, reasons):
+        values[key] = text
+
+
+def _check_alphabet(
+    key: str,
+    text: str,
+    expected_format: ExpectedFormat | None,
+    reasons: list[ValidationReason],
+) -> bool:
+    """Refuse a script the field does not allow: its characters would carry more than charged."""
+    alphabet = alphabet_of(expected_format)
+    if (char := foreign_char(text, alphabet)) is None:
+        return True
+    name = unicodedata.name(char, "unnamed character")
+    message = f"U+{ord(char):04X} {name} is not allowed here, only ASCII and {alphabet.name}"
+    reasons.append(_reason(key, ValidationCode.BAD_FORMAT, message))
+    return False
+
+
+def _check_capacity(
+    spec: QuerySpec, values: dict[str, NormalizedValue], reasons: list[ValidationReason]
+) -> None:
+    """Refuse an answer that can carry more bits than its spec is charged (bits.answer_bits)."""
+    carried, charged = answer_bits(spec, values), spec_bits(spec)
+    if carried > charged:
+        message = (
+            f"the answer can carry {carried:.1f} bits, more than the {charged:.1f} charged: "
+            "use fewer or commoner words"
+        )
+        reasons.append(_reason(None, ValidationCode.TOO_LONG, message))
 
 
 def _check_same_as(

@@ -267,29 +267,30 @@ def test_cat2_answers_must_be_strings(value):
 def test_cat2_word_limit_is_inclusive():
     """Exactly max_words words pass; one more fails as too_many_words."""
     spec = cat2("short_text", max_words=3)
-    assert validate_response(spec, {"a": "one two three"}).accepted
-    result = validate_response(spec, {"a": "one two three four"})
+    assert validate_response(spec, {"a": "it is on"}).accepted
+    result = validate_response(spec, {"a": "it is on it"})
     assert codes(result) == [ValidationCode.TOO_MANY_WORDS]
 
 
 def test_cat2_words_are_counted_after_normalization():
     """Whitespace tricks do not change the count: words are counted on the normalized text."""
     spec = cat2("short_text", max_words=2)
-    assert validate_response(spec, {"a": " one \n\n\t two  "}).accepted
-    assert validate_response(spec, {"a": "one\u200btwo"}, anomaly_action="flag").response == {
-        "a": "onetwo"
+    assert validate_response(spec, {"a": " in \n\n\t to  "}).accepted
+    assert validate_response(spec, {"a": "in\u200bto"}, anomaly_action="flag").response == {
+        "a": "into"
     }
 
 
 def test_cat2_list_items_count_as_words():
     """A short list's items are words even when written without spaces."""
     spec = cat2("short_list", max_words=2)
-    result = validate_response(spec, {"a": "alpha,beta,gamma"})
+    result = validate_response(spec, {"a": "it,is,so"})
     assert codes(result) == [ValidationCode.TOO_MANY_WORDS]
-    assert validate_response(spec, {"a": "alpha,beta"}).response == {"a": "alpha, beta"}
+    assert validate_response(spec, {"a": "it,is"}).response == {"a": "it, is"}
 
 
-words = st.lists(st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=12), min_size=1)
+# Common words: each costs under 11 bits, so only the word limit decides (peers.gateway.bits).
+words = st.lists(st.sampled_from(["the", "of", "and", "to", "in", "is", "it", "on"]), min_size=1)
 
 
 @given(st.integers(1, 60), words, st.sampled_from([" ", "  ", "\n", "\t", " \u3000 "]))
@@ -329,8 +330,8 @@ def test_cat2_raw_text_longer_than_the_word_limit_allows_fails_before_work():
 
 
 def test_cat2_overlong_words_fail():
-    """A single word longer than MAX_WORD_CHARS is too_long: a word is charged only 11 bits."""
-    spec = cat2("short_text", max_words=1)
+    """A single word longer than MAX_WORD_CHARS is too_long, even where its bits would fit."""
+    spec = cat2("short_text", max_words=40)
     assert validate_response(spec, {"a": "x" * MAX_WORD_CHARS}).accepted
     result = validate_response(spec, {"a": "x" * (MAX_WORD_CHARS + 1)})
     assert codes(result) == [ValidationCode.TOO_LONG]
@@ -370,7 +371,8 @@ FORMAT_CASES = [
 @pytest.mark.parametrize(("expected_format", "raw", "delivered"), FORMAT_CASES)
 def test_cat2_formats_accept_and_canonicalize(expected_format, raw, delivered):
     """An answer in its format is accepted and delivered in canonical form."""
-    result = validate_response(cat2(expected_format), {"a": raw})
+    # 20 words, 220 bits: an address or a name spelled out letter by letter carries 100-170.
+    result = validate_response(cat2(expected_format, max_words=20), {"a": raw})
     assert result.accepted, result.detail()
     assert result.response == {"a": delivered}
 
@@ -414,6 +416,63 @@ def test_cat2_formats_reject_what_they_do_not_allow(expected_format, raw):
     result = validate_response(cat2(expected_format), {"a": raw}, anomaly_action="flag")
     assert codes(result) == [ValidationCode.BAD_FORMAT], result.detail()
     assert expected_format in result.reasons[0].message
+
+
+@pytest.mark.parametrize(
+    ("expected_format", "raw", "char"),
+    [
+        ("short_text", "北京 is the capital", "U+5317"),
+        ("short_text", "Москва", "U+041C"),
+        ("short_list", "alpha, βeta, гamma", "U+0433"),
+        ("email", "a@b.cd", None),
+        ("person_name", "李小龙", None),
+        ("person_name", "Анна", None),
+    ],
+)
+def test_cat2_text_fields_allow_their_alphabet_only(expected_format, raw, char):
+    """An English text field refuses other scripts as bad_format; a name field allows any."""
+    result = validate_response(
+        cat2(expected_format, max_words=20), {"a": raw}, anomaly_action="flag"
+    )
+    if char is None:
+        assert result.accepted, result.detail()
+    else:
+        assert codes(result) == [ValidationCode.BAD_FORMAT]
+        assert result.reasons[0].message.startswith(char)
+        assert "not allowed here" in result.reasons[0].message
+
+
+def test_cat3_summary_allows_the_english_alphabet_only():
+    """A summary in another script is bad_format; Latin letters with accents and symbols pass."""
+    result = validate_response(CAT3, {"summary": "这是一个总结"})
+    assert codes(result) == [ValidationCode.BAD_FORMAT]
+    assert validate_response(CAT3, {"summary": "Zoë paid €5 for 3 µg of it."}).accepted
+
+
+def test_an_answer_carrying_more_than_its_charge_is_too_long():
+    """Words within every limit that can carry more bits than charged are refused as too_long."""
+    spec = cat2("short_text", max_words=2)
+    assert validate_response(spec, {"a": "the end"}).accepted
+    result = validate_response(spec, {"a": "qzxv wpfk"})
+    assert codes(result) == [ValidationCode.TOO_LONG]
+    assert result.reasons[0].field is None
+    assert "more than the 22.0 charged" in result.reasons[0].message
+
+
+def test_capacity_is_pooled_over_the_answer():
+    """A short answer leaves bits to another: the charge bounds the whole answer, not each part."""
+    answer = {**GOOD_CAT2, "topic": "Microplastics in drinking water and bottled mineral water"}
+    assert validate_response(CAT2, answer).accepted
+    alone = QuerySpec.model_validate({"category": 2, "questions": [CAT2.questions[0]]})
+    assert codes(validate_response(alone, {"topic": answer["topic"]})) == [ValidationCode.TOO_LONG]
+
+
+def test_a_one_word_integer_answer_fits_in_its_11_bits_up_to_two_digits():
+    """A one-word integer question (11 bits) takes -99..99; a year needs two words (22 bits)."""
+    assert validate_response(cat2("integer", max_words=1), {"a": "-42"}).accepted
+    year = {"a": "2024"}
+    assert codes(validate_response(cat2("integer", max_words=1), year)) == [ValidationCode.TOO_LONG]
+    assert validate_response(cat2("integer", max_words=2), year).accepted
 
 
 def test_cat2_short_list_of_only_commas_is_empty():
