@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -317,33 +319,51 @@ async def test_log_failure_delivers_nothing_and_a_retry_delivers_once(tmp_path, 
             assert inbox.empty()
 
 
+@contextlib.asynccontextmanager
+async def closing_with_a_send_in_flight(
+    h: BusHarness, release: asyncio.Event
+) -> AsyncIterator[tuple[ClientConnection, asyncio.Task[None]]]:
+    """A raw peer's sendMessage (id 1) held by a subscriber until ``release``, and the bus's
+    close() started meanwhile; yields the socket and the closing task."""
+    started = asyncio.Event()
+
+    async def held(message: Message) -> None:
+        started.set()
+        await release.wait()
+
+    async with h.peer("agent:w1") as agent:
+        agent.handle(None, held)
+        ws = await initialized(h, "tg:42")
+        await ws.send(frame("sendMessage", send_params("m-1", {"n": 1}), request_id=1))
+        async with asyncio.timeout(scaled(5)):
+            await started.wait()
+        closing = asyncio.create_task(h.bus.close())
+        try:
+            yield ws, closing
+        finally:
+            release.set()
+
+
+async def assert_closed_with_1001(ws: ClientConnection) -> None:
+    with pytest.raises(ConnectionClosed) as caught:
+        async with asyncio.timeout(scaled(5)):
+            await ws.recv()
+    assert caught.value.rcvd is not None and caught.value.rcvd.code == 1001
+
+
 async def test_requests_in_flight_at_close_get_their_answer(tmp_path):
     """Closing the bus answers the request in flight with its result, and one sent meanwhile
     with -32007, before the connections close with 1001."""
     async with running_bus(tmp_path) as h:
-        started, release = asyncio.Event(), asyncio.Event()
-
-        async def slow(message: Message) -> None:
-            started.set()
-            await release.wait()
-
-        async with h.peer("agent:w1") as agent:
-            agent.handle(None, slow)
-            ws = await initialized(h, "tg:42")
-            await ws.send(frame("sendMessage", send_params("m-1", {"n": 1}), request_id=1))
-            async with asyncio.timeout(scaled(5)):
-                await started.wait()
-            closing = asyncio.create_task(h.bus.close())
+        release = asyncio.Event()
+        async with closing_with_a_send_in_flight(h, release) as (ws, closing):
             reply = await answer(ws, frame("ping", request_id=2))
             assert reply["id"] == 2 and reply["error"]["code"] == -32007
             release.set()
             async with asyncio.timeout(scaled(5)):
                 reply = json.loads(await ws.recv())
             assert reply["id"] == 1 and reply["result"]["deliveredTo"] == 1
-            with pytest.raises(ConnectionClosed) as caught:
-                async with asyncio.timeout(scaled(5)):
-                    await ws.recv()
-            assert caught.value.rcvd is not None and caught.value.rcvd.code == 1001
+            await assert_closed_with_1001(ws)
             await closing
 
 
@@ -351,30 +371,14 @@ async def test_requests_still_unanswered_after_the_grace_get_32007(tmp_path):
     """A request whose delivery outlasts shutdown_grace is answered -32007 (saying it may have
     been carried out) before the connection closes with 1001."""
     async with running_bus(tmp_path, limits=Limits(shutdown_grace=0.2)) as h:
-        started, never = asyncio.Event(), asyncio.Event()
-
-        async def stuck(message: Message) -> None:
-            started.set()
-            await never.wait()
-
-        async with h.peer("agent:w1") as agent:
-            agent.handle(None, stuck)
-            ws = await initialized(h, "tg:42")
-            await ws.send(frame("sendMessage", send_params("m-1", {"n": 1}), request_id=7))
-            async with asyncio.timeout(scaled(5)):
-                await started.wait()
-            closing = asyncio.create_task(h.bus.close())
+        async with closing_with_a_send_in_flight(h, asyncio.Event()) as (ws, closing):
             async with asyncio.timeout(scaled(5)):
                 reply = json.loads(await ws.recv())
-            assert reply["id"] == 7 and reply["error"]["code"] == -32007
+            assert reply["id"] == 1 and reply["error"]["code"] == -32007
             assert "may have been carried out" in reply["error"]["message"]
-            with pytest.raises(ConnectionClosed) as caught:
-                async with asyncio.timeout(scaled(5)):
-                    await ws.recv()
-            assert caught.value.rcvd is not None and caught.value.rcvd.code == 1001
+            await assert_closed_with_1001(ws)
             async with asyncio.timeout(scaled(5)):
                 await closing
-            never.set()
 
 
 # 5. Duplicate messageIds.
