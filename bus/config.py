@@ -98,8 +98,9 @@ class Limits:
     """Requests from one connection being handled at once; past it the bus stops reading that
     socket until one is answered (backpressure: TCP then slows the sender)."""
     max_inflight_bytes: Count | None = DEFAULT_MAX_INFLIGHT_BYTES
-    """Bytes of request frames being handled, for the whole bus; a request that would go over
-    it gets -32005 at once."""
+    """Size of the request frames being handled, for the whole bus; a request that would go over
+    it gets -32005 at once. Frames are counted in characters as received (equal to bytes for
+    ASCII JSON, up to 4x fewer for other text), so no frame is encoded again just to count it."""
     max_write_buffer: Count | None = DEFAULT_MAX_WRITE_BUFFER
     """Bytes written to one peer that it has not read yet; above it deliveries to that peer fail
     at once (status ``slow_consumer``) instead of queueing more."""
