@@ -97,12 +97,17 @@ EVENTS: frozenset[str] = frozenset(
     {
         "bus_start",  # the bus listens; payload: server_id, url, log_content (full | digest)
         # The bus, per message: sendMessage received (payload: the envelope, or with
-        # log_content digest its type and sha256), delivery to one target started and
-        # finished (status = outcome), sendMessage answered.
+        # log_content digest its type and sha256; status: the sender's taint then, as
+        # "taint:<level>" or "declassifier"), delivery to one target started and finished
+        # (status = outcome), sendMessage answered. Each row of a message carries its epoch,
+        # and the trace id of its traceparent if it had one.
         "send_start",
         "process_start",
         "process_finish",
         "send_finish",
+        "send_aborted",  # the log failed before delivery: the message was refused (-32006)
+        "push_skipped",  # not pushed to actor; status = min_relevance | debounce
+        "fetch",  # fetchMessages; topic = the pattern, payload: sinceEpoch, nextEpoch, count
         # The bus, per connection.
         "connect",  # WebSocket accepted; actor = remote address
         "disconnect",  # connection closed; status = close code
@@ -118,7 +123,7 @@ EVENTS: frozenset[str] = frozenset(
         "taint_refused",  # delivery from a tainted peer to an untainted one refused
         "limit_exceeded",  # a configured limit was hit; status = which limit
         "rpc_error",  # a request answered with a JSON-RPC error
-        "subscribe",  # topic = the pattern
+        "subscribe",  # topic = the pattern; payload: debounceMs, minRelevance if set
         "unsubscribe",  # topic = the pattern
         "shutdown",  # the bus is closing
         # The log itself.
@@ -148,7 +153,7 @@ Unicode, such as a lone surrogate). It keeps the original's ``ts`` and those of 
 ``rpc_id``, ``actor``, ``topic`` and ``status`` that are valid text; ``error`` says why the row was
 refused; ``payload_json`` is ``{"event": ..., "columns": [...], "sha256": ...}``: the original
 event (non-text characters as ``\\uXXXX`` escapes), the columns that were not valid text, and
-the SHA-256 of ``json.dumps(list(row)).encode()``, the original row's nine columns in
+the SHA-256 of ``json.dumps(list(row)).encode()``, the original row's columns in
 :data:`COLUMNS` order as a JSON array with Python's default separators and ASCII escapes."""
 
 COLUMNS: tuple[str, ...] = (
@@ -161,6 +166,9 @@ COLUMNS: tuple[str, ...] = (
     "status",
     "payload_json",
     "error",
+    # Per message: its epoch (every row of it) and the trace id of its traceparent.
+    "epoch",
+    "trace_id",
 )
 """The columns :meth:`ActivityLog.record` fills, in the order of each buffered row (``id`` is
 assigned by SQLite)."""
@@ -193,7 +201,9 @@ CREATE TABLE IF NOT EXISTS activity_log (
     topic TEXT,
     status TEXT,
     payload_json TEXT,
-    error TEXT
+    error TEXT,
+    epoch INTEGER,
+    trace_id TEXT
 );
 CREATE INDEX IF NOT EXISTS idx_activity_message_id ON activity_log(message_id);
 CREATE INDEX IF NOT EXISTS idx_activity_ts ON activity_log(ts);
@@ -215,7 +225,18 @@ END;
 """
 """The DDL :meth:`ActivityLog.open` runs; idempotent, so every process may run it."""
 
-_Row = tuple[str | None, ...]
+EPOCH_INDEXES = """
+CREATE INDEX IF NOT EXISTS idx_activity_epoch ON activity_log(epoch) WHERE event = 'send_start';
+CREATE INDEX IF NOT EXISTS idx_activity_topic_epoch ON activity_log(topic, epoch)
+WHERE event = 'send_start';
+CREATE INDEX IF NOT EXISTS idx_activity_aborted ON activity_log(epoch) WHERE event = 'send_aborted';
+"""
+"""The indexes ``fetchMessages`` reads through (:mod:`bus.history`): messages by epoch, by topic
+then epoch, and the few messages refused after their epoch was given. Partial, so they cost
+one entry per message, not per row. Run after :data:`SCHEMA` and after the ``epoch`` column is
+added to a log created before it existed."""
+
+_Row = tuple[str | int | None, ...]
 
 
 class _FileGone(Exception):
@@ -273,6 +294,9 @@ class ActivityLog:
         """Rows committed so far by this instance, ``row_unwritable`` replacements included."""
         self.rows_unwritable = 0
         """Rows replaced by a ``row_unwritable`` row so far."""
+        self.last_epoch = 0
+        """The highest message epoch in the file when it was opened (0 for none): the bus
+        gives the next message a higher one (:mod:`bus.epochs`)."""
 
         # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
         # only once committed, so a failed batch is retried with the next one, in order.
@@ -380,6 +404,8 @@ class ActivityLog:
         payload: Any = None,
         error: str | None = None,
         payload_json: str | None = None,
+        epoch: int | None = None,
+        trace_id: str | None = None,
     ) -> None:
         """Buffer one row, stamped now, for the writer. Never waits.
 
@@ -393,6 +419,8 @@ class ActivityLog:
             rpc_id: the JSON-RPC id; stored as text.
             payload_json: the payload already encoded as JSON, instead of ``payload``, for a
                 caller that stores the same payload many times.
+            epoch: the epoch of the message the row is about.
+            trace_id: the trace id of that message's ``traceparent``.
 
         Raises:
             AuditUnavailable: the log is closed, or ``queue_max`` rows are already waiting for
@@ -413,6 +441,8 @@ class ActivityLog:
                 status,
                 payload_json if payload is None else _payload_json(payload),
                 error,
+                epoch,
+                trace_id,
             )
         )
         self._rows_recorded += 1
@@ -603,6 +633,11 @@ class ActivityLog:
                 # Durable across a process crash; an OS crash may lose the last commits.
                 "PRAGMA synchronous = NORMAL;" + SCHEMA
             )
+            _add_epoch_columns(conn)
+            conn.executescript(EPOCH_INDEXES)
+            [(last_epoch,)] = conn.execute(
+                "SELECT MAX(epoch) FROM activity_log WHERE event = 'send_start'"
+            )
             if self.checkpoint_bytes is None:
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
             else:
@@ -615,6 +650,7 @@ class ActivityLog:
             conn.close()
             raise
         self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
+        self.last_epoch = last_epoch or 0
 
     def _disconnect(self) -> None:
         if self._conn is not None:
@@ -663,6 +699,22 @@ class ActivityLog:
             busy = 1
         if not busy:
             self.checkpoints += 1
+
+
+def _add_epoch_columns(conn: sqlite3.Connection) -> None:
+    """Add the ``epoch`` and ``trace_id`` columns to a log created before they existed.
+
+    ``ALTER TABLE ... ADD COLUMN`` only changes the schema, so old rows read NULL there and the
+    append-only triggers, which guard rows, not the schema, do not fire.
+    """
+    have = {row[1] for row in conn.execute("PRAGMA table_info(activity_log)")}
+    for column, kind in (("epoch", "INTEGER"), ("trace_id", "TEXT")):
+        if column not in have:
+            try:
+                conn.execute(f"ALTER TABLE activity_log ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):  # another process added it first
+                    raise
 
 
 # Which failures are worth retrying the same batch for: the database's passing trouble. Any
@@ -715,22 +767,23 @@ def _unwritable(row: _Row, exc: BaseException) -> list[_Row]:
     event = row[1]
     payload = _ENCODER.encode(
         {
-            "event": None if event is None else _escape(event),
+            "event": None if event is None else _escape(str(event)),
             "columns": bad,
             "sha256": hashlib.sha256(json.dumps(list(row)).encode()).hexdigest(),
         }
     )
     reason = _escape(f"{type(exc).__name__}: {exc}")[:500]
     kept = tuple(value if _is_text(value) else None for value in row[2:7])
+    tail = tuple(value if _is_text(value) else None for value in row[9:])  # epoch, trace_id
     return [
-        (row[0], "row_unwritable", *kept, payload, reason),
-        (row[0], "row_unwritable", None, None, None, None, None, payload, reason),
+        (row[0], "row_unwritable", *kept, payload, reason, *tail),
+        (row[0], "row_unwritable", None, None, None, None, None, payload, reason, None, None),
     ]
 
 
-def _is_text(value: str | None) -> bool:
-    """Whether SQLite can store ``value``: NULL, or a str that is valid Unicode."""
-    if value is None:
+def _is_text(value: str | int | None) -> bool:
+    """Whether SQLite can store ``value``: NULL, an int, or a str that is valid Unicode."""
+    if value is None or isinstance(value, int):
         return True
     try:
         value.encode()

@@ -79,6 +79,7 @@ __all__ = [
     "PolicyError",
     "Role",
     "SendRule",
+    "flows",
     "may_flow",
 ]
 
@@ -222,11 +223,13 @@ def may_flow(sender: Grants, target: Grants) -> bool:
     gateway) is exempt on both ends: it must receive tainted readers' answers, and it is the
     only one that may deliver to untainted peers, after validation. Refuse and log otherwise.
     """
-    return (
-        sender.declassifier
-        or target.declassifier
-        or taint_rank(sender.taint) <= taint_rank(target.taint)
-    )
+    return flows(sender.taint, sender.declassifier, target)
+
+
+def flows(taint: TaintLevel, declassifier: bool, target: Grants) -> bool:
+    """:func:`may_flow` from a sender known only by its taint and whether it was the
+    declassifier, as the activity log keeps them with each message (see :mod:`bus.fetch`)."""
+    return declassifier or target.declassifier or taint_rank(taint) <= taint_rank(target.taint)
 
 
 class Policy:

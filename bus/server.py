@@ -19,6 +19,7 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -27,10 +28,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 
 from schemas.bus import (
+    FetchMessagesParams,
     InitializeParams,
     PeerJoined,
     PeerLeft,
     SubscribeParams,
+    UnsubscribeParams,
 )
 from schemas.common import timestamp
 
@@ -39,6 +42,7 @@ from .activity import ActivityLog, canonical_sha256
 from .config import Limits, LogContent
 from .connection import ByteBudget, Connection, PeerGone
 from .credentials import Credentials, PeerRecord
+from .epochs import Epochs
 from .errors import (
     CLOSE_AUTH_FAILED,
     CLOSE_GOING_AWAY,
@@ -50,6 +54,7 @@ from .errors import (
     AlreadyInitialized,
     AuthenticationFailed,
     BusError,
+    ContentNotKept,
     DuplicateMessage,
     Forbidden,
     LimitExceeded,
@@ -58,6 +63,8 @@ from .errors import (
     ShuttingDown,
     SubscriptionNotFound,
 )
+from .fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
+from .history import History
 from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .params import SendFields, parse, read_send_message
@@ -75,6 +82,13 @@ logger = logging.getLogger("bus.server")
 
 MAX_ANONYMOUS_ERRORS = 10
 """Error answers a connection may get before a successful ``initialize``; then close 1008."""
+
+FETCH_CHUNK = 500
+"""Log rows one read of a fetch takes from the history at a time."""
+FETCH_SCAN_ROWS = 5_000
+"""Log rows one fetch looks at, at most, besides the page itself: a peer fetching a rare topic
+over a long log gets ``more: true`` and a ``nextEpoch`` to go on from, never a call that scans
+the whole log."""
 
 
 class Bus:
@@ -136,10 +150,13 @@ class Bus:
         self._closing = False
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
+        self._epochs = Epochs(log.last_epoch)
+        self._history = History(log.path)
         self._methods = {
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
             "sendMessage": self._send_message,
+            "fetchMessages": self._fetch_messages,
             "ping": self._ping,
         }
 
@@ -192,6 +209,11 @@ class Bus:
         """``ws://host:port`` of the listening socket."""
         return f"ws://{self.host}:{self.port}"
 
+    @property
+    def latest_epoch(self) -> int:
+        """The epoch of the last message accepted (0 before the first one this log holds)."""
+        return self._epochs.last
+
     async def close(self) -> None:
         """Stop accepting, close every connection (1001), wait for their handlers. Idempotent.
 
@@ -217,6 +239,7 @@ class Bus:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
             self.log.record("shutdown", actor=BUS_CLIENT_ID)
             await self.log.commit()  # the disconnect and shutdown rows, before close() returns
@@ -426,6 +449,7 @@ class Bus:
                 "processMessage": True,
                 "topics": list(grants.subscribe_patterns),
             },
+            "epoch": self._epochs.last,
         }
 
     async def _authenticate(
@@ -520,7 +544,7 @@ class Bus:
         return {"success": True}
 
     async def _unsubscribe(self, route: Route[Connection], request: Request) -> Any:
-        pattern = parse(SubscribeParams, request.params).topic
+        pattern = parse(UnsubscribeParams, request.params).topic
         if not self._router.unsubscribe(route.handle, pattern):
             raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
         self.log.record(
@@ -566,28 +590,27 @@ class Bus:
                 "it again",
                 data={"messageId": fields.message_id},
             )
+        message = _Message(
+            topic,
+            request.params["payload"],
+            fields.message_id,
+            fields.type,
+            trace_id=fields.trace_id,
+        )
+        rpc_id = _rpc_id(request)
         try:
-            targets = await self._accept(
-                topic,
-                request.params["payload"],
-                fields.message_id,
-                fields.type,
-                sender=route,
-                rpc_id=_rpc_id(request),
-            )
+            targets = await self._accept(message, sender=route, rpc_id=rpc_id)
         except BusError:
             if self._recent is not None:
                 self._recent.release(key)  # nothing was delivered: a retry may go through
             raise
-        delivered = await self._fan_out(
-            targets,
-            topic,
-            request.params["payload"],
-            fields.message_id,
-            actor=route.client_id,
-            rpc_id=_rpc_id(request),
-        )
-        return {"accepted": True, "messageId": fields.message_id, "deliveredTo": delivered}
+        delivered = await self._fan_out(targets, message, actor=route.client_id, rpc_id=rpc_id)
+        return {
+            "accepted": True,
+            "messageId": fields.message_id,
+            "deliveredTo": delivered,
+            "epoch": message.epoch,
+        }
 
     def _authorize_send(
         self, route: Route[Connection], request: Request, fields: SendFields, topic: str
@@ -619,25 +642,26 @@ class Bus:
         *,
         sender: Route[Connection] | None,
         rpc_id: str | None = None,
+        trace_id: str | None = None,
     ) -> int:
         """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
         answered ``processed: true``.
 
-        Nothing is delivered before the ``send_start`` row is committed, and every row is
-        committed before this returns.
+        The message gets the next epoch. Nothing is delivered before the ``send_start`` row is
+        committed, and every row is committed before this returns.
 
         Args:
             sender: the sending peer's route, or None for the bus itself (presence).
+            trace_id: the trace id of the envelope's ``traceparent``, for the log rows.
 
         Raises:
             AuditUnavailable: the activity log could not commit; if it failed on the first
                 commit, nothing was delivered.
         """
-        targets = await self._accept(
-            topic, payload, message_id, message_type, sender=sender, rpc_id=rpc_id
-        )
+        message = _Message(topic, payload, message_id, message_type, trace_id=trace_id)
+        targets = await self._accept(message, sender=sender, rpc_id=rpc_id)
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        return await self._fan_out(targets, topic, payload, message_id, actor=actor, rpc_id=rpc_id)
+        return await self._fan_out(targets, message, actor=actor, rpc_id=rpc_id)
 
     async def _publish_own(
         self, topic: str, payload: dict[str, Any], message_id: str, message_type: str
@@ -645,56 +669,79 @@ class Bus:
         return await self.publish(topic, payload, message_id, message_type, sender=None)
 
     async def _accept(
-        self,
-        topic: str,
-        payload: dict[str, Any],
-        message_id: str,
-        message_type: str,
-        *,
-        sender: Route[Connection] | None,
-        rpc_id: str | None,
+        self, message: _Message, *, sender: Route[Connection] | None, rpc_id: str | None
     ) -> list[Route[Connection]]:
-        """Record the message and its targets, commit the rows, and return the targets.
+        """Give ``message`` its epoch, record it and its targets, commit the rows, and return
+        the targets.
 
         Raises:
-            AuditUnavailable: the rows could not be committed; deliver nothing.
+            AuditUnavailable: the rows could not be committed; deliver nothing. A
+                ``send_aborted`` row follows, so that the message is never fetched either.
         """
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         grants = sender.grants if sender is not None else None
         log = self.log
+        # The epoch is given and the row recorded with no await between them, so epochs
+        # follow the order of the rows, which the log commits in order.
+        epoch = message.epoch = self._epochs.next()
+        topic, trace_id = message.topic, message.trace_id
         log.record(
             "send_start",
-            message_id=message_id,
+            message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
             topic=topic,
-            payload_json=_content(payload, message_type, self.log_content),
+            status=sender_mark(grants),
+            payload_json=_content(message.payload, message.type, self.log_content),
+            epoch=epoch,
+            trace_id=trace_id,
         )
         targets: list[Route[Connection]] = []
         for target in self._router.targets(topic, sender=sender.handle if sender else None):
             if grants is not None and not may_flow(grants, target.grants):
                 log.record(
                     "taint_refused",
-                    message_id=message_id,
+                    message_id=message.message_id,
                     actor=target.client_id,
                     topic=topic,
                     status=f"{grants.taint}->{target.grants.taint}",
+                    epoch=epoch,
+                    trace_id=trace_id,
                 )
                 continue
-            log.record("process_start", message_id=message_id, actor=target.client_id, topic=topic)
+            log.record(
+                "process_start",
+                message_id=message.message_id,
+                actor=target.client_id,
+                topic=topic,
+                epoch=epoch,
+                trace_id=trace_id,
+            )
             targets.append(target)
-        if targets:
-            # Fail closed, for every message: nothing is delivered without its audit row, so a
-            # peer that gets -32006 knows that nobody received the message and may resend it.
+        if not targets:
+            return targets  # fan_out commits the rows (and fetch commits before it reads)
+        try:
+            # Fail closed, for every message: nothing is delivered without its audit row, so
+            # a peer that gets -32006 knows that nobody received the message and may resend it.
             await log.commit()
+        except BusError:
+            # Its rows may still be written later: this one tells fetchMessages to skip it.
+            with contextlib.suppress(BusError):
+                log.record(
+                    "send_aborted",
+                    message_id=message.message_id,
+                    actor=actor,
+                    topic=topic,
+                    epoch=epoch,
+                    trace_id=trace_id,
+                )
+            raise
         return targets
 
     async def _fan_out(
         self,
         targets: list[Route[Connection]],
-        topic: str,
-        payload: dict[str, Any],
-        message_id: str,
+        message: _Message,
         *,
         actor: str | None,
         rpc_id: str | None,
@@ -702,27 +749,31 @@ class Bus:
         """Deliver to ``targets`` concurrently, record ``send_finish``, commit; return how many
         answered ``processed: true``."""
         log = self.log
-        params = {"topic": topic, "payload": payload}
-        if len(targets) == 1:
-            results = [await self._deliver(targets[0], params, message_id, topic)]
+        params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
+        if not targets:
+            results: list[bool] = []
+        elif len(targets) == 1:
+            results = [await self._deliver(targets[0], params, message)]
         else:
             results = await asyncio.gather(
-                *(self._deliver(target, params, message_id, topic) for target in targets)
+                *(self._deliver(target, params, message) for target in targets)
             )
         delivered = sum(results)
         log.record(
             "send_finish",
-            message_id=message_id,
+            message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
-            topic=topic,
+            topic=message.topic,
             status=f"delivered {delivered}/{len(targets)}",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
         )
         await log.commit()
         return delivered
 
     async def _deliver(
-        self, route: Route[Connection], params: dict[str, Any], message_id: str, topic: str
+        self, route: Route[Connection], params: dict[str, Any], message: _Message
     ) -> bool:
         status, error = "processed", None
         limit = self.limits.max_write_buffer
@@ -750,13 +801,114 @@ class Bus:
             status, error = "error", str(exc)
         self.log.record(
             "process_finish",
-            message_id=message_id,
+            message_id=message.message_id,
             actor=route.client_id,
-            topic=topic,
+            topic=message.topic,
             status=status,
             error=error,
+            epoch=message.epoch,
+            trace_id=message.trace_id,
         )
         return status == "processed"
+
+    # Reading back
+
+    async def fetch(
+        self,
+        grants: Grants,
+        pattern: str,
+        since_epoch: int,
+        limit: int | None = None,
+        *,
+        only: FetchFilter | None = None,
+        rpc_id: str | None = None,
+    ) -> FetchResult:
+        """The messages after ``since_epoch`` on topics matching ``pattern`` that the peer with
+        ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport.
+
+        What "may receive" means is :mod:`bus.fetch`'s (the policy for ``pattern``, the taint
+        rule from each sender, no ``bcp:`` topic but for the declassifier, not its own). The
+        read is logged (a ``fetch`` row, committed before this returns).
+
+        Args:
+            grants: the reading peer's grants, as the policy gives them now.
+            pattern: a topic pattern (``*`` segments allowed).
+            since_epoch: the last epoch already seen; 0 for the oldest kept.
+            limit: the most messages to return; capped by ``max_fetch_messages`` (None: the cap).
+            only: further conditions on each message (type, correlation id, sender, time).
+            rpc_id: the request's id, for the log rows.
+
+        Raises:
+            InvalidParams: ``pattern`` is malformed.
+            Forbidden: the policy does not let this peer subscribe to ``pattern`` (logged).
+            EpochNotKept: ``since_epoch`` is outside what the log keeps.
+            ContentNotKept: the log keeps only digests (``log_content: digest``), or reached a
+                message kept as a digest by an earlier run.
+            AuditUnavailable: the log could not commit.
+        """
+        pattern = validate_pattern(pattern)
+        client_id = grants.client_id
+        if not grants.may_subscribe(pattern):
+            self.log.record(
+                "refused", rpc_id=rpc_id, actor=client_id, topic=pattern, status="fetch_denied"
+            )
+            raise Forbidden(f"{client_id} may not read {pattern!r}: the policy does not grant it")
+        if self.log_content == "digest":
+            raise ContentNotKept(
+                "This bus keeps only digests of messages (log_content: digest), not their "
+                "content: there is nothing to fetch"
+            )
+        cap = self.limits.max_fetch_messages
+        limit = cap if limit is None else max(1, min(limit, cap))
+        upto = self._epochs.last
+        # Every message given an epoch so far is then committed (or aborted): none can be
+        # missing below upto and turn up later.
+        await self.log.commit()
+        check_since(since_epoch, await self._history.oldest(), upto)
+        page = Page(grants, pattern, since=since_epoch, limit=limit, only=only)
+        more = await self._fill(page, upto)
+        result = page.result(more=more, upto=upto)
+        self.log.record(
+            "fetch",
+            rpc_id=rpc_id,
+            actor=client_id,
+            topic=pattern,
+            status=f"{len(result.messages)} messages",
+            payload={
+                "sinceEpoch": since_epoch,
+                "nextEpoch": result.next_epoch,
+                "withheld": page.withheld,
+            },
+        )
+        await self.log.commit()
+        return result
+
+    async def _fill(self, page: Page, upto: int) -> bool:
+        """Read rows into ``page`` until it is full, the log ends at ``upto``, or
+        :data:`FETCH_SCAN_ROWS` rows; return whether rows are left after its cursor."""
+        topic = None if "*" in page.pattern else page.pattern
+        budget = FETCH_SCAN_ROWS + page.limit
+        while budget > 0:
+            chunk = min(FETCH_CHUNK, budget)
+            rows = await self._history.read(after=page.cursor, upto=upto, topic=topic, limit=chunk)
+            budget -= len(rows)
+            for index, row in enumerate(rows):
+                if page.add(row):
+                    return index + 1 < len(rows) or len(rows) == chunk
+            if len(rows) < chunk:
+                return False
+        return True
+
+    async def _fetch_messages(self, route: Route[Connection], request: Request) -> Any:
+        params = parse(FetchMessagesParams, request.params)
+        result = await self.fetch(
+            route.grants,
+            params.topic,
+            params.since_epoch,
+            params.limit,
+            rpc_id=_rpc_id(request),
+        )
+        return result.to_wire()
 
     # Slow consumers
 
@@ -789,6 +941,19 @@ class Bus:
 
 class _SlowConsumer(Exception):
     """A delivery refused because the target has too many unread bytes."""
+
+
+@dataclass(slots=True)
+class _Message:
+    """One message on its way through the bus: what it is, and the epoch it was given."""
+
+    topic: str
+    payload: dict[str, Any]
+    message_id: str
+    type: str
+    trace_id: str | None = None
+    epoch: int = 0
+    """Given by :meth:`Bus._accept`; 0 until then."""
 
 
 def _bearer(ws: Socket) -> str | None:

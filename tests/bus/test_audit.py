@@ -154,6 +154,8 @@ def test_no_filter_returns_all_rows_by_id(db: Path) -> None:
         "status",
         "payload_json",
         "error",
+        "epoch",
+        "trace_id",
     }
 
 

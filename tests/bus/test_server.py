@@ -58,13 +58,20 @@ async def test_two_peers_exchange_a_message_and_the_log_has_every_row(tmp_path):
             agent.handle(None, inbox)
             await agent.subscribe("agent:w1")
             result = await tg.send("agent:w1", "tg_message", {"text": "hello"}, message_id="m-1")
-            assert result == {"accepted": True, "messageId": "m-1", "deliveredTo": 1}
+            assert result == {
+                "accepted": True,
+                "messageId": "m-1",
+                "deliveredTo": 1,
+                "epoch": result["epoch"],
+            }
             message = await inbox.get()
+            assert message.epoch == result["epoch"] > 0
             assert message.content == {"text": "hello"}
             assert message.sender == "tg:42" and message.topic == "agent:w1"
             # Committed before the answer: readable at once from another connection.
             events = [row["event"] for row in h.rows(message_id="m-1")]
             assert events == ["send_start", "process_start", "process_finish", "send_finish"]
+            assert {row["epoch"] for row in h.rows(message_id="m-1")} == {result["epoch"]}
             start = h.rows(message_id="m-1", event="send_start")[0]
             envelope = json.loads(start["payload_json"])  # the whole envelope, as sent
             assert envelope["type"] == "tg_message" and envelope["content"] == {"text": "hello"}
