@@ -19,7 +19,7 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -71,6 +71,7 @@ from .params import SendFields, parse, read_send_message
 from .policy import Grants, Policy, PolicyError, may_flow
 from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
+from .pushes import PLAIN, Debounce, PushOptions, push_window
 from .recent import RecentIds
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
@@ -151,12 +152,14 @@ class Bus:
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
         self._epochs = Epochs(log.last_epoch)
+        self._held: dict[Connection, _Held] = {}
         self._history = History(log.path)
         self._methods = {
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
             "sendMessage": self._send_message,
             "fetchMessages": self._fetch_messages,
+            "listSubscriptions": self._list_subscriptions,
             "ping": self._ping,
         }
 
@@ -239,6 +242,9 @@ class Bus:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        for held in self._held.values():
+            held.cancel()
+        self._held.clear()
         await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
             self.log.record("shutdown", actor=BUS_CLIENT_ID)
@@ -355,6 +361,9 @@ class Bus:
             await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
 
     def _forget(self, conn: Connection) -> None:
+        held = self._held.pop(conn, None)
+        if held is not None:
+            held.cancel()
         route = self._router.leave(conn)
         if route is None:
             return  # Never authenticated, or replaced: the takeover logged and announced it.
@@ -522,11 +531,16 @@ class Bus:
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
     async def _subscribe(self, route: Route[Connection], request: Request) -> Any:
-        pattern = validate_pattern(parse(SubscribeParams, request.params).topic)
+        params = parse(SubscribeParams, request.params)
+        pattern = validate_pattern(params.topic)
         if not route.grants.may_subscribe(pattern):
             self._refuse(route, request, "subscribe_denied", topic=pattern)
             raise Forbidden(f"{route.client_id} may not subscribe to {pattern!r}")
-        if pattern not in route.patterns:
+        options = PushOptions(params.debounce_ms, params.min_relevance)
+        if pattern in route.patterns and route.options.get(pattern, PLAIN) != options:
+            self._router.subscribe(route.handle, pattern, options)
+            self._log_subscribe(route, request, pattern, options)
+        elif pattern not in route.patterns:
             limit = self.limits.max_subscriptions
             if limit is not None and len(route.patterns) >= limit:
                 self.log.record(
@@ -537,11 +551,35 @@ class Bus:
                     status="max_subscriptions",
                 )
                 raise LimitExceeded(f"at most {limit} subscriptions per connection")
-            self._router.subscribe(route.handle, pattern)
-            self.log.record(
-                "subscribe", rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
-            )
+            self._router.subscribe(route.handle, pattern, options)
+            self._log_subscribe(route, request, pattern, options)
         return {"success": True}
+
+    def _log_subscribe(
+        self, route: Route[Connection], request: Request, pattern: str, options: PushOptions
+    ) -> None:
+        self.log.record(
+            "subscribe",
+            rpc_id=_rpc_id(request),
+            actor=route.client_id,
+            topic=pattern,
+            payload=None
+            if options.plain
+            else {"debounceMs": options.debounce_ms, "minRelevance": options.min_relevance},
+        )
+
+    async def _list_subscriptions(self, route: Route[Connection], request: Request) -> Any:
+        subscriptions = []
+        for pattern in sorted(route.patterns):
+            options = route.options.get(pattern, PLAIN)
+            subscriptions.append(
+                {
+                    "topic": pattern,
+                    "debounceMs": options.debounce_ms,
+                    "minRelevance": options.min_relevance,
+                }
+            )
+        return {"subscriptions": subscriptions}
 
     async def _unsubscribe(self, route: Route[Connection], request: Request) -> Any:
         pattern = parse(UnsubscribeParams, request.params).topic
@@ -596,6 +634,7 @@ class Bus:
             fields.message_id,
             fields.type,
             trace_id=fields.trace_id,
+            relevance=fields.relevance,
         )
         rpc_id = _rpc_id(request)
         try:
@@ -709,6 +748,8 @@ class Bus:
                     trace_id=trace_id,
                 )
                 continue
+            if target.options and not self._push_now(target, message):
+                continue
             log.record(
                 "process_start",
                 message_id=message.message_id,
@@ -725,6 +766,7 @@ class Bus:
             # a peer that gets -32006 knows that nobody received the message and may resend it.
             await log.commit()
         except BusError:
+            message.aborted = True
             # Its rows may still be written later: this one tells fetchMessages to skip it.
             with contextlib.suppress(BusError):
                 log.record(
@@ -810,6 +852,77 @@ class Bus:
             trace_id=message.trace_id,
         )
         return status == "processed"
+
+    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.pushes)
+
+    def _push_now(self, route: Route[Connection], message: _Message) -> bool:
+        """Whether ``route``'s subscriptions want ``message`` pushed now; if not, log why, and
+        hold it for the end of a debounce window if that is the reason."""
+        topic = message.topic
+        window = push_window(route.options_for(topic), message.relevance)
+        if window == 0:
+            return True
+        if window is not None:
+            held = self._held.get(route.handle)
+            if held is None:
+                held = self._held[route.handle] = _Held()
+            offer = held.debounce.offer(topic, message, window / 1000, _clock())
+            if offer.push:
+                return True
+            if offer.flush_at is not None:
+                loop = asyncio.get_running_loop()
+                held.timers[topic] = loop.call_at(
+                    offer.flush_at, self._flush_held, route.handle, topic
+                )
+        self.log.record(
+            "push_skipped",
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=topic,
+            status="min_relevance" if window is None else "debounce",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        return False
+
+    def _flush_held(self, conn: Connection, topic: str) -> None:
+        """At the end of a debounce window: push the latest message held on ``topic``."""
+        held = self._held.get(conn)
+        if held is None:
+            return
+        held.timers.pop(topic, None)
+        due = held.debounce.due(topic, _clock())
+        route = self._router.route(conn)
+        if due is None or route is None or self._closing:
+            return
+        message, skipped = due
+        # Not if its sender was told -32006, nor once no subscription of the peer matches.
+        if message.aborted or not route.options_for(topic):
+            return
+        conn.spawn(self._push_held(route, message, skipped))
+
+    async def _push_held(self, route: Route[Connection], message: _Message, skipped: int) -> None:
+        log = self.log
+        log.record(
+            "process_start",
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=message.topic,
+            status=f"debounced, skipped {skipped}",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        params: dict[str, Any] = {
+            "topic": message.topic,
+            "payload": message.payload,
+            "epoch": message.epoch,
+        }
+        if skipped:
+            params["skipped"] = skipped
+        with contextlib.suppress(BusError):  # unpushed, it stays fetchable
+            await log.commit()
+            await self._deliver(route, params, message)
+            await log.commit()
 
     # Reading back
 
@@ -952,8 +1065,25 @@ class _Message:
     message_id: str
     type: str
     trace_id: str | None = None
+    relevance: float | None = None
     epoch: int = 0
     """Given by :meth:`Bus._accept`; 0 until then."""
+    aborted: bool = False
+    """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
+
+
+@dataclass(slots=True)
+class _Held:
+    """One connection's debounce windows, and the timers that push what they hold."""
+
+    debounce: Debounce[_Message] = field(default_factory=Debounce)
+    timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+
+    def cancel(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        self.debounce.clear()
 
 
 def _bearer(ws: Socket) -> str | None:

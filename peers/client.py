@@ -41,7 +41,7 @@ from bus.calls import PendingCalls
 from bus.errors import AuthenticationFailed, BusError
 from bus.local import Socket
 from bus.protocol import ErrorResponse, Notification, Request, Response, Session
-from schemas.bus import FetchMessagesResult
+from schemas.bus import FetchMessagesResult, ListSubscriptionsResult, SubscriptionInfo
 
 from .errors import ConnectFailed, InvalidURL, PeerClosed, PeerError, PeerTimeout
 
@@ -156,7 +156,8 @@ class Peer:
         """The last ``initialize`` result."""
         self.connected = asyncio.Event()
         self._handlers: dict[str | None, Handler] = {}
-        self._subscriptions: list[str] = []
+        # pattern -> its subscribe params, restored after a reconnect
+        self._subscriptions: dict[str, dict[str, Any]] = {}
         self._ws: Socket | None = None
         self._session = Session()
         self._pending = PendingCalls()
@@ -216,8 +217,8 @@ class Peer:
             if not self.auth_header or self._connector is not None:  # no handshake, no header
                 params["auth"] = {"token": self._token}
             result: dict[str, Any] = await self.request("initialize", params, _ready=True)
-            for pattern in self._subscriptions:
-                await self.request("subscribe", {"topic": pattern}, _ready=True)
+            for params in self._subscriptions.values():
+                await self.request("subscribe", params, _ready=True)
         except BaseException:
             reader.cancel()
             await self._ws.close()
@@ -325,17 +326,34 @@ class Peer:
             if timer is not None:
                 timer.cancel()
 
-    async def subscribe(self, pattern: str) -> None:
-        """Subscribe to a topic pattern; it is restored after a reconnect."""
-        await self.request("subscribe", {"topic": pattern})
-        if pattern not in self._subscriptions:
-            self._subscriptions.append(pattern)
+    async def subscribe(
+        self, pattern: str, *, debounce_ms: int = 0, min_relevance: float = 0.0
+    ) -> None:
+        """Subscribe to a topic pattern; it is restored, with its options, after a reconnect.
+
+        Args:
+            debounce_ms: after a push on a topic, hold further messages on it for this long,
+                then push the latest (:attr:`Message.skipped` says how many were not).
+            min_relevance: do not push messages whose ``relevance`` is below this.
+        """
+        params: dict[str, Any] = {"topic": pattern}
+        if debounce_ms:
+            params["debounceMs"] = debounce_ms
+        if min_relevance:
+            params["minRelevance"] = min_relevance
+        await self.request("subscribe", params)
+        self._subscriptions[pattern] = params
 
     async def unsubscribe(self, pattern: str) -> None:
         """Drop a pattern. Raises :class:`bus.errors.SubscriptionNotFound` if not subscribed."""
         await self.request("unsubscribe", {"topic": pattern})
-        if pattern in self._subscriptions:
-            self._subscriptions.remove(pattern)
+        self._subscriptions.pop(pattern, None)
+
+    async def list_subscriptions(self) -> list[SubscriptionInfo]:
+        """This connection's subscriptions, sorted by pattern, with their options (0: off);
+        its own clientId is among them if the bus subscribed it there."""
+        result = ListSubscriptionsResult.model_validate(await self.request("listSubscriptions"))
+        return result.subscriptions
 
     async def send(
         self,

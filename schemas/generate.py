@@ -48,6 +48,7 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "subscribe.result": bus.SubscribeResult,
     "unsubscribe.params": bus.UnsubscribeParams,
     "unsubscribe.result": bus.SubscribeResult,
+    "listSubscriptions.result": bus.ListSubscriptionsResult,
     "fetchMessages.params": bus.FetchMessagesParams,
     "fetchMessages.result": bus.FetchMessagesResult,
     "sendMessage.params": bus.SendMessageParams,
