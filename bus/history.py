@@ -9,10 +9,12 @@ sender got -32006) is never read back.
 
 Reads run on a read-only connection on a thread of their own, opened at the first read. WAL lets
 it read while the writer writes, so a fetch of thousands of rows delays neither the event loop
-nor the log's commits (the writer's thread is not the one that reads)::
+nor the log's commits (the writer's thread is not the one that reads). :meth:`History.fill`
+also hands the rows to their :class:`Sink` there, which decodes and filters them: a page of
+1,000 envelopes is some 15 ms of Python that would otherwise stall the loop::
 
     history = History(log.path)
-    rows = await history.read(after=0, upto=epochs.last, topic=None, limit=500)
+    more = await history.fill(page, upto=epochs.last, topic=None)
     await history.close()
 """
 
@@ -23,12 +25,19 @@ import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .activity import BUSY_TIMEOUT
 from .dbthread import DatabaseThread
 
-__all__ = ["History", "StoredMessage"]
+__all__ = ["CHUNK_ROWS", "SCAN_ROWS", "History", "Sink", "StoredMessage"]
+
+CHUNK_ROWS = 500
+"""Log rows one query of :meth:`History.fill` reads at a time."""
+SCAN_ROWS = 5_000
+"""Log rows one :meth:`History.fill` looks at, at most, besides the page itself: a peer fetching
+a rare topic over a long log gets ``more: true`` and a cursor to go on from, never a call that
+scans the whole log."""
 
 _COLUMNS = "epoch, ts, topic, actor, status, payload_json"
 _NOT_ABORTED = (
@@ -64,6 +73,19 @@ class StoredMessage:
     """The envelope as JSON, or with ``log_content: digest`` its type and SHA-256."""
 
 
+class Sink(Protocol):
+    """What :meth:`History.fill` hands rows to (:class:`bus.fetch.Page`)."""
+
+    cursor: int
+    """The epoch of the last row it was given: where the next read starts."""
+    limit: int
+    """The most messages it takes."""
+
+    def add(self, row: StoredMessage) -> bool:
+        """Take the next row in epoch order; return whether it is full."""
+        ...
+
+
 class History:
     """Reads messages back from the activity log at ``path``; use one per bus.
 
@@ -79,26 +101,23 @@ class History:
         self._lock = asyncio.Lock()  # one opening at a time
         self._closed = False
 
-    async def read(
-        self, *, after: int, upto: int, topic: str | None, limit: int
-    ) -> list[StoredMessage]:
-        """Return up to ``limit`` messages with ``after < epoch <= upto``, oldest first.
+    async def fill(self, sink: Sink, *, upto: int, topic: str | None) -> bool:
+        """Hand ``sink`` the messages after its cursor up to epoch ``upto``, oldest first, until
+        it is full, they run out, or :data:`SCAN_ROWS` more rows were read.
 
         Args:
             topic: a concrete topic to read only its messages (through the topic index), or
                 None for every topic.
 
+        Returns:
+            Whether rows are left after the sink's cursor.
+
         Raises:
             sqlite3.Error: the file cannot be read; the caller answers -32603.
+            Exception: what ``sink.add`` raised.
         """
         thread = await self._open()
-        args: tuple[object, ...]
-        if topic is None:
-            sql, args = _BY_EPOCH, (after, upto, limit)
-        else:
-            sql, args = _BY_TOPIC, (topic, after, upto, limit)
-        rows = await thread.run(self._query, sql, args)
-        return [StoredMessage(*row) for row in rows]
+        return await thread.run(self._fill, sink, upto, topic)
 
     async def oldest(self) -> int | None:
         """The epoch of the oldest message kept, or None while there is none.
@@ -149,6 +168,22 @@ class History:
     def _query(self, sql: str, args: tuple[object, ...]) -> list[Any]:
         assert self._conn is not None
         return self._conn.execute(sql, args).fetchall()
+
+    def _fill(self, sink: Sink, upto: int, topic: str | None) -> bool:
+        budget = SCAN_ROWS + sink.limit
+        while budget > 0:
+            chunk = min(CHUNK_ROWS, budget)
+            if topic is None:
+                rows = self._query(_BY_EPOCH, (sink.cursor, upto, chunk))
+            else:
+                rows = self._query(_BY_TOPIC, (topic, sink.cursor, upto, chunk))
+            budget -= len(rows)
+            for index, row in enumerate(rows):
+                if sink.add(StoredMessage(*row)):
+                    return index + 1 < len(rows) or len(rows) == chunk
+            if len(rows) < chunk:
+                return False
+        return True
 
 
 def _nothing() -> None:

@@ -84,13 +84,6 @@ logger = logging.getLogger("bus.server")
 MAX_ANONYMOUS_ERRORS = 10
 """Error answers a connection may get before a successful ``initialize``; then close 1008."""
 
-FETCH_CHUNK = 500
-"""Log rows one read of a fetch takes from the history at a time."""
-FETCH_SCAN_ROWS = 5_000
-"""Log rows one fetch looks at, at most, besides the page itself: a peer fetching a rare topic
-over a long log gets ``more: true`` and a ``nextEpoch`` to go on from, never a call that scans
-the whole log."""
-
 
 class Bus:
     """A running JSON-RPC message bus.
@@ -979,7 +972,7 @@ class Bus:
         await self.log.commit()
         check_since(since_epoch, await self._history.oldest(), upto)
         page = Page(grants, pattern, since=since_epoch, limit=limit, only=only)
-        more = await self._fill(page, upto)
+        more = await self._history.fill(page, upto=upto, topic=_literal(pattern))
         result = page.result(more=more, upto=upto)
         self.log.record(
             "fetch",
@@ -995,22 +988,6 @@ class Bus:
         )
         await self.log.commit()
         return result
-
-    async def _fill(self, page: Page, upto: int) -> bool:
-        """Read rows into ``page`` until it is full, the log ends at ``upto``, or
-        :data:`FETCH_SCAN_ROWS` rows; return whether rows are left after its cursor."""
-        topic = None if "*" in page.pattern else page.pattern
-        budget = FETCH_SCAN_ROWS + page.limit
-        while budget > 0:
-            chunk = min(FETCH_CHUNK, budget)
-            rows = await self._history.read(after=page.cursor, upto=upto, topic=topic, limit=chunk)
-            budget -= len(rows)
-            for index, row in enumerate(rows):
-                if page.add(row):
-                    return index + 1 < len(rows) or len(rows) == chunk
-            if len(rows) < chunk:
-                return False
-        return True
 
     async def _fetch_messages(self, route: Route[Connection], request: Request) -> Any:
         params = parse(FetchMessagesParams, request.params)
@@ -1106,6 +1083,11 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
         separators=(",", ":"),
         ensure_ascii=False,
     )
+
+
+def _literal(pattern: str) -> str | None:
+    """``pattern`` if it is a concrete topic (read through the topic index), else None."""
+    return None if "*" in pattern else pattern
 
 
 def _address(ws: Socket) -> str:

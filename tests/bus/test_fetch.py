@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-import bus.server
+import bus.history
 from bus.activity import ActivityLog
 from bus.config import Limits
 from bus.epochs import Epochs
@@ -244,8 +244,8 @@ async def test_a_message_refused_for_the_log_is_never_fetched(tmp_path, monkeypa
 async def test_fetch_limit_is_capped_and_a_long_scan_stops_with_more(tmp_path, monkeypatch):
     """limit is cut to max_fetch_messages; a fetch that reads its row budget without filling the
     page answers more: true and a nextEpoch to go on from, and going on finds the rest."""
-    monkeypatch.setattr(bus.server, "FETCH_SCAN_ROWS", 4)
-    monkeypatch.setattr(bus.server, "FETCH_CHUNK", 2)
+    monkeypatch.setattr(bus.history, "SCAN_ROWS", 4)
+    monkeypatch.setattr(bus.history, "CHUNK_ROWS", 2)
     limits = Limits(max_fetch_messages=2)
     async with running_bus(tmp_path, policy=WATCHER, limits=limits) as h:
         start = await _send(h, "tg:42", "agent:w1", 1)
