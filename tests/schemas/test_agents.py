@@ -98,9 +98,13 @@ def changed(
 
 
 def test_reference_agents_load_cleanly():
-    """agents/main.md and agents/researcher.md load and agree with each other."""
+    """agents/main.md and agents/researcher.md load and agree with each other; echo.md, the
+    bootstrap flow's agent, loads beside them."""
     agents = load_agents(AGENTS_DIR)
-    assert set(agents) == {"main", "researcher"}
+    assert set(agents) == {"echo", "main", "researcher"}
+    assert agents["echo"].command == ("python", "-m", "peers.examples.echo")
+    assert agents["echo"].effective_taint == "none" and not agents["echo"].bcp_channels
+    assert agents["main"].command is None
     assert agents["main"].effective_taint == "none"
     assert agents["researcher"].effective_taint == "high"
     assert agents["main"].body.startswith("# main")
