@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -128,8 +129,14 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
     finally:
         for task in (runner, stopper):
             task.cancel()
-        await asyncio.gather(runner, stopper, return_exceptions=True)
+        outcomes = await asyncio.gather(runner, stopper, return_exceptions=True)
         await peer.close()
+    failure = outcomes[0]
+    if isinstance(failure, sqlite3.Error):
+        out({"event": "error", "message": f"the chat's file failed: {failure}"})
+        return 1
+    if isinstance(failure, Exception):
+        raise failure  # a bug: its traceback is the report
     return 0
 
 
@@ -143,7 +150,10 @@ def _read_lines(chat: Chat, out: Out) -> None:
         if len(text) > MAX_TEXT:
             out({"event": "error", "message": f"line over {MAX_TEXT} characters not sent"})
         elif text.strip():
-            chat.say(text)
+            try:
+                chat.say(text)
+            except sqlite3.Error as exc:  # disk full, file gone: say so, it was not queued
+                out({"event": "error", "message": f"line not saved, so not sent: {exc}"})
 
     def pump() -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,7 +95,9 @@ class SystemPeer:
         self.supervisor = Supervisor(
             on_output=self._on_output, on_exit=self._on_exit, stop_timeout=stop_timeout
         )
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # One lock for every start, not one per name: names come from chats, and starting a
+        # process takes milliseconds.
+        self._starting = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         peer.handle("spawn_request", self._on_spawn_request)
 
@@ -132,7 +133,7 @@ class SystemPeer:
         return Reply(True, "accepted")
 
     async def _spawn(self, chat: str, request_id: str, name: str) -> None:
-        async with self._locks[name]:
+        async with self._starting:
             result = await self._ensure_running(name)
         await self._send(chat, "spawn_result", result, correlation_id=request_id)
         if result.success:
