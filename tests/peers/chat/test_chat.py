@@ -164,3 +164,29 @@ async def test_replies_from_another_agent_are_refused_and_an_absent_agent_is_ask
             await finish(chat, runner)
     assert events.kinds().count("not_configured") >= 3
     assert "reply" not in events.kinds()
+
+
+async def test_malformed_or_misdirected_answers_are_refused(tmp_path):
+    """A spawn_result or route_assigned that does not fit, or a route for another chat, is
+    answered processed: false and changes nothing."""
+    events = Events()
+    async with running_bus(tmp_path) as h, h.peer("agent:system") as system:
+        store = ChatStore.open(tmp_path / "chat.db", "tg:1")
+        async with h.peer("tg:1") as peer:
+            Chat(peer, store, "a1", out=events, settings=FAST)
+            for message_type, content in (
+                ("spawn_result", {"agent": "a1", "success": True}),
+                ("route_assigned", {"chat": "tg:1"}),
+                ("route_assigned", {"chat": "tg:2", "agent": "agent:a1"}),
+                ("route_assigned", {"chat": "tg:1", "agent": "tg:3"}),
+            ):
+                sent = await system.send("tg:1", message_type, content)
+                assert sent["deliveredTo"] == 0, (message_type, content)
+            assert store.route() is None
+            ok = {"chat": "tg:1", "agent": "agent:a1"}
+            assert (await system.send("tg:1", "route_assigned", ok))["deliveredTo"] == 1
+            async with h.peer("agent:a1") as a1:
+                malformed = await a1.send("tg:1", "tg_reply", {"text": ""})
+                assert malformed["deliveredTo"] == 0
+        store.close()
+    assert events.kinds() == ["route_assigned"]
