@@ -39,7 +39,7 @@ __all__ = ["add_chat"]
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
-_SHOWN = {"resumed", "route_assigned", "spawn_result", "send_failed", "not_delivered", "error"}
+_SHOWN = {"resumed", "route_assigned", "spawn_result", "send_failed", "not_delivered"}
 """The events plain output shows (on stderr) besides the replies."""
 
 
@@ -117,8 +117,9 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
     try:
         await peer.connect()
     except (PeerError, BusError) as exc:
-        why = f"cannot connect to {peer.url} as {peer.client_id}: {exc}"
-        out({"event": "error", "message": why})
+        # ConnectFailed says "cannot connect to URL: ..."; a refusal needs the who and where.
+        refused = f"the bus at {peer.url} refused {peer.client_id}: {exc}"
+        out({"event": "error", "message": refused if isinstance(exc, BusError) else str(exc)})
         await peer.close()
         return 1
     _read_lines(chat, out)
@@ -175,6 +176,8 @@ def _plain(event: dict[str, Any]) -> None:
     if kind == "reply":
         for text in str(event["text"]).splitlines() or [""]:
             print(f"{event['from']}> {neutralize(text)}", flush=True)
+    elif kind == "error":
+        print(neutralize(f"bcpbus: error: {event['message']}"), file=sys.stderr, flush=True)
     elif kind in _SHOWN:
         details = " ".join(f"{key}={value}" for key, value in event.items() if key != "event")
         print(neutralize(f"bcpbus chat: {kind} {details}"), file=sys.stderr, flush=True)

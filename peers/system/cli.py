@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,10 @@ async def _run(system: SystemPeer, out: Out) -> int:
     try:
         await system.start()
     except (PeerError, BusError) as exc:
-        out({"event": "error", "message": f"cannot connect to {system.peer.url}: {exc}"})
+        # ConnectFailed says "cannot connect to URL: ..."; a refusal needs the who and where.
+        peer = system.peer
+        refused = f"the bus at {peer.url} refused {peer.client_id}: {exc}"
+        out({"event": "error", "message": refused if isinstance(exc, BusError) else str(exc)})
         await system.close()
         return 1
     try:
@@ -109,6 +113,9 @@ def _json_line(event: dict[str, Any]) -> None:
 
 
 def _text_line(event: dict[str, Any]) -> None:
+    if event["event"] == "error":
+        print(neutralize(f"bcpbus: error: {event['message']}"), file=sys.stderr, flush=True)
+        return
     # Agents' output lines are theirs: shown with control characters escaped.
     details = " ".join(f"{key}={value}" for key, value in event.items() if key != "event")
     print(neutralize(f"{event['event']} {details}".rstrip()), flush=True)
