@@ -38,12 +38,16 @@ Decide = Callable[[dict[str, Any]], dict[str, Any] | None]
 class Screener:
     """A screener peer that answers each ``bcp_screen_request`` with ``decide(content)``.
 
-    ``None`` answers nothing: a screener that took the request and hangs.
+    ``None`` answers nothing: a screener that took the request and hangs. ``inline`` sends the
+    verdict before replying to the request, as docs/bcp.md's example does; otherwise after.
     """
 
-    def __init__(self, h: BcpHarness, decide: Decide, client_id: str = SCREENER) -> None:
+    def __init__(
+        self, h: BcpHarness, decide: Decide, client_id: str = SCREENER, *, inline: bool = False
+    ) -> None:
         self.peer = h.bus.peer(client_id)
         self.decide = decide
+        self.inline = inline
         self.requests: list[Message] = []
         self.results: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -61,7 +65,9 @@ class Screener:
     async def _request(self, message: Message) -> Reply:
         self.requests.append(message)
         verdict = self.decide(message.content)
-        if verdict is not None:
+        if verdict is not None and self.inline:
+            await self._answer(message, verdict)
+        elif verdict is not None:
             task = asyncio.create_task(self._answer(message, verdict))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -94,7 +100,7 @@ async def test_a_passing_screener_lets_a_text_answer_through(tmp_path):
     async with (
         running_bcp(tmp_path, agents_dir=screened_agents(tmp_path)) as h,
         Pair(h) as p,
-        Screener(h, always(verdict="pass", detail="score 0.02")) as screener,
+        Screener(h, always(verdict="pass", detail="score 0.02"), inline=True) as screener,
     ):
         p.reader.on_query(answers({"company": "Acme  Corp", "founded": "1998-04-01"}))
         delivery = await p.main.ask("researcher", CAT2, query_id="q1", timeout=scaled(10))
