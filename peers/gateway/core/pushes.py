@@ -4,8 +4,9 @@ A push must name a subscription the controller declared, keep within its rate li
 channel's budget, and validate against the subscription's spec; each refusal is a
 ``bcp_push_refused`` row. An accepted push is charged (committed) and then delivered, held for
 an offline controller, or held for a human's review; the reader's verdict says which. On a
-channel with screeners a valid Cat-2 or Cat-3 push is judged by them first (:mod:`.screens`);
-its limits are checked again once they have decided, as other pushes may have come meanwhile.
+channel with screeners a valid Cat-2 or Cat-3 push is judged by them first (:mod:`.screens`),
+one push per subscription at a time; its budget and limits are checked again once they have
+decided, as queries may have spent the budget meanwhile.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class Pushes:
         spec = subscription.as_spec()
         result = validate_response(spec, response.response, anomaly_action=channel.anomaly_action)
         if self.screens.needed(channel, spec, result):
+            if self.screens.busy(channel, **ref):
+                # One push per subscription at a time: pushes accepted later would otherwise
+                # pile up, each asking every screener, before the first one counts.
+                detail = "an earlier push on this subscription is still being screened"
+                return self._refuse(event, channel, ref, Refusal(ReasonCode.RATE_LIMITED, detail))
 
             def screened(final: ValidationResult) -> list[Action]:
                 if final.accepted:

@@ -72,6 +72,10 @@ class Screens:
         """
         return bool(channel.screeners) and spec.category >= 2 and result.accepted
 
+    def busy(self, channel: Channel, **ref: str) -> bool:
+        """Whether an answer about ``ref`` (a ``subscription_id``) is being screened already."""
+        return any(s.channel is channel and s.ref == ref for s in self.pending.values())
+
     def ask(
         self,
         channel: Channel,

@@ -27,7 +27,7 @@ from schemas.bcp import (
 )
 
 from .test_core import KEY, SETTINGS, Clock, Shell, ask, push, sent, show
-from .test_flows import CAT1, CAT2, agents
+from .test_flows import CAT1, CAT2, CAT3, agents
 
 TOPIC = "bcp:main:researcher"
 SCREENER = "system:screener-a"
@@ -211,6 +211,24 @@ def test_a_flag_counts_like_the_gateways_own_findings(tmp_path, action, outcome)
         assert "free text" not in str(delivery)
 
 
+def test_a_screened_cat3_summary_still_goes_to_a_human(tmp_path):
+    """A summary is screened as one text; passed, it waits for approval as every Cat-3 answer."""
+    _, shell, _ = screening(tmp_path)
+    ask(shell, spec=CAT3)
+    asked = answer(shell, {"summary": "Prices rose  by five percent."})
+    [text] = requests(asked)[SCREENER].texts
+    assert (text.field, text.normalized, text.expected_format) == (
+        "summary",
+        "Prices rose by five percent.",
+        None,
+    )
+    actions = verdict(shell, screen_id(asked), verdict="pass")
+    assert sent(actions, "bcp_approval_request").response == {
+        "summary": "Prices rose by five percent."
+    }
+    assert "send bcp_response_delivery to agent:main" not in show(actions)
+
+
 # Failures: fail closed as screener_failure says
 
 
@@ -336,16 +354,30 @@ def test_a_push_is_charged_only_once_its_screeners_passed_it(tmp_path):
     assert core.state.ledger.used(KEY) > 0
 
 
-def test_a_push_is_checked_against_its_limits_again_after_screening(tmp_path):
-    """Two pushes screened at once: the second one accepted finds the rate limit used up."""
-    core, shell, _ = screening(tmp_path, subscriptions=PUSHED)
+def test_one_push_per_subscription_is_screened_at_a_time(tmp_path):
+    """A second push while the first is with the screeners is refused at once, unscreened."""
+    _, shell, _ = screening(tmp_path, subscriptions=PUSHED)
     first = screen_id(push(shell, "findings", {"finding": "Prices rose"}))
-    second = screen_id(push(shell, "findings", {"finding": "Prices fell"}))
+    actions = push(shell, "findings", {"finding": "Prices fell"})
+    assert not requests(actions) and show(actions)[-1] == "reply rate_limited"
+    assert "still being screened" in sent(actions, "bcp_validation_result").detail
     assert "send bcp_response_delivery to agent:main" in show(verdict(shell, first, verdict="pass"))
-    actions = verdict(shell, second, verdict="pass")
-    assert show(actions)[:2] == ["record bcp_screened pass", "cancel screen"]
-    assert "record bcp_push_refused rate_limited" in show(actions)
+
+
+def test_a_push_is_checked_against_the_budget_again_after_screening(tmp_path):
+    """The budget spent while a push was screened refuses it, uncharged, once it passes."""
+    core, shell, _ = screening(tmp_path, subscriptions=PUSHED)
+    screen = screen_id(push(shell, "findings", {"finding": "Prices rose"}))
+    core.state.ledger.charge(KEY, 1990)
+    actions = verdict(shell, screen, verdict="pass")
+    assert show(actions)[:3] == [
+        "record bcp_screened pass",
+        "cancel screen",
+        "record bcp_validation pass",
+    ]
+    assert "record bcp_push_refused budget_exhausted" in show(actions)
     assert "send bcp_response_delivery to agent:main" not in show(actions)
+    assert core.state.ledger.used(KEY) == 1990
 
 
 # The combination, for every outcome
