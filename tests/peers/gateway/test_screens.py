@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from peers.gateway.core import GatewayCore
-from peers.gateway.events import MessageReceived, Record, Send, SetTimer, TimerFired
+from peers.gateway.events import MessageReceived, Record, Send, Sent, SetTimer, Spawn, TimerFired
 from peers.gateway.screeners import Unusable, combine, read_verdict
 from peers.gateway.state import GatewayState
 from peers.gateway.validation import ValidationResult
@@ -312,6 +312,29 @@ def test_only_the_screeners_asked_answer_and_each_once(tmp_path):
     assert show(verdict(shell, screen, verdict="pass")) == ["reply already_screened"]
     actions = verdict(shell, screen, OTHER, verdict="reject")
     assert [r[:2] for r in reasons(actions)] == [(None, "anomaly")]
+
+
+def test_reports_that_come_late_change_nothing(tmp_path):
+    """A screener that answered and then refused the request stays answered; a timer that
+    fires after the decision is ignored; only the silent screener times out."""
+    core, shell, _ = screening(tmp_path, screeners=(SCREENER, OTHER))
+    ask(shell, spec=CAT2)
+    event = MessageReceived(
+        "m2", "agent:researcher", TOPIC, "bcp_response", {"query_id": "q1", "response": GOOD}
+    )
+    actions = core.handle(event)  # as the gateway gets them: the sends not carried out yet
+    tokens = {
+        a.topic: a.token for spawn in actions if isinstance(spawn, Spawn) for a in spawn.actions
+    }
+    screen = screen_id([a for spawn in actions if isinstance(spawn, Spawn) for a in spawn.actions])
+    verdict(shell, screen, verdict="pass")
+    assert core.handle(Sent(tokens[SCREENER], 0)) == []
+    timed_out = shell.handle(TimerFired(("screen", screen)))
+    assert [(r.status, r.payload["screener"]) for r in rows(timed_out, "bcp_screened")] == [
+        ("timeout", OTHER)
+    ]
+    assert core.handle(TimerFired(("screen", screen))) == []
+    assert core.handle(Sent(tokens[OTHER], 1)) == []
 
 
 def test_no_second_answer_is_taken_while_screening_and_expiry_waits_for_the_verdict(tmp_path):
