@@ -8,33 +8,9 @@ from typing import Any
 
 from peers.chat import Chat, ChatStore, RetrySettings
 from peers.client import Message, Peer, Reply
-from peers.testing import BusHarness, running_bus, scaled
+from peers.testing import BusHarness, Events, running_bus, scaled
 
 FAST = RetrySettings(initial=0.02, maximum=0.1, reply_timeout=0.3, respawn_after=3)
-
-
-class Events:
-    """The chat's events, with a wait for one that matches."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-        self._arrived = asyncio.Event()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.seen.append(event)
-        self._arrived.set()
-
-    async def wait_for(self, kind: str, **fields: Any) -> dict[str, Any]:
-        async with asyncio.timeout(scaled(10)):
-            while True:
-                self._arrived.clear()
-                for event in self.seen:
-                    if event["event"] == kind and all(event.get(k) == v for k, v in fields.items()):
-                        return event
-                await self._arrived.wait()
-
-    def kinds(self) -> list[str]:
-        return [event["event"] for event in self.seen]
 
 
 def fake_system(h: BusHarness, agent: str) -> Peer:

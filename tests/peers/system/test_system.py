@@ -3,42 +3,18 @@ restarted after they exit and stopped on close."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from peers.system import DirectoryTokens, EphemeralTokens, SystemPeer, agent_argv
-from peers.testing import BusHarness, Inbox, running_bus, scaled
+from peers.testing import BusHarness, Events, Inbox, running_bus, scaled
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-class Events:
-    """What the system peer reports, with a wait for the next one that matches."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-        self._arrived = asyncio.Event()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.seen.append(event)
-        self._arrived.set()
-
-    async def wait_for(self, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        async with asyncio.timeout(scaled(30)):
-            while True:
-                self._arrived.clear()
-                for event in self.seen:
-                    if match(event):
-                        return event
-                await self._arrived.wait()
 
 
 def definitions(directory: Path) -> Path:
@@ -108,11 +84,11 @@ async def test_requests_the_system_cannot_serve_are_answered_with_a_reason(tmp_p
     assert malformed["deliveredTo"] == 0
     for result in (*results.values(), no_file, broken):
         assert result["success"] is False and str(tmp_path) not in result["detail"]
-    refused = [e for e in events.seen if e["event"] == "spawn_refused"]
+    refused = events.of("spawn_refused")
     assert "chmod 600" in refused[4]["detail"] and "no-such-program" in refused[3]["detail"]
     assert str(tokens / "echo.token") in refused[5]["detail"]
     assert "broken.md" in refused[6]["detail"]
-    assert not [e for e in events.seen if e["event"] == "started"]
+    assert not events.of("started")
 
 
 async def test_an_agent_is_started_once_restarted_after_it_exits_and_stopped_on_close(tmp_path):
@@ -128,21 +104,20 @@ async def test_an_agent_is_started_once_restarted_after_it_exits_and_stopped_on_
             chat.on(None)(replies)
             assert (await spawn(chat, replies, "echo"))["status"] == "started"
             assert (await spawn(chat, replies, "echo"))["status"] == "running"
-            first = await events.wait_for(lambda e: e["event"] == "started")
-            await events.wait_for(lambda e: e["event"] == "output" and '"ready"' in e["line"])
+            first = await events.wait_for("started", seconds=30)
+            ready = '{"event": "ready", "agent": "agent:echo"}'
+            await events.wait_for("output", seconds=30, line=ready)
             os.kill(first["pid"], signal.SIGKILL)
-            exited = await events.wait_for(lambda e: e["event"] == "exited")
+            exited = await events.wait_for("exited", seconds=30)
             assert exited == {**exited, "agent": "echo", "pid": first["pid"], "returncode": -9}
             assert (await spawn(chat, replies, "echo"))["status"] == "started"
-            started = [e for e in events.seen if e["event"] == "started"]
+            started = events.of("started")
             await system.close()
         lifecycle = h.rows(event="send_start", topic="system:agents")
     assert len(started) == 2 and started[1]["pid"] != first["pid"]
-    exits = [e for e in events.seen if e["event"] == "exited"]
+    exits = events.of("exited")
     assert [e["pid"] for e in exits] == [first["pid"], started[1]["pid"]]
     assert len(lifecycle) == 4  # started, exited, started, exited: in the activity log
-    ready = [json.loads(e["line"]) for e in events.seen if e["event"] == "output"]
-    assert {"event": "ready", "agent": "agent:echo"} in ready
 
 
 @pytest.mark.parametrize(
