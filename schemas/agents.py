@@ -256,7 +256,9 @@ class AgentDefinition(_Model):
             return tuple(tool.strip() for tool in value.split(",") if tool.strip())
         return value
 
-    @field_validator("command", mode="before", json_schema_input_type=StrictStr | list[StrictStr])
+    @field_validator(
+        "command", mode="before", json_schema_input_type=StrictStr | list[StrictStr] | None
+    )
     @classmethod
     def _split_command(cls, value: Any) -> Any:
         words = value
