@@ -37,6 +37,7 @@ from .identities import PeerIdentity, default_agents_dir, load_identities
 from .policy import Policy, PolicyError
 from .reload import BusFiles, Reloader
 from .server import Bus
+from .starter import write_starter
 from .startup import (
     StartupError,
     check_db,
@@ -122,6 +123,7 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     parser.set_defaults(command=usage)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_serve(sub, beside)
+    _add_init(sub)
     _add_peers(sub)
     _add_audit(sub)
     if extend is not None:
@@ -172,6 +174,18 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         help="event loop: uvloop when installed (auto, the default), or one of them",
     )
     serve.set_defaults(command=_serve, beside=beside)
+
+
+def _add_init(sub: Any) -> None:
+    init = sub.add_parser(
+        "init",
+        help="write a starter directory: agents/, policy, peers file and config",
+        description="Write DIR/agents/ (the reference agents), DIR/policy.yaml (the built-in "
+        "policy), an empty DIR/bcpbus-peers.yaml and DIR/bcpbus.yaml pointing at them; then "
+        "run `bcpbus serve --config DIR/bcpbus.yaml`. Existing files are never overwritten.",
+    )
+    init.add_argument("directory", metavar="DIR", type=Path, help="where to write (created)")
+    init.set_defaults(command=_init)
 
 
 def _add_peers(sub: Any) -> None:
@@ -394,6 +408,21 @@ async def _start(
         if exc.filename is not None:  # the log's directory, not the socket
             raise explain_db(sqlite3.OperationalError(exc.strerror), config.db) from exc
         raise explain_bind(exc, config.host, config.port) from exc
+
+
+# init
+
+
+def _init(args: argparse.Namespace) -> int:
+    for line in write_starter(args.directory):
+        print(line)
+    print(
+        f"next: bcpbus serve --config {args.directory / 'bcpbus.yaml'}, and "
+        f"`bcpbus peers --peers-file {args.directory / 'bcpbus-peers.yaml'} add CLIENT_ID` for "
+        "each peer",
+        file=sys.stderr,
+    )
+    return 0
 
 
 # peers

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .activity import ActivityLog
 from .credentials import Credentials
+from .errors import BusError
 from .identities import load_identities
 from .policy import Policy
 
@@ -160,6 +161,8 @@ class Reloader:
             if forced or current != self._stamp:
                 self._stamp = current
                 self.reload()
+                with contextlib.suppress(BusError):  # a failed log says so on its own
+                    await self.log.commit()
 
     def _current(self) -> Stamp:
         return stamp(path for part in self.parts for path in part.watched())

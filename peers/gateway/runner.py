@@ -38,6 +38,7 @@ async def running_gateway(
     settings: GatewaySettings | None = None,
     *,
     connector: Callable[[], Awaitable[Socket]] | None = None,
+    cafile: Path | None = None,
 ) -> AsyncIterator[Gateway]:
     """Run a gateway connected to ``url`` (or through ``connector``, see
     :class:`peers.client.Peer`) for the duration of the ``async with`` block.
@@ -47,7 +48,7 @@ async def running_gateway(
         AuthenticationFailed: the bus refused the gateway's token.
     """
     channels = build_channels(load_agents(agents_dir))
-    peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector)
+    peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector, cafile=cafile)
     gateway = Gateway(peer, channels, log, settings=settings)
     await asyncio.to_thread(create_views, log.path)
     orphans = restore(gateway, log.path)
@@ -92,7 +93,13 @@ def watch(gateway: Gateway, reloader: Reloader, agents_dir: Path, db: Path, afte
 
 
 async def run_standalone(
-    url: str, token: str, db: Path, agents_dir: Path, settings: GatewaySettings
+    url: str,
+    token: str,
+    db: Path,
+    agents_dir: Path,
+    settings: GatewaySettings,
+    *,
+    cafile: Path | None = None,
 ) -> int:
     """Run the gateway as its own process until SIGINT or SIGTERM; return the exit code.
 
@@ -104,7 +111,10 @@ async def run_standalone(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     after = await asyncio.to_thread(last_row_id, db)
-    async with ActivityLog(db) as log, running_gateway(url, token, log, agents_dir, settings) as g:
+    async with (
+        ActivityLog(db) as log,
+        running_gateway(url, token, log, agents_dir, settings, cafile=cafile) as g,
+    ):
         reloader = Reloader(log, say=_stderr)
         watch(g, reloader, agents_dir, db, after)
         loop.add_signal_handler(signal.SIGHUP, reloader.trigger)
