@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bus import audit
-from bus.errors import AuthenticationFailed, BusError, Forbidden
+from bus.errors import AuthenticationFailed, BusError, InvalidParams
 from bus.topics import matches, validate_pattern, validate_topic
 from schemas.bus import ListPeersResult
 
@@ -262,8 +262,9 @@ async def _send(args: argparse.Namespace, peer: Peer, message_id: str | None = N
             message_id=message_id,
         )
     except BusError as exc:
+        # Forbidden shares -32602 with InvalidParams, so it arrives as the latter.
         hint = " (the policy decides who may send what: see docs/protocol.md)"
-        text = f"{args.topic}: {exc}{hint if isinstance(exc, Forbidden) else ''}"
+        text = f"{args.topic}: {exc}{hint if isinstance(exc, InvalidParams) else ''}"
         raise ToolError(text, EXIT_FAILED) from exc
 
 
@@ -290,6 +291,7 @@ async def _sub(args: argparse.Namespace, peer: Peer) -> int:
         await peer.subscribe(pattern)
     except BusError as exc:
         raise ToolError(f"PATTERN {pattern!r}: {exc}") from exc
+    print(f"bcpbus: subscribed to {pattern} as {peer.client_id}", file=sys.stderr, flush=True)
     seen = 0
     while args.count is None or seen < args.count:
         print(_line(await queue.get()), flush=True)
