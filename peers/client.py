@@ -229,6 +229,10 @@ class Peer:
         # Translate the transport's exceptions into the SDK's, as httpx's
         # map_httpcore_exceptions does: callers catch PeerError, never a websockets class.
         try:
+            if self._ssl is None:  # ssl=None would turn TLS off, refused for wss://
+                return await connect(
+                    self.url, additional_headers=headers, compression=None, max_size=None
+                )
             return await connect(
                 self.url,
                 additional_headers=headers,
