@@ -43,12 +43,15 @@ from .client import Message, Peer, Reply
 from .errors import PeerError
 from .tokens import TOKEN_ENV, find_token
 
-__all__ = ["CLIENT_ENV", "DEFAULT_URL", "add_online", "add_terminal"]
+__all__ = ["CLIENT_ENV", "DEFAULT_URL", "URL_ENV", "add_online", "add_terminal"]
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
 CLIENT_ENV = "BCPBUS_CLIENT_ID"
 """The environment variable read when ``--as`` is not given."""
+
+URL_ENV = "BCPBUS_URL"
+"""The environment variable read when ``--url`` is not given."""
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -124,7 +127,9 @@ def _message_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--url", default=DEFAULT_URL, help=f"the bus, ws:// or wss:// (default {DEFAULT_URL})"
+        "--url",
+        default=os.environ.get(URL_ENV, DEFAULT_URL),
+        help=f"the bus, ws:// or wss:// (or ${URL_ENV}; default {DEFAULT_URL})",
     )
     parser.add_argument(
         "--as",
