@@ -20,7 +20,7 @@ import ssl as _ssl
 from collections.abc import AsyncIterator, Mapping
 
 from .activity import ActivityLog
-from .config import Limits
+from .config import Limits, LogContent
 from .credentials import Credentials
 from .identities import PeerIdentity
 from .policy import Policy
@@ -38,6 +38,7 @@ async def running(
     identities: Mapping[str, PeerIdentity] | None = None,
     limits: Limits | None = None,
     server_id: str | None = None,
+    log_content: LogContent = "full",
     host: str = "127.0.0.1",
     port: int = 0,
     ssl: _ssl.SSLContext | None = None,
@@ -46,6 +47,7 @@ async def running(
 
     Args:
         policy: the authorization policy; None for the built-in one.
+        log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
         ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`).
 
     Raises:
@@ -60,6 +62,7 @@ async def running(
             identities=identities,
             limits=limits,
             server_id=server_id,
+            log_content=log_content,
         ) as bus:
             await bus.start(host, port, ssl=ssl)
             yield bus

@@ -158,6 +158,12 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         type=Path,
         help="agent definitions (default ./agents, else the packaged reference agents)",
     )
+    serve.add_argument(
+        "--log-content",
+        choices=("full", "digest"),
+        help="what the log keeps of each message: the whole envelope (full, the default) or "
+        "its type and SHA-256 (digest)",
+    )
     serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
     serve.add_argument(
         "--certfile",
@@ -271,6 +277,7 @@ def _serve(args: argparse.Namespace) -> int:
             "agents_dir": args.agents_dir,
             "certfile": args.certfile,
             "keyfile": args.keyfile,
+            "log_content": args.log_content,
         }.items()
         if value is not None
     }
@@ -397,6 +404,7 @@ async def _start(
                 identities=identities,
                 limits=config.limits,
                 server_id=config.server_id,
+                log_content=config.log_content,
                 host=config.host,
                 port=config.port,
                 ssl=tls,

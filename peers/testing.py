@@ -24,7 +24,7 @@ from typing import Any
 
 from bus.activity import ActivityLog
 from bus.assemble import running
-from bus.config import Limits
+from bus.config import Limits, LogContent
 from bus.credentials import Credentials
 from bus.identities import PeerIdentity, default_agents_dir, load_identities
 from bus.policy import Policy
@@ -113,12 +113,18 @@ async def running_bus(
     policy: Policy | None = None,
     identities: Mapping[str, PeerIdentity] | None = None,
     limits: Limits | None = None,
+    log_content: LogContent = "full",
 ) -> AsyncIterator[BusHarness]:
     """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit."""
     db = Path(directory) / "activity.db"
     credentials = Credentials.empty()
     async with running(
-        db, credentials=credentials, policy=policy, identities=identities, limits=limits
+        db,
+        credentials=credentials,
+        policy=policy,
+        identities=identities,
+        limits=limits,
+        log_content=log_content,
     ) as bus:
         yield BusHarness(bus, bus.log, credentials, db)
 
