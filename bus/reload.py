@@ -176,7 +176,7 @@ class Reloader:
             except Exception as exc:  # any part's refusal keeps everything as it runs
                 reason = _one_line(exc)
                 self.log.record("reload", actor="system:bus", status="failed", error=reason)
-                logger.warning("reload failed: %s", reason)
+                logger.info("reload failed: %s", reason)  # say() prints it: one line, not two
                 self.say(f"bcpbus: reload failed, the running configuration stays: {reason}")
                 return False
             done = [f"{name}: {apply()}" for name, apply in steps]
