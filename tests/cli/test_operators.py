@@ -101,16 +101,55 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("args", "named"), ERRORS, ids=[" ".join(a) for a, _ in ERRORS])
-def test_each_mistake_is_one_line_naming_what_to_change(files, monkeypatch, args, named):
-    """Each mistake ends in one `bcpbus: error:` line naming the option or file, a non-zero
-    exit, and no traceback."""
-    monkeypatch.delenv("BCPBUS_TOKEN", raising=False)
-    monkeypatch.delenv("BCPBUS_CLIENT_ID", raising=False)
+# One interpreter runs every case, each through the `bcpbus` entry point with its own argv,
+# stderr and exit code: a process start per case would cost a second or more each.
+_RUNNER = """
+import contextlib, io, json, sys, traceback
+from peers.cli import main
+results = []
+for argv in json.loads(sys.stdin.read()):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 99
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture
+def mistakes(files: Path) -> list[tuple[int, str]]:
+    """What `bcpbus` printed for each of ERRORS, run in one subprocess in ``files``."""
     (files / "taken").mkdir()
     (files / "taken" / "bcpbus.yaml").write_text("")
-    result = run(*args, cwd=files)
-    assert_one_line_error(result.returncode, result.stderr, *named)
+    env = {k: v for k, v in os.environ.items() if k not in ("BCPBUS_TOKEN", "BCPBUS_CLIENT_ID")}
+    result = subprocess.run(
+        [sys.executable, "-c", _RUNNER],
+        input=json.dumps([list(args) for args, _ in ERRORS]),
+        cwd=files,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert result.returncode == 0, result.stderr
+    return [(code, err) for code, err in json.loads(result.stdout)]
+
+
+def test_each_mistake_is_one_line_naming_what_to_change(mistakes):
+    """Each mistake ends in one `bcpbus: error:` line naming the option or file, a non-zero
+    exit, and no traceback."""
+    assert len(mistakes) == len(ERRORS)
+    for (args, named), (code, stderr) in zip(ERRORS, mistakes, strict=True):
+        try:
+            assert_one_line_error(code, stderr, *named)
+        except AssertionError as exc:
+            raise AssertionError(f"bcpbus {' '.join(args)}: {exc}") from None
 
 
 def test_a_port_in_use_is_named_with_what_to_do(tmp_path):
