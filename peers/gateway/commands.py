@@ -79,6 +79,13 @@ def add_gateway(sub: Any) -> None:
         default=defaults.outbox_ttl,
         help=f"seconds a push waits for an offline controller (default {defaults.outbox_ttl:g})",
     )
+    parser.add_argument(
+        "--screener-timeout",
+        type=float,
+        default=defaults.screener_timeout,
+        help="seconds the gateway waits for a channel's screeners' verdicts "
+        f"(default {defaults.screener_timeout:g})",
+    )
     parser.set_defaults(command=_gateway)
 
 
@@ -95,7 +102,7 @@ def _gateway(args: argparse.Namespace) -> int:
     if agents_dir is None:
         raise FileNotFoundError("no agents directory: pass --agents-dir")
     check_db(args.db)
-    for name in ("query_ttl", "max_retries", "approval_timeout", "outbox_ttl"):
+    for name in ("query_ttl", "max_retries", "approval_timeout", "outbox_ttl", "screener_timeout"):
         value = getattr(args, name)
         if not 0 <= value < math.inf:
             raise ValueError(f"--{name.replace('_', '-')} {value}: give a number from 0 up")
@@ -104,6 +111,7 @@ def _gateway(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         approval_timeout=args.approval_timeout,
         outbox_ttl=args.outbox_ttl,
+        screener_timeout=args.screener_timeout,
     )
     try:
         return asyncio.run(
