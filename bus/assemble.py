@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl as _ssl
 from collections.abc import AsyncIterator, Mapping
 
 from .activity import ActivityLog
@@ -40,12 +41,14 @@ async def running(
     log_content: LogContent = "full",
     host: str = "127.0.0.1",
     port: int = 0,
+    ssl: _ssl.SSLContext | None = None,
 ) -> AsyncIterator[Bus]:
     """Open the activity log at ``db`` and start a bus on ``host:port`` (0: a free port).
 
     Args:
         policy: the authorization policy; None for the built-in one.
         log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
+        ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`).
 
     Raises:
         sqlite3.Error: the log cannot be opened at ``db``.
@@ -61,5 +64,5 @@ async def running(
             server_id=server_id,
             log_content=log_content,
         ) as bus:
-            await bus.start(host, port)
+            await bus.start(host, port, ssl=ssl)
             yield bus

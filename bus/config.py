@@ -138,6 +138,10 @@ class ServeConfig:
     """None means the packaged default policy."""
     agents_dir: Path | None = None
     """None means ``./agents`` if it exists, else the packaged reference agents."""
+    certfile: Path | None = None
+    """TLS certificate chain (PEM): with :attr:`keyfile`, the bus serves ``wss://``."""
+    keyfile: Path | None = None
+    """The private key of :attr:`certfile` (PEM)."""
     server_id: str | None = None
     log_content: LogContent = "full"
     """What ``send_start`` rows keep of each envelope: ``full`` (all of it) or ``digest`` (its
@@ -189,6 +193,8 @@ class _ConfigFile(BaseModel):
     peers_file: StrictStr = str(ServeConfig.peers_file)
     policy: StrictStr | None = None
     agents_dir: StrictStr | None = None
+    certfile: StrictStr | None = None
+    keyfile: StrictStr | None = None
     server_id: StrictStr | None = None
     log_content: LogContent = ServeConfig.log_content
     limits: Limits = Field(default_factory=Limits)
@@ -197,7 +203,7 @@ class _ConfigFile(BaseModel):
     def to_config(self, *, base: Path, source: str) -> ServeConfig:
         """Return the defaults changed by the keys the file sets, its paths made absolute."""
         changes = {key: getattr(self, key) for key in self.model_fields_set}
-        for key in ("db", "peers_file", "policy", "agents_dir"):
+        for key in ("db", "peers_file", "policy", "agents_dir", "certfile", "keyfile"):
             if changes.get(key) is not None:
                 changes[key] = base / changes[key]
         return replace(ServeConfig(), source=source, **changes)

@@ -244,6 +244,11 @@ class Connection:
         """Requests from this peer being handled now."""
         return self._requests
 
+    @property
+    def deliveries_in_flight(self) -> int:
+        """``processMessage`` calls sent to this peer and not answered yet."""
+        return len(self._pending)
+
     def abandon_requests(self, error: BusError) -> None:
         """Stop handling this peer's requests in flight and answer each with ``error``."""
         self._abandon_with = error

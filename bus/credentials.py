@@ -186,6 +186,22 @@ class Credentials:
         self._ephemeral.add(client_id)
         return token
 
+    def reloaded(self, path: str | os.PathLike[str]) -> Credentials:
+        """Read the peers file again, keeping this object's ephemeral peers (its gateway).
+
+        Raises:
+            CredentialsError: as :meth:`load`; keep using this object.
+        """
+        fresh = Credentials.load(path)
+        for client_id in self._ephemeral:
+            fresh._records[client_id] = self._records[client_id]
+            fresh._ephemeral.add(client_id)
+        return fresh
+
+    def record(self, client_id: str) -> PeerRecord | None:
+        """Return ``client_id``'s record, or None if it has none."""
+        return self._records.get(client_id)
+
     def remove(self, client_id: str) -> bool:
         """Forget ``client_id``; return False if it was not there. Call :meth:`save` to persist."""
         self._ephemeral.discard(client_id)

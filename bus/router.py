@@ -37,6 +37,8 @@ class Route(Generic[K]):
     client_id: str
     grants: Grants
     patterns: set[str] = field(default_factory=set)
+    credential: str | None = None
+    """The token hash it authenticated with: a reload that changes it closes the peer."""
 
 
 class Router(Generic[K]):
@@ -69,7 +71,9 @@ class Router(Generic[K]):
 
     # Membership
 
-    def join(self, handle: K, client_id: str, grants: Grants) -> K | None:
+    def join(
+        self, handle: K, client_id: str, grants: Grants, *, credential: str | None = None
+    ) -> K | None:
         """Register ``handle`` as ``client_id``; return the handle it takes over, if any.
 
         The replaced handle is forgotten with all its subscriptions: close it, and expect
@@ -78,7 +82,7 @@ class Router(Generic[K]):
         old = self._by_id.get(client_id)
         if old is not None:
             self._drop(old)
-        route = Route(handle, client_id, grants)
+        route = Route(handle, client_id, grants, credential=credential)
         self._routes[handle] = route
         self._by_id[client_id] = route
         return old.handle if old is not None else None

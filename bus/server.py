@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import secrets
+import ssl as _ssl
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
@@ -28,6 +29,7 @@ from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 
 from schemas.bus import (
     InitializeParams,
+    ListPeersResult,
     PeerJoined,
     PeerLeft,
     SubscribeParams,
@@ -45,6 +47,7 @@ from .errors import (
     CLOSE_INITIALIZE_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
     CLOSE_REPLACED,
+    CLOSE_REVOKED,
     CLOSE_SLOW_CONSUMER,
     CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
@@ -65,6 +68,7 @@ from .policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
 from .recent import RecentIds
+from .rights import Regrant, Revoke, review
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
 from .watch import Anonymous, SlowConsumers
@@ -133,6 +137,7 @@ class Bus:
             else None
         )
         self._server: Server | None = None
+        self._scheme = "ws"
         self._closing = False
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
@@ -141,13 +146,19 @@ class Bus:
             "unsubscribe": self._unsubscribe,
             "sendMessage": self._send_message,
             "ping": self._ping,
+            "listPeers": self._list_peers,
         }
+        self._since: dict[Connection, str] = {}
 
     # Lifecycle
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        """Listen on ``host:port`` (0 picks a free port; read it back from :attr:`port`)."""
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, ssl: _ssl.SSLContext | None = None
+    ) -> None:
+        """Listen on ``host:port`` (0 picks a free port; read it back from :attr:`port`); with
+        ``ssl``, serve ``wss://``."""
         limits = self.limits
+        self._scheme = "wss" if ssl is not None else "ws"
         self._server = await serve(
             self._handle_connection,
             host,
@@ -156,6 +167,7 @@ class Bus:
             max_size=limits.max_frame_bytes,
             open_timeout=limits.handshake_timeout,
             compression=None,
+            ssl=ssl,
         )
         self.log.record(
             "bus_start",
@@ -189,8 +201,8 @@ class Bus:
 
     @property
     def url(self) -> str:
-        """``ws://host:port`` of the listening socket."""
-        return f"ws://{self.host}:{self.port}"
+        """``ws://host:port`` of the listening socket (``wss://`` with TLS)."""
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     async def close(self) -> None:
         """Stop accepting, close every connection (1001), wait for their handlers. Idempotent.
@@ -315,6 +327,7 @@ class Bus:
                 self._anonymous.closed(address)
             self._connections.discard(conn)
             self._errors_before_init.pop(conn, None)
+            self._since.pop(conn, None)
             if self._slow is not None:
                 self._slow.forget(conn)
             self._forget(conn)
@@ -400,7 +413,8 @@ class Bus:
         record = await self._authenticate(conn, request, client_id, token)
         self._check_capacity(conn, request, client_id)
         roles, grants = self._grants_for(conn, request, client_id, record.roles)
-        replaced = self._router.join(conn, client_id, grants)
+        replaced = self._router.join(conn, client_id, grants, credential=record.token_hash)
+        self._since[conn] = timestamp()
         if replaced is not None:
             self._take_over(replaced, client_id)
         self._anonymous.closed(_address(conn.ws))
@@ -530,6 +544,59 @@ class Bus:
 
     async def _ping(self, route: Route[Connection], request: Request) -> Any:
         return {"pong": True, "serverTime": timestamp()}
+
+    async def _list_peers(self, route: Route[Connection], request: Request) -> Any:
+        if not route.grants.admin:
+            self._refuse(route, request, "admin_denied")
+            raise Forbidden(
+                f"{route.client_id} may not call listPeers: it is for roles with `admin: true` "
+                "in the policy (the default policy's operator role, operator:*)"
+            )
+        return peer_list(self._router.routes(), self._since).model_dump(by_alias=True)
+
+    # Reloading
+
+    def reconfigure(
+        self,
+        *,
+        credentials: Credentials,
+        policy: Policy,
+        identities: Mapping[str, PeerIdentity],
+    ) -> tuple[int, int]:
+        """Put a new configuration in force at once, for new and connected peers alike.
+
+        Each connected peer is reviewed as if it initialized again with the token it used
+        (:func:`bus.rights.review`): one whose token was removed or rotated, or whose roles the
+        policy now refuses, is closed with 4005 (``CLOSE_REVOKED``); the others get their new
+        grants and lose the subscriptions those no longer allow. Nothing here awaits, so no
+        request is handled under half of the change.
+
+        Returns:
+            How many peers were closed, and how many subscriptions were dropped.
+        """
+        self.credentials, self.policy, self.identities = credentials, policy, dict(identities)
+        revoked = dropped = 0
+        for change in review(list(self._router.routes()), credentials, policy, self.identities):
+            match change:
+                case Revoke(route=route):
+                    self._revoke(route, change.reason, change.detail)
+                    revoked += 1
+                case Regrant(route=route, grants=grants):
+                    route.grants = grants
+                    for pattern in change.dropped:
+                        self._router.unsubscribe(route.handle, pattern)
+                        self.log.record(
+                            "unsubscribe", actor=route.client_id, topic=pattern, status="revoked"
+                        )
+                    dropped += len(change.dropped)
+        return revoked, dropped
+
+    def _revoke(self, route: Route[Connection], reason: str, detail: str) -> None:
+        self._router.leave(route.handle)  # from now on it receives nothing and may do nothing
+        self.log.record("revoked", actor=route.client_id, status=reason, error=detail)
+        self._presence.announce("peer_left", PeerLeft(client_id=route.client_id, reason="revoked"))
+        conn = route.handle
+        conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
 
     def _refuse(
         self,
@@ -833,3 +900,23 @@ def _reply_text(result: Any) -> str:
     if isinstance(result, dict):
         return f"{result.get('status', '')}: {result.get('message', '')}"[:200]
     return "malformed processMessage result"
+
+
+def peer_list(routes: Iterable[Route[Connection]], since: Mapping[Connection, str]) -> Any:
+    """The ``listPeers`` result: every authenticated peer, sorted by clientId."""
+    peers = [
+        {
+            "clientId": route.client_id,
+            "roles": sorted(route.grants.roles),
+            "taint": route.grants.taint,
+            "since": since.get(route.handle) or timestamp(),
+            "address": _address(route.handle.ws),
+            "subscriptions": sorted(route.patterns),
+            "inflight": {
+                "requests": route.handle.requests_in_flight,
+                "deliveries": route.handle.deliveries_in_flight,
+            },
+        }
+        for route in sorted(routes, key=lambda r: r.client_id)
+    ]
+    return ListPeersResult.model_validate({"peers": peers})

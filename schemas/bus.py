@@ -26,7 +26,10 @@ __all__ = [
     "InitializeParams",
     "InitializeResult",
     "LeaveReason",
+    "ListPeersResult",
     "PeerJoined",
+    "PeerInfo",
+    "PeerInflight",
     "PeerLeft",
     "PingResult",
     "PresenceType",
@@ -153,13 +156,41 @@ class PingResult(_Wire):
     server_time: AwareDatetime = Field(alias="serverTime")
 
 
+class PeerInflight(_Wire):
+    """What one peer has in progress: its requests being handled, deliveries awaiting it."""
+
+    requests: int = Field(ge=0)
+    deliveries: int = Field(ge=0)
+
+
+class PeerInfo(_Wire):
+    """One connected peer, as ``listPeers`` reports it."""
+
+    client_id: str = Field(alias="clientId", pattern=CLIENT_ID_PATTERN)
+    roles: list[Annotated[str, Field(pattern=ROLE_NAME_PATTERN)]]
+    taint: str
+    since: AwareDatetime
+    """When it completed ``initialize``."""
+    address: str
+    """Where it connects from (``in-process`` for a peer in the bus's own process)."""
+    subscriptions: list[str]
+    inflight: PeerInflight
+
+
+class ListPeersResult(_Wire):
+    """``listPeers`` (operators only): every authenticated peer, sorted by clientId."""
+
+    peers: list[PeerInfo]
+
+
 # Presence: what the bus publishes on system:presence, from system:bus.
 
 PresenceType = Literal["peer_joined", "peer_left"]
 """The ``type`` of every presence payload."""
 
-LeaveReason = Literal["disconnected", "replaced"]
-"""Why a peer left: its socket closed, or a newer connection for its clientId took over."""
+LeaveReason = Literal["disconnected", "replaced", "revoked"]
+"""Why a peer left: its socket closed, a newer connection for its clientId took over, or a
+reload revoked its token or its roles (close code 4005)."""
 
 
 class _Presence(_Wire):
@@ -190,8 +221,9 @@ class PeerJoined(_Presence):
 class PeerLeft(_Presence):
     """``peer_left`` (bus -> ``system:presence``): a peer's connection is gone.
 
-    ``reason`` is ``disconnected`` (its socket closed) or ``replaced`` (a newer connection for
-    the same clientId took over; a ``peer_joined`` for that connection follows).
+    ``reason`` is ``disconnected`` (its socket closed), ``replaced`` (a newer connection for
+    the same clientId took over; a ``peer_joined`` for that connection follows) or ``revoked``
+    (a reload removed or rotated its token, or the policy no longer admits its roles).
     """
 
     client_id: str = Field(alias="clientId", pattern=CLIENT_ID_PATTERN)

@@ -52,6 +52,7 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "sendMessage.params": bus.SendMessageParams,
     "sendMessage.result": bus.SendMessageResult,
     "ping.result": bus.PingResult,
+    "listPeers.result": bus.ListPeersResult,
     "processMessage.params": bus.ProcessMessageParams,
     "processMessage.result": bus.ProcessMessageResult,
     # The payload of every sendMessage and processMessage.
