@@ -27,7 +27,7 @@ from typing import Any, TypeAlias
 from . import __version__, audit
 from .assemble import running
 from .config import ConfigError, ServeConfig
-from .credentials import Credentials, CredentialsError
+from .credentials import Credentials, CredentialsError, validate_webhook_url
 from .identities import default_agents_dir, load_identities
 from .policy import Policy, PolicyError
 from .server import Bus
@@ -110,6 +110,12 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
     serve.add_argument("--config", type=Path, help="YAML config file (see README)")
     serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port; 0 picks a free one (default 8765)")
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="also serve the HTTP binding (POST /v1/messages, webhooks, /metrics) on this port; "
+        "0 picks a free one (needs pip install 'bcpbus[http]')",
+    )
     serve.add_argument("--db", type=Path, help="SQLite activity log (default ./bcpbus.db)")
     serve.add_argument("--peers-file", type=Path, help="credentials (default ./bcpbus-peers.yaml)")
     serve.add_argument("--policy", type=Path, help="authorization policy YAML (default: built in)")
@@ -139,6 +145,20 @@ def _add_peers(sub: Any) -> None:
     add.add_argument("--role", action="append", default=[], help="a policy role (repeatable)")
     add.add_argument(
         "--policy", type=Path, help="check the roles against this policy (default: built in)"
+    )
+    add.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="a peer the bus reaches over HTTP: its deliveries are POSTed to URL, signed with a "
+        "secret printed on the second line",
+    )
+    add.add_argument(
+        "--subscribe",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --webhook: a topic pattern it is subscribed to when the bus starts "
+        "(repeatable; its own clientId always is)",
     )
     add.set_defaults(command=_peers_add)
     lst = peers_sub.add_parser("list", help="list clientIds and roles (never tokens)")
@@ -186,6 +206,8 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None
     }
     config = replace(config, **overrides)
+    if args.http_port is not None:
+        config = replace(config, http=replace(config.http, port=args.http_port))
     beside: Beside | None = args.beside
     if args.no_gateway:
         config = replace(config, gateway={**config.gateway, "enabled": False})
@@ -229,7 +251,8 @@ async def serve(
     before returning 0.
 
     The first line on stdout is ``listening on ws://HOST:PORT``, printed when the bus and what
-    runs beside it (the gateway) are ready.
+    runs beside it (the gateway) are ready; with the HTTP binding, ``http on http://HOST:PORT``
+    follows it.
 
     Raises:
         ConfigError: ``beside`` refused a section of the config.
@@ -254,10 +277,13 @@ async def serve(
         log_content=config.log_content,
         host=config.host,
         port=config.port,
+        http=config.http,
     ) as bus:
         async with run_beside(bus) if run_beside else contextlib.nullcontext():
             # Printed once the gateway is subscribed too: "listening" means ready for BCP.
             print(f"listening on {bus.url}", flush=True)
+            if bus.http is not None:
+                print(f"http on {bus.http.url}", flush=True)
             if ready is not None:
                 ready(bus)
             await stop.wait()
@@ -273,9 +299,23 @@ def _peers_add(args: argparse.Namespace) -> int:
     if roles:
         policy = Policy.load(args.policy) if args.policy else Policy.default()
         policy.roles_for(args.client_id, roles)  # unknown role -> PolicyError
+    if args.subscribe and not args.webhook:
+        raise ValueError("--subscribe is for webhook peers: give --webhook URL too")
+    if args.webhook:
+        validate_webhook_url(args.webhook)
     token = credentials.add(args.client_id, roles)
+    secret = None
+    if args.webhook:
+        secret = credentials.set_webhook(args.client_id, args.webhook, args.subscribe)
     credentials.save(args.peers_file)
     print(token)
+    if secret is not None:
+        print(secret)
+        print(
+            f"the second line is the webhook secret: {args.webhook} checks X-Bcpbus-Signature "
+            "with it (docs/http.md); restart the bus to reach the new webhook",
+            file=sys.stderr,
+        )
     print(
         f"stored the hash for {args.client_id} in {args.peers_file}; the token above is not "
         "kept anywhere, copy it now",
@@ -286,7 +326,8 @@ def _peers_add(args: argparse.Namespace) -> int:
 
 def _peers_list(args: argparse.Namespace) -> int:
     for record in Credentials.load(args.peers_file).records():
-        print(f"{record.client_id}\t{','.join(record.roles) or '-'}")
+        webhook = f"\t{record.webhook.url}" if record.webhook is not None else ""
+        print(f"{record.client_id}\t{','.join(record.roles) or '-'}{webhook}")
     return 0
 
 

@@ -20,7 +20,7 @@ import logging
 import secrets
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -69,6 +69,9 @@ from .recent import RecentIds
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
 from .watch import Anonymous, SlowConsumers
+
+if TYPE_CHECKING:
+    from .http import HttpBinding
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
@@ -137,6 +140,9 @@ class Bus:
         self._closing = False
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
+        self.http: HttpBinding | None = None
+        """The running HTTP binding (:class:`bus.http.HttpBinding`) when the bus was assembled
+        with one (:func:`bus.assemble.running`), else None."""
         self.on_delivered: Callable[[str, float], None] | None = None
         """Told each delivery's outcome (``process_finish`` status) and how many seconds the
         ``processMessage`` call took; :mod:`bus.metrics` sets it."""
@@ -175,6 +181,17 @@ class Bus:
     def peers(self) -> Mapping[str, Link]:
         """The authenticated connections by clientId (a read-only snapshot)."""
         return self._router.peers
+
+    @property
+    def methods(self) -> list[str]:
+        """The JSON-RPC methods peers may call, ``initialize`` first."""
+        return ["initialize", *self._methods]
+
+    @property
+    def byte_budget(self) -> ByteBudget:
+        """The bytes of requests being handled, for the whole bus (``max_inflight_bytes``);
+        a transport charges each request body to it while the request is handled."""
+        return self._budget
 
     def routes(self) -> Iterable[Route[Link]]:
         """Every authenticated peer's route: its link, clientId, grants and patterns."""
@@ -344,9 +361,15 @@ class Bus:
             method = self._methods.get(request.method)
             if method is None:
                 raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
+            if self._router.route(route.handle) is not route and request.method != "ping":
+                raise NotInitialized(
+                    f"{route.client_id} is not online, so nothing could be delivered to it: "
+                    "give it a webhook (bcpbus peers add ID --webhook URL) or connect it over "
+                    "WebSocket to subscribe"
+                )
             return await method(route, request)
         except BusError as exc:
-            await self._error_row(route.client_id, request, exc)
+            await self.record_error(route.client_id, request, exc)
             raise
 
     async def attach(
@@ -481,12 +504,14 @@ class Bus:
                 raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
             return await method(route, request)
         except BusError as exc:
-            await self._error_row(conn.name, request, exc)
+            await self.record_error(conn.name, request, exc)
             self._count_anonymous_error(conn)
             raise
 
-    async def _error_row(self, actor: str, request: Request, exc: BusError) -> None:
-        # Every error answer has its row, committed before the peer reads the answer.
+    async def record_error(self, actor: str, request: Request, exc: BusError) -> None:
+        """Log the ``rpc_error`` row of an error answer and commit it, before the peer reads
+        the answer. :meth:`handle` does it for what it answers; a transport calls it for the
+        errors it answers on its own (a malformed HTTP body)."""
         self.log.record(
             "rpc_error",
             rpc_id=_rpc_id(request),
