@@ -459,14 +459,15 @@ class ActivityLog:
         future: asyncio.Future[None] = loop.create_future()
         self._waiters.append((target, future))
         self._wakeup.set()
-        if self.on_commit is None:
+        observe = self.on_commit
+        if observe is None:
             await future
             return
         started = loop.time()
         try:
             await future
         finally:
-            self.on_commit(loop.time() - started)
+            observe(loop.time() - started)
 
     async def write(self, event: str, **fields: Any) -> None:
         """:meth:`record` one row and :meth:`commit` it; the arguments are :meth:`record`'s.
