@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_PROCESS_TIMEOUT",
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
+    "DEFAULT_HTTP_MAX_CONNECTIONS",
     "DEFAULT_HTTP_MAX_REQUESTS",
     "DEFAULT_WEBHOOK_ATTEMPTS",
     "DEFAULT_WEBHOOK_BACKOFF",
@@ -70,6 +71,7 @@ DEFAULT_WEBHOOK_TIMEOUT = 5.0
 DEFAULT_WEBHOOK_ATTEMPTS = 4
 DEFAULT_WEBHOOK_BACKOFF = 0.5
 DEFAULT_HTTP_MAX_REQUESTS = 1_000
+DEFAULT_HTTP_MAX_CONNECTIONS = 1_000
 
 _T = TypeVar("_T")
 
@@ -152,8 +154,12 @@ class HttpSettings:
     host: StrictStr | None = None
     """The interface; None is the WebSocket's ``host``."""
     # Limits
+    max_connections: Count | None = DEFAULT_HTTP_MAX_CONNECTIONS
+    """Open HTTP connections (idle keep-alive ones included) and requests being handled, each
+    counted by the server; past it a request is answered 503 at once."""
     max_requests: Count | None = DEFAULT_HTTP_MAX_REQUESTS
-    """HTTP requests handled at once; one more is answered 503 at once."""
+    """Messages posted over HTTP being accepted or still being delivered; one more is refused
+    with 429 (-32005) and a ``limit_exceeded`` row."""
     # Webhooks
     webhook_timeout: Seconds = DEFAULT_WEBHOOK_TIMEOUT
     """Seconds one webhook POST may take, connecting included."""

@@ -153,7 +153,7 @@ class HttpBinding:
             access_log=False,
             proxy_headers=False,
             server_header=False,
-            limit_concurrency=self.settings.max_requests,
+            limit_concurrency=self.settings.max_connections,
             timeout_graceful_shutdown=int(self.bus.limits.shutdown_grace or 10) or 1,
         )
         config.load()
@@ -233,13 +233,16 @@ class HttpBinding:
     async def _post_message(self, request: HTTPRequest, rpc: Request) -> Response:
         rpc = Request(rpc.id, "sendMessage", None)
         route = await self._authenticate(request, rpc)
+        size = 0
         try:
             wait = _flag(request.query_params.get("wait"), "wait")
-            body = await self._body(request, route.client_id)
+            self._check_backlog(route.client_id)
+            body, size = await self._body(request, route.client_id)
             if isinstance(body, dict) and "traceparent" in request.headers:
                 body = _with_traceparent(body, request.headers["traceparent"])
             message = parse(PostMessage, body)
         except BusError as exc:
+            self.bus.byte_budget.give(size)
             await self.bus.record_error(route.client_id, rpc, exc)
             raise
         rpc = Request(rpc.id, "sendMessage", _send_params(message, route.client_id))
@@ -249,7 +252,9 @@ class HttpBinding:
             if not accepted.done():
                 accepted.set_result(info)
 
-        task = self._own(self.bus.handle(route, rpc, accepted=None if wait else on_accept))
+        # The body's bytes stay charged to the bus's budget until the delivery ends, as a
+        # WebSocket frame's do until its request is answered.
+        task = self._own(self.bus.handle(route, rpc, accepted=None if wait else on_accept), size)
         if wait:
             # Shielded: a client that goes away does not stop the delivery it asked for.
             return JSONResponse(await asyncio.shield(task))
@@ -263,7 +268,9 @@ class HttpBinding:
         rpc = Request(rpc.id, "subscribe", None)
         route = await self._authenticate(request, rpc)
         try:
-            body = parse(SubscriptionBody, await self._body(request, route.client_id))
+            value, size = await self._body(request, route.client_id)
+            self.bus.byte_budget.give(size)
+            body = parse(SubscriptionBody, value)
         except BusError as exc:
             await self.bus.record_error(route.client_id, rpc, exc)
             raise
@@ -324,12 +331,29 @@ class HttpBinding:
             await self.bus.record_error(address, rpc, exc)
             raise
 
-    async def _body(self, request: HTTPRequest, actor: str) -> Any:
-        """The request's JSON body, read up to ``max_frame_bytes``.
+    def _check_backlog(self, actor: str) -> None:
+        """Refuse a message when ``max_requests`` are being handled or delivered already.
+
+        Raises:
+            LimitExceeded: logged as ``limit_exceeded`` (status ``http_max_requests``).
+        """
+        limit = self.settings.max_requests
+        if limit is None or len(self._requests) < limit:
+            return
+        self.bus.log.record("limit_exceeded", actor=actor, status="http_max_requests")
+        raise LimitExceeded(
+            f"Limit exceeded: {limit} messages posted over HTTP are still being delivered "
+            "(max_requests); retry later"
+        )
+
+    async def _body(self, request: HTTPRequest, actor: str) -> tuple[Any, int]:
+        """The request's JSON body, read up to ``max_frame_bytes``, and its size, which is
+        charged to the bus's byte budget: give it back when the request is done.
 
         Raises:
             BodyTooLarge: it is larger (logged as ``frame_too_large``).
-            ParseError: it is not JSON.
+            LimitExceeded: it does not fit in ``max_inflight_bytes`` now.
+            ParseError: it is not JSON (nothing stays charged).
         """
         limit = self.bus.limits.max_frame_bytes
         declared = request.headers.get("content-length", "")
@@ -344,26 +368,27 @@ class HttpBinding:
             chunks.append(chunk)
         budget = self.bus.byte_budget
         if not budget.take(size):
+            self.bus.log.record("limit_exceeded", actor=actor, status="max_inflight_bytes")
             raise _budget_exceeded()
         try:
-            return loads(b"".join(chunks).decode("utf-8"))
+            return loads(b"".join(chunks).decode("utf-8")), size
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            raise ParseError("Parse error: the body is not valid JSON") from None
-        finally:
             budget.give(size)
+            raise ParseError("Parse error: the body is not valid JSON") from None
 
     def _too_large(self, actor: str, limit: int) -> BodyTooLarge:
         self.bus.log.record("frame_too_large", actor=actor, error=f"limit {limit}")
         return BodyTooLarge(f"Request body larger than max_frame_bytes ({limit} bytes)")
 
-    def _own(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    def _own(self, coro: Awaitable[Any], charge: int) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._requests.add(task)
-        task.add_done_callback(self._done)
+        task.add_done_callback(lambda done: self._done(done, charge))
         return task
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
+    def _done(self, task: asyncio.Task[Any], charge: int) -> None:
         self._requests.discard(task)
+        self.bus.byte_budget.give(charge)
         if not task.cancelled() and isinstance(task.exception(), Exception):
             # Answered already (202) or by the handler: retrieving it keeps asyncio quiet.
             logger.debug("request ended with %r", task.exception())

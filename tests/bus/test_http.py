@@ -381,3 +381,30 @@ async def test_a_websocket_bearer_header_still_works_beside_http(tmp_path):
             answer = json.loads(await asyncio.wait_for(ws.recv(), scaled(5)))
         assert "result" in answer
         assert h.bus.http is not None and h.bus.http.port != h.bus.port
+
+
+async def test_messages_still_being_delivered_are_bounded_by_max_requests(tmp_path):
+    """Past max_requests accepted-but-undelivered messages a POST is 429; then it frees up."""
+    async with running_bus(tmp_path, http=settings(max_requests=1)) as h:
+        release = asyncio.Event()
+        seen = Inbox()
+
+        async def slow(message: Any) -> None:
+            await seen(message)
+            await release.wait()
+
+        token = h.token("tg:42")
+        body = {"topic": "agent:w1", "type": "tg_message", "content": {}}
+        async with h.peer("agent:w1") as agent, httpx.AsyncClient(base_url=h.http_url) as c:
+            agent.handle(None, slow)
+            first = await c.post("/v1/messages", json=body, headers=bearer(token))
+            assert first.status_code == 202
+            await seen.get()  # being delivered, held by the handler
+            second = await c.post("/v1/messages", json=body, headers=bearer(token))
+            assert second.status_code == 429 and second.json()["error"]["code"] == -32005
+            release.set()
+            await wait_for_rows(h, message_id=first.json()["messageId"], event="send_finish")
+            assert h.bus.byte_budget.used == 0  # the held body's bytes were given back
+            third = await c.post("/v1/messages", json=body, headers=bearer(token))
+            assert third.status_code == 202
+        assert h.rows(event="limit_exceeded")[0]["status"] == "http_max_requests"
