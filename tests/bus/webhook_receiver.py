@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bus.http import listen
+
 
 @dataclass
 class Post:
@@ -63,7 +65,7 @@ class Receiver:
         config.load()
         self._server = uvicorn.Server(config)
         self._server.lifespan = config.lifespan_class(config)
-        self._socket = socket.create_server(("127.0.0.1", 0))
+        self._socket = listen("127.0.0.1", 0)  # TCP_NODELAY, as the bus's own
         await self._server.startup(sockets=[self._socket])
         return self
 
