@@ -262,6 +262,13 @@ async def serve(
     run_beside = beside(config) if beside is not None else None
     policy = Policy.load(config.policy) if config.policy else Policy.default()
     credentials = Credentials.load(config.peers_file)
+    hooks = [r.client_id for r in credentials.records() if r.webhook is not None]
+    if hooks and config.http.port is None:
+        print(
+            f"bcpbus: note: {len(hooks)} webhook peer(s) ({', '.join(hooks[:3])}) stay offline: "
+            "the bus reaches webhooks only with the HTTP binding on (--http-port)",
+            file=sys.stderr,
+        )
     identities = load_identities(agents_dir) if agents_dir is not None else {}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
