@@ -9,10 +9,11 @@ so regenerate after changing a model and commit the result::
 Files are named after the wire: the JSON-RPC frames (``jsonrpc.request.json``, ...), each bus
 method's params and result (``initialize.params.json``, ``sendMessage.result.json``), the payload
 envelope (``envelope.json``), the content of each presence event (``peer_joined.json``), the
-content of each BCP message type (``bcp_query.json``), and the frontmatter of an agent
-definition (``agent_definition.json``), and the HTTP binding's bodies (``http.*.json``; the bus
-serves its OpenAPI document at ``/openapi.json``). The output is deterministic (sorted keys,
-two-space indent, a trailing newline), so ``--check`` compares text.
+content of each BCP message type (``bcp_query.json``) and of each chat type
+(``spawn_request.json``), the frontmatter of an agent definition (``agent_definition.json``), and
+the HTTP binding's bodies (``http.*.json``; the bus serves its OpenAPI document at
+``/openapi.json``). The output is deterministic (sorted keys, two-space indent, a trailing
+newline), so ``--check`` compares text.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
-from schemas import bcp, bus, http, jsonrpc
+from schemas import bcp, bus, chat, http, jsonrpc
 from schemas.agents import AgentDefinition
 
 __all__ = ["DEFAULT_DIRECTORY", "MODELS", "check", "render", "write"]
@@ -67,6 +68,9 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "http.discovery": http.Discovery,
     # The content of each BCP message type.
     **bcp.CONTENT_MODELS,
+    # The content of each chat and agent type of the bootstrap flow (what the reference peers
+    # send; the bus checks only their envelope).
+    **chat.CONTENT_MODELS,
     # Agent definitions: the YAML frontmatter of agents/*.md.
     "agent_definition": AgentDefinition,
 }

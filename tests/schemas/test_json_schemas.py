@@ -85,9 +85,7 @@ def _blocks(text: str) -> list[Example]:
     return blocks
 
 
-DOC_BLOCKS = [
-    block for doc in DOCS for block in _blocks(doc.read_text(encoding="utf-8"))
-]
+DOC_BLOCKS = [block for doc in DOCS for block in _blocks(doc.read_text(encoding="utf-8"))]
 EXAMPLES = [block for block in DOC_BLOCKS if block.targets]
 
 
