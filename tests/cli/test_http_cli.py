@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from bus import cli as bus_cli
 from peers import Peer
 from peers.testing import scaled
 from tests.bus.webhook_receiver import Receiver
@@ -58,28 +59,23 @@ async def serving_http(cwd: Path) -> AsyncIterator[tuple[str, str]]:
         assert code == 0, (await process.stderr.read()).decode()  # type: ignore[union-attr]
 
 
-def test_peers_add_webhook_prints_token_and_secret_and_lists_the_url(tmp_path):
+def test_peers_add_webhook_prints_token_and_secret_and_lists_the_url(tmp_path, capsys):
     """--webhook adds a second stdout line, the secret; `peers list` shows the URL."""
-    result = run(
-        "peers",
-        "add",
-        "tg:7",
-        "--webhook",
-        "http://127.0.0.1:9/in",
-        "--subscribe",
-        "x:y",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    token, secret = result.stdout.split()
+    peers = ["peers", "--peers-file", str(tmp_path / "peers.yaml")]
+    url = "http://127.0.0.1:9/in"
+    assert bus_cli.main([*peers, "add", "tg:7", "--webhook", url, "--subscribe", "x:y"]) == 0
+    out, err = capsys.readouterr()
+    token, secret = out.split()
     assert token.startswith("bcpbus_") and secret.startswith("whsec_")
-    assert "webhook secret" in result.stderr
-    listed = run("peers", "list", cwd=tmp_path).stdout.strip()
-    assert listed == "tg:7\t-\thttp://127.0.0.1:9/in"
-    lone = run("peers", "add", "tg:8", "--subscribe", "x:y", cwd=tmp_path)
-    assert lone.returncode == 2 and "--webhook" in lone.stderr
-    bad = run("peers", "add", "tg:9", "--webhook", "ftp://x/y", cwd=tmp_path)
-    assert bad.returncode == 2 and "webhook URL" in bad.stderr
+    assert "webhook secret" in err
+    assert bus_cli.main([*peers, "list"]) == 0
+    assert capsys.readouterr().out.strip() == f"tg:7\t-\t{url}"
+    assert bus_cli.main([*peers, "add", "tg:8", "--subscribe", "x:y"]) == 2
+    assert "--webhook" in capsys.readouterr().err
+    assert bus_cli.main([*peers, "add", "tg:9", "--webhook", "ftp://x/y"]) == 2
+    assert "webhook URL" in capsys.readouterr().err
+    assert bus_cli.main([*peers, "list"]) == 0
+    assert "tg:9" not in capsys.readouterr().out
 
 
 async def test_serve_with_http_reaches_a_webhook_peer_from_the_peers_file(tmp_path):
