@@ -31,7 +31,7 @@ from schemas.agents import load_agents
 from . import __version__, audit
 from .assemble import running
 from .config import ConfigError, ServeConfig
-from .credentials import Credentials, CredentialsError
+from .credentials import Credentials, CredentialsError, validate_webhook_url
 from .errors import BusError
 from .identities import PeerIdentity, default_agents_dir, load_identities
 from .policy import Policy, PolicyError
@@ -150,6 +150,12 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
     serve.add_argument("--config", type=Path, help="YAML config file (see README)")
     serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port; 0 picks a free one (default 8765)")
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="also serve the HTTP binding (POST /v1/messages, webhooks, /metrics) on this port; "
+        "0 picks a free one (needs pip install 'bcpbus[http]')",
+    )
     serve.add_argument("--db", type=Path, help="SQLite activity log (default ./bcpbus.db)")
     serve.add_argument("--peers-file", type=Path, help="credentials (default ./bcpbus-peers.yaml)")
     serve.add_argument("--policy", type=Path, help="authorization policy YAML (default: built in)")
@@ -218,6 +224,20 @@ def _add_peers(sub: Any) -> None:
         action="store_true",
         help="replace the token of an existing CLIENT_ID (its connection is closed, 4005)",
     )
+    add.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="a peer the bus reaches over HTTP: its deliveries are POSTed to URL, signed with a "
+        "secret printed on the second line",
+    )
+    add.add_argument(
+        "--subscribe",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --webhook: a topic pattern it is subscribed to when the bus starts "
+        "(repeatable; its own clientId always is)",
+    )
     add.set_defaults(command=_peers_add)
     rotate = peers_sub.add_parser(
         "rotate", help="give CLIENT_ID a new token, print it once; the old one stops working"
@@ -282,6 +302,8 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None
     }
     config = replace(config, **overrides)
+    if args.http_port is not None:
+        config = replace(config, http=replace(config.http, port=args.http_port))
     beside: Beside | None = args.beside
     if args.no_gateway:
         config = replace(config, gateway={**config.gateway, "enabled": False})
@@ -333,7 +355,8 @@ async def serve(
     before returning 0.
 
     The first line on stdout is ``listening on ws://HOST:PORT`` (``wss://`` with TLS), printed
-    when the bus and what runs beside it (the gateway) are ready; the start-up summary comes
+    when the bus and what runs beside it (the gateway) are ready (with the HTTP binding,
+    ``http on http://HOST:PORT`` follows it); the start-up summary comes
     before it, on stderr (through ``say``). SIGHUP, or a change to the peers file, the policy
     or the agent definitions, reloads them (:mod:`bus.reload`).
 
@@ -351,6 +374,13 @@ async def serve(
     policy = Policy.load(config.policy) if config.policy else Policy.default()
     credentials = Credentials.load(config.peers_file)
     agents = load_agents(agents_dir) if agents_dir is not None and agents_dir.is_dir() else {}
+    hooks = [r.client_id for r in credentials.records() if r.webhook is not None]
+    if hooks and config.http.port is None:
+        print(
+            f"bcpbus: note: {len(hooks)} webhook peer(s) ({', '.join(hooks[:3])}) stay offline: "
+            "the bus reaches webhooks only with the HTTP binding on (--http-port)",
+            file=sys.stderr,
+        )
     identities = load_identities(agents_dir) if agents_dir is not None else {}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -380,6 +410,8 @@ async def serve(
             say(f"bcpbus: {line}")
         # Printed once the gateway is subscribed too: "listening" means ready for BCP.
         print(f"listening on {bus.url}", flush=True)
+        if bus.http is not None:
+            print(f"http on {bus.http.url}", flush=True)
         if ready is not None:
             ready(bus)
         await stop.wait()
@@ -408,6 +440,7 @@ async def _start(
                 host=config.host,
                 port=config.port,
                 ssl=tls,
+                http=config.http,
             )
         )
     except sqlite3.Error as exc:
@@ -450,6 +483,10 @@ def _peers_add(args: argparse.Namespace) -> int:
     elif args.client_id in credentials:
         record = credentials.record(args.client_id)
         roles = list(record.roles) if record is not None else []  # a rotation keeps the roles
+    if args.subscribe and not args.webhook:
+        raise ValueError("--subscribe is for webhook peers: give --webhook URL too")
+    if args.webhook:
+        validate_webhook_url(args.webhook)
     return _issue(args, credentials, roles)
 
 
@@ -467,8 +504,19 @@ def _peers_rotate(args: argparse.Namespace) -> int:
 def _issue(args: argparse.Namespace, credentials: Credentials, roles: list[str]) -> int:
     rotated = args.client_id in credentials
     token = credentials.add(args.client_id, roles)
+    secret = None
+    webhook = getattr(args, "webhook", None)  # `peers rotate` keeps the webhook as it is
+    if webhook:
+        secret = credentials.set_webhook(args.client_id, webhook, args.subscribe)
     credentials.save(args.peers_file)
     print(token)
+    if secret is not None:
+        print(secret)
+        print(
+            f"the second line is the webhook secret: {webhook} checks X-Bcpbus-Signature "
+            "with it (docs/http.md); restart the bus to reach the new webhook",
+            file=sys.stderr,
+        )
     what = "replaced the token of" if rotated else "stored the hash for"
     print(
         f"{what} {args.client_id} in {args.peers_file}; the token above is not kept anywhere, "
@@ -488,7 +536,8 @@ def _peers_list(args: argparse.Namespace) -> int:
     if not records:
         print(f"bcpbus: {args.peers_file} has no peers", file=sys.stderr)
     for record in records:
-        print(f"{record.client_id}\t{','.join(record.roles) or '-'}")
+        webhook = f"\t{record.webhook.url}" if record.webhook is not None else ""
+        print(f"{record.client_id}\t{','.join(record.roles) or '-'}{webhook}")
     return 0
 
 

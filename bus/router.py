@@ -65,6 +65,10 @@ class Router(Generic[K]):
         """The route of ``handle``; None before it joined, after it left or was replaced."""
         return self._routes.get(handle)
 
+    def route_of(self, client_id: str) -> Route[K] | None:
+        """The route of the peer authenticated as ``client_id``; None if it has none."""
+        return self._by_id.get(client_id)
+
     def routes(self) -> Iterator[Route[K]]:
         """Every authenticated peer's route."""
         return iter(self._by_id.values())

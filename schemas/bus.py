@@ -22,6 +22,8 @@ __all__ = [
     "Auth",
     "Capabilities",
     "ClientInfo",
+    "DELIVERY_STATUS_TYPE",
+    "DeliveryStatus",
     "Envelope",
     "InitializeParams",
     "InitializeResult",
@@ -228,6 +230,32 @@ class PeerLeft(_Presence):
 
     client_id: str = Field(alias="clientId", pattern=CLIENT_ID_PATTERN)
     reason: LeaveReason
+
+
+# Delivery status: what the bus sends a sender when it could not deliver to a webhook peer.
+
+DELIVERY_STATUS_TYPE = "delivery_status"
+"""The ``type`` of the bus's message about a delivery that failed for good."""
+
+
+class DeliveryStatus(_Presence):
+    """``delivery_status`` (bus -> the sender's own clientId): a message the bus accepted could
+    not be delivered to a webhook peer after every retry.
+
+    ``reason`` is the last attempt's outcome: ``timeout``, ``connect_error``, ``http_<status>``
+    (a status the webhook answered that is not a JSON-RPC answer), ``malformed_response``,
+    ``cancelled`` (``process_timeout`` or a shutdown ended the delivery between attempts).
+    The message is in the log under ``messageId`` with a ``delivery_failed`` row.
+    """
+
+    message_id: str = Field(alias="messageId", min_length=1, max_length=128)
+    topic: str = Field(min_length=1, max_length=256)
+    target: str = Field(pattern=CLIENT_ID_PATTERN)
+    status: Literal["failed"] = "failed"
+    reason: str = Field(max_length=64)
+    attempts: int = Field(ge=1)
+    error: str = Field(default="", max_length=500)
+    """What the last attempt got, for a person: the status line, the timeout, the exception."""
 
 
 PRESENCE_MODELS: dict[str, type[BaseModel]] = {
