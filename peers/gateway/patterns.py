@@ -150,6 +150,20 @@ _ORDERS = _any(
     "context",
 )
 _PROMPT_WORDS = _any("instructions?", "prompts?", "directives?", "programming")
+_MATERIAL = _any(
+    "texts?",
+    "messages?",
+    "context",
+    "conversation",
+    "content",
+    "inputs?",
+    "notes?",
+    "steps",
+    "directions",
+    "answers?",
+    "responses?",
+    "everything",
+)
 _OUTPUT = _any("responses?", "answers?", "repl(?:y|ies)", "outputs?", "messages?", "texts?")
 _SAY = _any(
     "respond",
@@ -226,7 +240,8 @@ _DO = _any(
 INSTRUCTION: Final = _rules(
     (
         rf"\b{_OVERRIDE}{_gap(4)}{_PROMPT_WORDS}\b"
-        rf"|\b{_OVERRIDE}{_gap(3)}{_EARLIER}\b"
+        rf"|\b{_OVERRIDE}{_gap(3)}(?:above|before|earlier)\b"
+        rf"|\b{_OVERRIDE}{_gap(3)}{_EARLIER}\W{{1,5}}(?:\w+\W{{1,5}})?(?:{_ORDERS}|{_MATERIAL})\b"
         rf"|\b{_OVERRIDE}\W{{1,5}}(?:all\W{{1,5}})?(?:everything|anything|all that|all of that)\b"
         rf"|\b{_OVERRIDE}\W{{1,5}}(?:your|all|any|every|my"
         rf"|our)\W{{1,5}}(?:\w+\W{{1,5}})?{_ORDERS}\b"
@@ -270,7 +285,13 @@ INSTRUCTION: Final = _rules(
         "asks to play a role",
     ),
     (
-        r"\bsystem (?:prompt|message|instructions?|note|override)\b|\bdeveloper (?:mode|message)\b"
+        r"\b(?:your|new|updated|following|hidden|real|this|my) system (?:prompt|message"
+        r"|instructions?|note|override)\b"
+        r"|\bsystem (?:prompt|message|instructions?|note|override)\s{0,3}(?:is\s{0,3})?[:=]"
+        r"|\b(?:show|repeat|print|reveal|display|output|give|tell|share|dump|leak|copy|recite"
+        r"|translate|summari[sz]e|what is|what's|everything in)\b[^.\n]{0,40}\bsystem (?:prompt"
+        r"|message|instructions?|configuration)\b|\b(?:administrator|admin|root) override\b"
+        r"|\bdeveloper (?:mode|message)\b"
         r"|\bjailbr(?:eak|oken)|\bdan mode\b|\bdo anything now\b"
         r"|\byour (?:\w+ )?(?:initial|original|hidden|secret|system|first|starting|underlying"
         r"|internal|full|previous|prior|real|true) (?:instructions?|prompts?|configuration|rules"
@@ -295,7 +316,7 @@ INSTRUCTION: Final = _rules(
     (
         r"^\W{0,5}\[?(?:system|assistant|user|human|ai|developer|dan|gpt|chatgpt|jailbreak)"
         r"(?: message| prompt| note)?\]?\s*[:>]|<\|[a-z_]+\|>|\[/?inst\]|<</?sys>>"
-        r"|#{2,}\W{0,5}(?:instruction|system|response|user|assistant|input|output|prompt)"
+        r"|(?<!#)#{2,}\W{0,5}(?:instruction|system|response|user|assistant|input|output|prompt)"
         r"|\[(?:system|assistant|user|inst|sys|instruction|developer|admin)[^\]\n]{0,30}\]"
         r"|<\s*/?\s*(?:system|assistant|user|instructions?|prompt|im_start|im_end)\b",
         "contains a chat role marker",
@@ -444,7 +465,8 @@ CODE: Final = _rules(
     (
         r"\b(?:drop\s+table|union\s+(?:all\s+)?select|select\s+\*\s+from|insert\s+into)\b"
         r"|'\s*(?:or|and)\s+[\w'\"]{1,20}\s*=\s*[\w'\"]{1,20}|;\s*--(?:\s|$)|'\s*--|@@[a-z]\w*"
-        r"|\bselect\s+(?:case|count\(|distinct\s|@@)|\bcase\s+when\b[^\n]{0,100}\bthen\b"
+        r"|\bselect\s+(?:case|count\(|distinct\s|@@)"
+        r"|\bcase\s+when\b[^\n]{0,100}\bthen\b[^\n]{0,100}\b(?:else|end)\b"
         r"|\b(?:sleep|benchmark|pg_sleep)\s*\(\s*\d|\bwaitfor\s+delay\b"
         r"|'\s*;\s*(?:shutdown|drop|insert|delete|update|select|exec)\b",
         "contains SQL",

@@ -47,7 +47,7 @@ _EMAIL: Final = re.compile(r"(?<![\w.%+-])[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-
 # Maximal runs of base64/base64url characters; the class test below tells data from words.
 _B64_PIECE_MIN: Final = 20
 _B64_RUN: Final = re.compile(rf"[A-Za-z0-9+/_-]{{{ENCODED_RUN_MIN},}}={{0,2}}")
-_MORSE: Final = re.compile(r"(?:(?<!\S)[.\-–—]{1,7}(?:\s{1,3}|/)){12}")
+_MORSE: Final = re.compile(r"(?:(?<!\S)[.\-–—]{1,7}(?:\s{1,3}(?:/\s{1,3})?|/)){12}")
 _HEX_RUN: Final = re.compile(
     rf"(?<![0-9A-Za-z])(?:0x)?[0-9a-fA-F]{{{ENCODED_RUN_MIN},}}(?![0-9A-Za-z])"
 )
