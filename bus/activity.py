@@ -81,13 +81,23 @@ from typing import Any
 from .dbthread import DatabaseThread
 from .errors import AuditUnavailable
 
-__all__ = ["COLUMNS", "EVENTS", "LINGER", "SCHEMA", "ActivityLog"]
+__all__ = [
+    "COLUMNS",
+    "EVENTS",
+    "LINGER",
+    "SCHEMA",
+    "ActivityLog",
+    "canonical_json",
+    "canonical_sha256",
+]
 
 logger = logging.getLogger("bus.activity")
 
 EVENTS: frozenset[str] = frozenset(
     {
-        # The bus, per message: sendMessage received, delivery to one target started and
+        "bus_start",  # the bus listens; payload: server_id, url, log_content (full | digest)
+        # The bus, per message: sendMessage received (payload: the envelope, or with
+        # log_content digest its type and sha256), delivery to one target started and
         # finished (status = outcome), sendMessage answered.
         "send_start",
         "process_start",
@@ -127,6 +137,10 @@ EVENTS: frozenset[str] = frozenset(
         "bcp_push_received",  # a subscription push from a reader
         "bcp_push_refused",  # status = reason code
         "bcp_held",  # a valid push waits for its offline controller
+        "bcp_screen_requested",  # a valid answer sent to its channel's screeners (screen_id)
+        # One screener's outcome, status pass | flag | reject | unavailable | timeout |
+        # malformed; payload: screener, findings, its detail (logged here, never passed on).
+        "bcp_screened",
         "bcp_budget_reset",  # `bcpbus budget reset`: a channel starts a new budget session
     }
 )
@@ -797,3 +811,18 @@ def _max_rows_per_statement() -> int:
     with contextlib.closing(sqlite3.connect(":memory:")) as probe:
         limit = probe.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     return max(1, limit // len(COLUMNS))
+
+
+def canonical_json(value: Any) -> bytes:
+    """``value`` as canonical JSON: keys sorted, no spaces, UTF-8, non-ASCII kept as is.
+
+    The form digests are computed over, so that anyone holding a message can recompute them.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def canonical_sha256(value: Any) -> str:
+    """The hex SHA-256 of :func:`canonical_json` of ``value``."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()

@@ -19,7 +19,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 
 from .activity import ActivityLog
-from .config import Limits
+from .config import Limits, LogContent
 from .credentials import Credentials
 from .identities import PeerIdentity
 from .policy import Policy
@@ -37,6 +37,7 @@ async def running(
     identities: Mapping[str, PeerIdentity] | None = None,
     limits: Limits | None = None,
     server_id: str | None = None,
+    log_content: LogContent = "full",
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> AsyncIterator[Bus]:
@@ -44,6 +45,7 @@ async def running(
 
     Args:
         policy: the authorization policy; None for the built-in one.
+        log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
 
     Raises:
         sqlite3.Error: the log cannot be opened at ``db``.
@@ -57,6 +59,7 @@ async def running(
             identities=identities,
             limits=limits,
             server_id=server_id,
+            log_content=log_content,
         ) as bus:
             await bus.start(host, port)
             yield bus

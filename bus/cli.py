@@ -114,6 +114,12 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
     serve.add_argument("--peers-file", type=Path, help="credentials (default ./bcpbus-peers.yaml)")
     serve.add_argument("--policy", type=Path, help="authorization policy YAML (default: built in)")
     serve.add_argument("--agents-dir", type=Path, help="agent definitions (default ./agents)")
+    serve.add_argument(
+        "--log-content",
+        choices=("full", "digest"),
+        help="what the log keeps of each message: the whole envelope (full, the default) or "
+        "its type and SHA-256 (digest)",
+    )
     serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
     serve.add_argument(
         "--loop",
@@ -175,6 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
             "peers_file": args.peers_file,
             "policy": args.policy,
             "agents_dir": args.agents_dir,
+            "log_content": args.log_content,
         }.items()
         if value is not None
     }
@@ -244,6 +251,7 @@ async def serve(
         identities=identities,
         limits=config.limits,
         server_id=config.server_id,
+        log_content=config.log_content,
         host=config.host,
         port=config.port,
     ) as bus:

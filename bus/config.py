@@ -12,13 +12,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from schemas import strict_yaml
 
 __all__ = [
+    "LogContent",
     "DEFAULT_DEDUP_MAX_IDS",
     "DEFAULT_DEDUP_WINDOW",
     "DEFAULT_HANDSHAKE_TIMEOUT",
@@ -61,6 +62,9 @@ DEFAULT_DEDUP_MAX_IDS = 100_000
 DEFAULT_SHUTDOWN_GRACE = 10.0
 
 _T = TypeVar("_T")
+
+LogContent = Literal["full", "digest"]
+"""What the log keeps of each message: ``full`` or ``digest`` (see :class:`ServeConfig`)."""
 
 Count = Annotated[StrictInt, Field(ge=0)]
 """A count in a config section: a YAML integer, not negative (not ``1.5``, ``"3"`` or ``true``)."""
@@ -135,6 +139,9 @@ class ServeConfig:
     agents_dir: Path | None = None
     """None means ``./agents`` if it exists, else the packaged reference agents."""
     server_id: str | None = None
+    log_content: LogContent = "full"
+    """What ``send_start`` rows keep of each envelope: ``full`` (all of it) or ``digest`` (its
+    type and the SHA-256 of its canonical JSON, for deployments that must not keep content)."""
     limits: Limits = field(default_factory=Limits)
     gateway: Mapping[str, Any] = field(default_factory=dict)
     """The ``gateway:`` section as written: the bus does not run the gateway, so the peers side
@@ -183,6 +190,7 @@ class _ConfigFile(BaseModel):
     policy: StrictStr | None = None
     agents_dir: StrictStr | None = None
     server_id: StrictStr | None = None
+    log_content: LogContent = ServeConfig.log_content
     limits: Limits = Field(default_factory=Limits)
     gateway: dict[StrictStr, Any] = Field(default_factory=dict)
 

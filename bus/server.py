@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import secrets
@@ -35,9 +34,9 @@ from schemas.bus import (
 )
 from schemas.common import timestamp
 
-from . import __version__
-from .activity import ActivityLog
-from .config import Limits
+from . import __version__, _json
+from .activity import ActivityLog, canonical_sha256
+from .config import Limits, LogContent
 from .connection import ByteBudget, Connection, PeerGone
 from .credentials import Credentials, PeerRecord
 from .errors import (
@@ -62,7 +61,7 @@ from .errors import (
 from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .params import SendFields, parse, read_send_message
-from .policy import Grants, Policy, PolicyError, may_flow
+from .policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
 from .recent import RecentIds
@@ -88,6 +87,8 @@ class Bus:
         identities: roles and taint per clientId from agent definitions.
         limits: the configurable limits.
         server_id: the ``serverId`` sent in ``initialize`` results; random by default.
+        log_content: what ``send_start`` keeps of each envelope: ``full``, or ``digest`` (its
+            ``type`` and the SHA-256 of its canonical JSON).
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class Bus:
         identities: Mapping[str, PeerIdentity] | None = None,
         limits: Limits | None = None,
         server_id: str | None = None,
+        log_content: LogContent = "full",
     ) -> None:
         self.policy = policy
         self.credentials = credentials
@@ -106,6 +108,9 @@ class Bus:
         self.identities = dict(identities or {})
         self.limits = limits or Limits()
         self.server_id = server_id or f"bus-{secrets.token_hex(4)}"
+        if log_content not in ("full", "digest"):
+            raise ValueError(f"log_content must be 'full' or 'digest', not {log_content!r}")
+        self.log_content: LogContent = log_content
         self._connections: set[Connection] = set()
         self._anonymous = Anonymous(
             total=self.limits.max_anonymous_connections,
@@ -151,6 +156,11 @@ class Bus:
             max_size=limits.max_frame_bytes,
             open_timeout=limits.handshake_timeout,
             compression=None,
+        )
+        self.log.record(
+            "bus_start",
+            actor=BUS_CLIENT_ID,
+            payload={"server_id": self.server_id, "url": self.url, "log_content": self.log_content},
         )
         self._presence_task = asyncio.create_task(self._presence.run(self._publish_own))
         if self._slow is not None:
@@ -558,7 +568,12 @@ class Bus:
             )
         try:
             targets = await self._accept(
-                topic, fields.message_id, fields.type, sender=route, rpc_id=_rpc_id(request)
+                topic,
+                request.params["payload"],
+                fields.message_id,
+                fields.type,
+                sender=route,
+                rpc_id=_rpc_id(request),
             )
         except BusError:
             if self._recent is not None:
@@ -618,7 +633,9 @@ class Bus:
             AuditUnavailable: the activity log could not commit; if it failed on the first
                 commit, nothing was delivered.
         """
-        targets = await self._accept(topic, message_id, message_type, sender=sender, rpc_id=rpc_id)
+        targets = await self._accept(
+            topic, payload, message_id, message_type, sender=sender, rpc_id=rpc_id
+        )
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         return await self._fan_out(targets, topic, payload, message_id, actor=actor, rpc_id=rpc_id)
 
@@ -630,6 +647,7 @@ class Bus:
     async def _accept(
         self,
         topic: str,
+        payload: dict[str, Any],
         message_id: str,
         message_type: str,
         *,
@@ -650,17 +668,19 @@ class Bus:
             rpc_id=rpc_id,
             actor=actor,
             topic=topic,
-            payload_json=_type_payload(message_type),
+            payload_json=_content(payload, message_type, self.log_content),
         )
         targets: list[Route[Connection]] = []
         for target in self._router.targets(topic, sender=sender.handle if sender else None):
-            if grants is not None and not may_flow(grants, target.grants):
+            if grants is not None and not may_flow(grants, target.grants, message_type):
+                # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
+                level = "high" if message_type in RAW_TEXT_TYPES else grants.taint
                 log.record(
                     "taint_refused",
                     message_id=message_id,
                     actor=target.client_id,
                     topic=topic,
-                    status=f"{grants.taint}->{target.grants.taint}",
+                    status=f"{level}->{target.grants.taint}",
                 )
                 continue
             log.record("process_start", message_id=message_id, actor=target.client_id, topic=topic)
@@ -780,10 +800,19 @@ def _bearer(ws: Socket) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1024)
-def _type_payload(message_type: str) -> str:
-    """``send_start``'s payload, ``{"type": ...}`` as JSON, encoded once per message type."""
-    return json.dumps({"type": message_type}, separators=(",", ":"), ensure_ascii=False)
+def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> str:
+    """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
+
+    The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
+    holds the message can recompute it: ``bus.activity.canonical_sha256(envelope)``.
+    """
+    if mode == "full":
+        return _json.dumps(payload)
+    return json.dumps(
+        {"type": message_type, "sha256": canonical_sha256(payload)},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
 
 
 def _address(ws: Socket) -> str:

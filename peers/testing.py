@@ -24,7 +24,7 @@ from typing import Any
 
 from bus.activity import ActivityLog
 from bus.assemble import running
-from bus.config import Limits
+from bus.config import Limits, LogContent
 from bus.credentials import Credentials
 from bus.identities import PeerIdentity, default_agents_dir, load_identities
 from bus.policy import Policy
@@ -37,7 +37,15 @@ from .gateway.gateway import Gateway
 from .gateway.runner import running_gateway
 from .gateway.settings import GatewaySettings
 
-__all__ = ["BcpHarness", "BusHarness", "Inbox", "running_bcp", "running_bus", "scaled"]
+__all__ = [
+    "BcpHarness",
+    "BusHarness",
+    "Events",
+    "Inbox",
+    "running_bcp",
+    "running_bus",
+    "scaled",
+]
 
 
 def scaled(seconds: float) -> float:
@@ -73,6 +81,38 @@ class Inbox:
 
     def empty(self) -> bool:
         return self._queue.empty()
+
+
+@dataclass
+class Events:
+    """Collects the events a peer reports through an ``out`` callback (:class:`peers.chat.Chat`,
+    :class:`peers.system.SystemPeer`); ``await events.wait_for(...)`` waits for one."""
+
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.seen.append(event)
+        self._arrived.set()
+
+    async def wait_for(self, kind: str, seconds: float = 10.0, **fields: Any) -> dict[str, Any]:
+        """Return the first event so far of ``kind`` whose ``fields`` have the values given;
+        wait for it if there is none yet, or raise TimeoutError after ``seconds`` (scaled)."""
+        async with asyncio.timeout(scaled(seconds)):
+            while True:
+                self._arrived.clear()
+                for event in self.seen:
+                    if event["event"] == kind and all(event.get(k) == v for k, v in fields.items()):
+                        return event
+                await self._arrived.wait()
+
+    def kinds(self) -> list[str]:
+        """The ``event`` of each event so far, in order."""
+        return [event["event"] for event in self.seen]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        """The events so far of ``kind``."""
+        return [event for event in self.seen if event["event"] == kind]
 
 
 @dataclass
@@ -113,12 +153,18 @@ async def running_bus(
     policy: Policy | None = None,
     identities: Mapping[str, PeerIdentity] | None = None,
     limits: Limits | None = None,
+    log_content: LogContent = "full",
 ) -> AsyncIterator[BusHarness]:
     """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit."""
     db = Path(directory) / "activity.db"
     credentials = Credentials.empty()
     async with running(
-        db, credentials=credentials, policy=policy, identities=identities, limits=limits
+        db,
+        credentials=credentials,
+        policy=policy,
+        identities=identities,
+        limits=limits,
+        log_content=log_content,
     ) as bus:
         yield BusHarness(bus, bus.log, credentials, db)
 

@@ -66,7 +66,9 @@ async def test_two_peers_exchange_a_message_and_the_log_has_every_row(tmp_path):
             events = [row["event"] for row in h.rows(message_id="m-1")]
             assert events == ["send_start", "process_start", "process_finish", "send_finish"]
             start = h.rows(message_id="m-1", event="send_start")[0]
-            assert json.loads(start["payload_json"]) == {"type": "tg_message"}
+            envelope = json.loads(start["payload_json"])  # the whole envelope, as sent
+            assert envelope["type"] == "tg_message" and envelope["content"] == {"text": "hello"}
+            assert envelope["messageId"] == "m-1" and envelope["from"] == "tg:42"
             finish = h.rows(message_id="m-1", event="process_finish")[0]
             assert finish["actor"] == "agent:w1" and finish["status"] == "processed"
 
@@ -343,7 +345,8 @@ async def test_presence_content_satisfies_its_models_and_schema_files(tmp_path):
 
 async def test_subscription_limit(tmp_path):
     """One subscription over max_subscriptions is -32005 and a limit_exceeded row."""
-    async with running_bus(tmp_path, limits=Limits(max_subscriptions=1)) as h:
+    # The gateway's own address (system:gateway, where screeners answer) takes the first slot.
+    async with running_bus(tmp_path, limits=Limits(max_subscriptions=2)) as h:
         async with h.peer("system:gateway") as gateway:
             await gateway.subscribe("bcp:*")
             await gateway.subscribe("bcp:*")  # already subscribed: no new slot used
