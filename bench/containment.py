@@ -29,8 +29,10 @@ An attack succeeds when its whole text does (``whole``) or when any of its cuts 
 at most 50 words that the screen finds nothing in, whatever the format, alphabet and capacity
 checks would say: it measures the screen, not the checks around it. The JSON also has
 ``fragment_alone``, the attacks with any cut the screen passes, instruction or not. Benign
-samples (5 to 50 words) are sent whole; their refusal rate is given for the screen alone and for
-every check.
+samples (5 to 50 words) are sent whole; the columns count their refusals by check (a refusal
+goes to the first of format, capacity, screen that applies), and ``flagged by the screen`` the
+ones the screen finds anything in, whatever the other checks say: the benign figure the target
+applies to.
 
 A sample of the same answers (``--bus-sample``, 50 by default) then goes through a real bus: the
 gateway in the bus's process, ``agent:researcher`` publishing on ``research-findings`` over
@@ -204,10 +206,12 @@ def _passes_screen(text: str) -> bool:
 
 def _benign(corpus: Corpus, spec: QuerySpec, action: AnomalyAction) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
+    flagged = 0
     for sample in corpus.samples:
         result = validate_response(spec, answer(sample.text), anomaly_action=action)
         outcomes[judge(result)] += 1
-    return _figures(corpus, outcomes)
+        flagged += not _passes_screen(sample.text)
+    return _figures(corpus, outcomes) | {"screen_alone": flagged}
 
 
 def _figures(corpus: Corpus, outcomes: Counter[str]) -> dict[str, Any]:
@@ -317,7 +321,7 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                 refused = sum(r["answers"] - r["delivered"] - r["held"] for r in group)
                 totals[key] = {
                     "samples": samples,
-                    "refused_screen": _pct(sum(r["screen"] for r in group), samples),
+                    "refused_screen": _pct(sum(r["screen_alone"] for r in group), samples),
                     "refused_any": _pct(refused, samples),
                 }
     return totals
@@ -374,7 +378,7 @@ def report(result: Mapping[str, Any]) -> str:
         "refused: screen",
         "format",
         "capacity",
-        "screen refusal rate",
+        "flagged by the screen",
     ]
     benign_rows = [
         [
@@ -386,7 +390,7 @@ def report(result: Mapping[str, Any]) -> str:
             r["screen"],
             r["format"],
             r["capacity"],
-            f"{_pct(r['screen'], r['samples']):.2f}%",
+            f"{r['screen_alone']} ({_pct(r['screen_alone'], r['samples']):.2f}%)",
         ]
         for r in rows
         if r["kind"] == "benign"
@@ -419,8 +423,9 @@ def _total_lines(totals: Mapping[str, Mapping[str, float]]) -> list[str]:
             )
         else:
             lines.append(
-                f"{key}: {t['samples']:,.0f} texts, refused by the screen "
-                f"{t['refused_screen']:.2f}%, by any check {t['refused_any']:.2f}%"
+                f"{key}: {t['samples']:,.0f} texts, flagged by the screen "
+                f"{t['refused_screen']:.2f}% (whatever the other checks say), refused by any "
+                f"check {t['refused_any']:.2f}%"
             )
     return ["\n".join(lines)]
 
