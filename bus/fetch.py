@@ -7,7 +7,8 @@ subscribed to the pattern it asks for:
 - the topic matches the pattern, and is not a ``bcp:`` topic unless the peer is the
   declassifier (the policy already forbids such patterns; this is checked per message too);
 - the taint rule allows the flow from the sender, as the sender's taint was when the bus
-  accepted the message (kept in ``send_start``'s ``status``), to the peer as it is now;
+  accepted the message (kept in ``send_start``'s ``status``), to the peer as it is now (and a
+  reader's raw text, :data:`bus.policy.RAW_TEXT_TYPES`, reaches only peers tainted ``high``);
 - it did not send the message itself (the bus never pushes a peer its own messages).
 
 :class:`Page` applies these to rows in epoch order until the page is full::
@@ -45,12 +46,13 @@ def sender_mark(grants: Grants | None) -> str:
     return _DECLASSIFIER if grants.declassifier else f"taint:{grants.taint}"
 
 
-def _may_flow(mark: str | None, reader: Grants) -> bool:
+def _may_flow(mark: str | None, reader: Grants, message_type: Any) -> bool:
     """The taint rule from a sender known by its mark; an unknown mark is refused."""
+    kind = message_type if isinstance(message_type, str) else None
     if mark == _DECLASSIFIER:
-        return flows("none", True, reader)
+        return flows("none", True, reader, kind)
     level = _MARKS.get(mark or "")
-    return level is not None and flows(level, False, reader)
+    return level is not None and flows(level, False, reader, kind)
 
 
 def check_since(since: int, oldest: int | None, latest: int) -> None:
@@ -195,10 +197,10 @@ class Page:
             return None
         if row.topic.startswith("bcp:") and not reader.declassifier:
             return None
-        if not _may_flow(row.mark, reader):
+        envelope = _envelope(row)
+        if not _may_flow(row.mark, reader, envelope.get("type")):
             self.withheld += 1
             return None
-        envelope = _envelope(row)
         if self.only is not None and not self.only.admits(row, envelope):
             return None
         return envelope

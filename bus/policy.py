@@ -19,6 +19,7 @@ so a typo fails loudly instead of silently widening or narrowing a grant):
         members: ["agent:*"]           # clientIds that hold the role: exact, or `prefix:*`
         taint: high                    # optional: none | low | medium | high
         declassifier: false            # optional: true only for the gateway's role
+        admin: false                   # optional: may ask the bus who is connected (listPeers)
         send:                          # optional: rules, each a list of types and of topics
           - types: [bcp_response]
             topics: ["bcp:*:{name}"]
@@ -74,6 +75,7 @@ from .topics import MAX_TOPIC_LENGTH, PATTERN_RE, SEGMENT_RE, TOPIC_RE
 __all__ = [
     "GATEWAY_ONLY_TYPES",
     "POLICY_VERSION",
+    "RAW_TEXT_TYPES",
     "Grants",
     "Policy",
     "PolicyError",
@@ -94,9 +96,14 @@ GATEWAY_ONLY_TYPES: Final[frozenset[str]] = frozenset(
         "bcp_subscriptions_active",
         "bcp_query_failed",
         "bcp_approval_request",
+        "bcp_screen_request",
     }
 )
 """Message types only a declassifier role may send: whoever sends them speaks for the gateway."""
+
+RAW_TEXT_TYPES: Final[frozenset[str]] = frozenset({"bcp_screen_request"})
+"""Message types that carry a tainted reader's raw text (the gateway's requests to screeners):
+delivered to peers tainted ``high`` only, even from the declassifier (see :func:`may_flow`)."""
 
 _NAME = "{name}"
 _ROLE_NAME = re.compile(ROLE_NAME_PATTERN)
@@ -138,6 +145,8 @@ class Role:
     subscribe: tuple[str, ...] = ()
     taint: TaintLevel | None = None
     declassifier: bool = False
+    admin: bool = False
+    """Holders may call the bus's operator methods (``listPeers``)."""
     description: str = ""
 
 
@@ -154,6 +163,8 @@ class Grants:
     roles: frozenset[str] = frozenset()
     taint: TaintLevel = "none"
     declassifier: bool = False
+    admin: bool = False
+    """May call the bus's operator methods (``listPeers``)."""
     send_patterns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Message type -> topic patterns it may be sent to."""
     subscribe_patterns: tuple[str, ...] = ()
@@ -216,19 +227,27 @@ class Grants:
         return any(_covers(granted, requested) for granted in self._subscribe)
 
 
-def may_flow(sender: Grants, target: Grants) -> bool:
+def may_flow(sender: Grants, target: Grants, message_type: str | None = None) -> bool:
     """Return whether a message from ``sender`` may be delivered to ``target`` (no write-down).
 
     A message may go to a peer at least as tainted as its sender. The declassifier (the
     gateway) is exempt on both ends: it must receive tainted readers' answers, and it is the
     only one that may deliver to untainted peers, after validation. Refuse and log otherwise.
+
+    A message of one of :data:`RAW_TEXT_TYPES` goes to peers tainted ``high`` only, whoever
+    sends it: it carries what a reader wrote before validation, which the gateway passes to its
+    screeners and to nobody else.
     """
-    return flows(sender.taint, sender.declassifier, target)
+    return flows(sender.taint, sender.declassifier, target, message_type)
 
 
-def flows(taint: TaintLevel, declassifier: bool, target: Grants) -> bool:
+def flows(
+    taint: TaintLevel, declassifier: bool, target: Grants, message_type: str | None = None
+) -> bool:
     """:func:`may_flow` from a sender known only by its taint and whether it was the
     declassifier, as the activity log keeps them with each message (see :mod:`bus.fetch`)."""
+    if message_type in RAW_TEXT_TYPES and target.taint != "high":
+        return False
     return declassifier or target.declassifier or taint_rank(taint) <= taint_rank(target.taint)
 
 
@@ -364,6 +383,7 @@ class Policy:
             roles=frozenset(role.name for role in held),
             taint=max(levels, key=taint_rank),
             declassifier=any(role.declassifier for role in held),
+            admin=any(role.admin for role in held),
             send_patterns={t: tuple(ps) for t, ps in send.items()},
             subscribe_patterns=tuple(subscribe),
         )
@@ -563,6 +583,7 @@ class _RoleFile(BaseModel):
     members: tuple[StrictStr, ...] = ()
     taint: TaintLevel | None = None
     declassifier: StrictBool = False
+    admin: StrictBool = False
     send: tuple[_SendRuleFile, ...] = ()
     subscribe: tuple[StrictStr, ...] = ()
 
@@ -574,6 +595,7 @@ class _RoleFile(BaseModel):
             subscribe=self.subscribe,
             taint=self.taint,
             declassifier=self.declassifier,
+            admin=self.admin,
             description=self.description,
         )
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Set
 from dataclasses import dataclass
@@ -140,6 +142,13 @@ class Peer:
         connector: opens the connection instead of a WebSocket to ``url``; a peer in the bus's
             own process passes :meth:`bus.server.Bus.connect_local` (see :mod:`bus.local`).
         resume: after a reconnect, fetch what was missed and hand it to the handlers first.
+        cafile: for a ``wss://`` url, trust only the CA certificates in this PEM file (a private
+            CA, a self-signed bus); by default the system's.
+        ssl_context: for a ``wss://`` url, the TLS context to connect with (overrides
+            ``cafile``).
+
+    Raises:
+        InvalidURL: ``cafile`` cannot be loaded.
     """
 
     def __init__(
@@ -153,8 +162,11 @@ class Peer:
         auth_header: bool = False,
         connector: Callable[[], Awaitable[Socket]] | None = None,
         resume: bool = True,
+        cafile: str | os.PathLike[str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        self._ssl = ssl_context or _tls(url, cafile)
         self.client_id = client_id
         self._token = token
         self.reconnect = reconnect
@@ -274,8 +286,16 @@ class Peer:
         # Translate the transport's exceptions into the SDK's, as httpx's
         # map_httpcore_exceptions does: callers catch PeerError, never a websockets class.
         try:
+            if self._ssl is None:  # ssl=None would turn TLS off, refused for wss://
+                return await connect(
+                    self.url, additional_headers=headers, compression=None, max_size=None
+                )
             return await connect(
-                self.url, additional_headers=headers, compression=None, max_size=None
+                self.url,
+                additional_headers=headers,
+                compression=None,
+                max_size=None,
+                ssl=self._ssl,
             )
         except InvalidURI as exc:
             raise InvalidURL(self.url, exc.msg) from exc
@@ -654,6 +674,16 @@ def _oldest_kept(exc: EpochNotKept) -> int:
 
 def _optional_int(value: Any) -> int | None:
     return value if type(value) is int else None
+
+
+def _tls(url: str, cafile: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
+    """The TLS context for ``url``: None for ``ws://`` or the system's CAs, else ``cafile``'s."""
+    if cafile is None or not url.startswith("wss://"):
+        return None
+    try:
+        return ssl.create_default_context(cafile=os.fspath(cafile))
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidURL(url, f"cannot load the CA file {os.fspath(cafile)}: {exc}") from exc
 
 
 def _time_out(future: asyncio.Future[Any]) -> None:

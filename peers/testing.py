@@ -24,7 +24,7 @@ from typing import Any
 
 from bus.activity import ActivityLog
 from bus.assemble import running
-from bus.config import Limits, LogContent
+from bus.config import HttpSettings, Limits, LogContent
 from bus.credentials import Credentials
 from bus.identities import PeerIdentity, default_agents_dir, load_identities
 from bus.policy import Policy
@@ -37,7 +37,15 @@ from .gateway.gateway import Gateway
 from .gateway.runner import running_gateway
 from .gateway.settings import GatewaySettings
 
-__all__ = ["BcpHarness", "BusHarness", "Inbox", "running_bcp", "running_bus", "scaled"]
+__all__ = [
+    "BcpHarness",
+    "BusHarness",
+    "Events",
+    "Inbox",
+    "running_bcp",
+    "running_bus",
+    "scaled",
+]
 
 
 def scaled(seconds: float) -> float:
@@ -76,6 +84,38 @@ class Inbox:
 
 
 @dataclass
+class Events:
+    """Collects the events a peer reports through an ``out`` callback (:class:`peers.chat.Chat`,
+    :class:`peers.system.SystemPeer`); ``await events.wait_for(...)`` waits for one."""
+
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.seen.append(event)
+        self._arrived.set()
+
+    async def wait_for(self, kind: str, seconds: float = 10.0, **fields: Any) -> dict[str, Any]:
+        """Return the first event so far of ``kind`` whose ``fields`` have the values given;
+        wait for it if there is none yet, or raise TimeoutError after ``seconds`` (scaled)."""
+        async with asyncio.timeout(scaled(seconds)):
+            while True:
+                self._arrived.clear()
+                for event in self.seen:
+                    if event["event"] == kind and all(event.get(k) == v for k, v in fields.items()):
+                        return event
+                await self._arrived.wait()
+
+    def kinds(self) -> list[str]:
+        """The ``event`` of each event so far, in order."""
+        return [event["event"] for event in self.seen]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        """The events so far of ``kind``."""
+        return [event for event in self.seen if event["event"] == kind]
+
+
+@dataclass
 class BusHarness:
     """A running bus with helpers to make credentials and peers for it."""
 
@@ -91,6 +131,31 @@ class BusHarness:
     def token(self, client_id: str, roles: Sequence[str] = ()) -> str:
         """Create (or rotate) a credential for ``client_id`` and return its token."""
         return self.credentials.add_ephemeral(client_id, list(roles))
+
+    @property
+    def http_url(self) -> str:
+        """``http://host:port`` of the HTTP binding (``running_bus(..., http=...)``)."""
+        if self.bus.http is None:
+            raise RuntimeError("this bus has no HTTP binding: pass http=HttpSettings(port=0)")
+        return self.bus.http.url
+
+    async def webhook_peer(
+        self,
+        client_id: str,
+        url: str,
+        roles: Sequence[str] = (),
+        subscriptions: Sequence[str] = (),
+    ) -> tuple[str, str]:
+        """Create a webhook peer that the bus reaches at ``url`` and put it online now; return
+        its token and its webhook secret."""
+        if self.bus.http is None:
+            raise RuntimeError("this bus has no HTTP binding: pass http=HttpSettings(port=0)")
+        token = self.token(client_id, roles)
+        secret = self.credentials.set_webhook(client_id, url, subscriptions)
+        record = self.credentials.identify(token)
+        assert record is not None
+        await self.bus.http.webhooks.attach(record)
+        return token, secret
 
     def peer(self, client_id: str, roles: Sequence[str] = (), **kwargs: Any) -> Peer:
         """A :class:`Peer` with a fresh credential; use it with ``async with``."""
@@ -114,8 +179,12 @@ async def running_bus(
     identities: Mapping[str, PeerIdentity] | None = None,
     limits: Limits | None = None,
     log_content: LogContent = "full",
+    http: HttpSettings | None = None,
 ) -> AsyncIterator[BusHarness]:
-    """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit."""
+    """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit.
+
+    ``http=HttpSettings(port=0)`` serves the HTTP binding too (:attr:`BusHarness.http_url`).
+    """
     db = Path(directory) / "activity.db"
     credentials = Credentials.empty()
     async with running(
@@ -125,6 +194,7 @@ async def running_bus(
         identities=identities,
         limits=limits,
         log_content=log_content,
+        http=http,
     ) as bus:
         yield BusHarness(bus, bus.log, credentials, db)
 
@@ -153,6 +223,7 @@ async def running_bcp(
     settings: GatewaySettings | None = None,
     limits: Limits | None = None,
     local: bool = True,
+    http: HttpSettings | None = None,
 ) -> AsyncIterator[BcpHarness]:
     """Start a bus and a gateway for the agents in ``agents_dir`` (default: the reference pair).
 
@@ -162,7 +233,9 @@ async def running_bcp(
     agents = Path(agents_dir) if agents_dir is not None else default_agents_dir()
     if agents is None:
         raise FileNotFoundError("no agents directory")
-    async with running_bus(directory, identities=load_identities(agents), limits=limits) as h:
+    async with running_bus(
+        directory, identities=load_identities(agents), limits=limits, http=http
+    ) as h:
         token = h.token(GATEWAY_CLIENT_ID)
         connector = h.bus.connect_local if local else None
         async with running_gateway(

@@ -84,18 +84,22 @@ TRACEPARENT_PATTERN: Final = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2
 TRACEPARENT_FORBIDDEN: Final = r"^(?:ff-|[0-9a-f]{2}-0{32}-|[0-9a-f]{2}-[0-9a-f]{32}-0{16}-)"
 """What W3C forbids within that form: version ``ff``, an all-zero trace id or parent id."""
 _TRACEPARENT_RE = re.compile(TRACEPARENT_PATTERN[1:-1])
-_FORBIDDEN_RE = re.compile(TRACEPARENT_FORBIDDEN[1:])
 
 
 def traceparent_problem(value: str) -> str | None:
     """Return what is wrong with ``value`` as a W3C ``traceparent``, or None if it is valid."""
     if _TRACEPARENT_RE.fullmatch(value) is None:
         return (
-            "traceparent must be 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, "
-            "lowercase (W3C Trace Context)"
+            "expected 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, lowercase "
+            "(W3C Trace Context)"
         )
-    if _FORBIDDEN_RE.match(value) is not None:
-        return "traceparent may not have version ff, or a trace id or parent id of all zeros"
+    version, trace, parent, _flags = value.split("-")
+    if version == "ff":
+        return "version ff is invalid"
+    if trace == "0" * 32:
+        return "the trace id is all zeros"
+    if parent == "0" * 16:
+        return "the parent id is all zeros"
     return None
 
 

@@ -12,6 +12,7 @@ importing only the ones below it::
     outbox    deliveries to controllers, held while they are offline
     queries   admission, asking the reader, failure, expiry, completion
     approvals escalations and reviews, decisions, expiry
+    screens   valid answers judged by the channel's screener peers
     answers   a reader's answers, with retries
     pushes    a reader's pushes, with rate limits
 """
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from schemas.agents import Channel
-from schemas.bcp import BcpResponse, BcpSubscriptionsActive, ReasonCode
+from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
 from schemas.common import agent_id
 
 from ..events import (
@@ -54,6 +55,7 @@ from .frames import iso
 from .outbox import Outbox
 from .pushes import Pushes
 from .queries import Admitted, Queries, Refused
+from .screens import Screens
 
 __all__ = [
     "APPROVAL_TOPIC",
@@ -90,8 +92,9 @@ class GatewayCore:
         self.outbox = Outbox(self.ctx)
         self.queries = Queries(self.ctx, self.outbox)
         self.approvals = Approvals(self.ctx, self.queries, self.outbox)
-        self.answers = Answers(self.ctx, self.queries, self.approvals)
-        self.pushes = Pushes(self.ctx, self.approvals, self.outbox)
+        self.screens = Screens(self.ctx)
+        self.answers = Answers(self.ctx, self.queries, self.approvals, self.screens)
+        self.pushes = Pushes(self.ctx, self.approvals, self.outbox, self.screens)
 
     @property
     def channels(self) -> Mapping[ChannelKey, Channel]:
@@ -107,6 +110,26 @@ class GatewayCore:
         """Start from ``state``; return the timers of its held deliveries. Before :meth:`start`."""
         self.ctx.state = state
         return [action for held in state.held for action in self.outbox.keep(held)]
+
+    def use_channels(self, channels: Mapping[ChannelKey, Channel]) -> list[Action]:
+        """Put reloaded channels in force; return the announcements to readers whose active
+        subscriptions changed.
+
+        Queries and approvals in flight keep the channel they were admitted on; new ones are
+        checked against ``channels``. Budgets carry over: a reload is not a budget reset.
+        """
+        old = self.ctx.channels
+        self.ctx.channels = channels
+        readers = {reader for _c, reader in (*old, *channels)}
+        return [
+            Spawn((self._announce(reader),))
+            for reader in sorted(readers)
+            if _active(old, reader) != _active(channels, reader)
+        ]
+
+    def reset_budget(self, channel: ChannelKey) -> None:
+        """Start a new budget session for ``channel`` (a ``bcp_budget_reset`` row was written)."""
+        self.ctx.state.ledger.reset(channel)
 
     def start(self) -> list[Action]:
         """Return what the gateway does once connected: announce subscriptions, flush outboxes."""
@@ -155,6 +178,8 @@ class GatewayCore:
                 return self.approvals.expire(approval_id)
             case TimerFired(key=("held", controller, hold_id)):
                 return self.outbox.expire(controller, hold_id)
+            case TimerFired(key=("screen", screen_id)):
+                return self.screens.expire(screen_id)
             case PeerJoined():
                 return self._joined(event)
             case PeerLeft():
@@ -165,6 +190,8 @@ class GatewayCore:
                 return self._response(event)
             case MessageReceived(type="bcp_approval_decision"):
                 return self.approvals.receive_decision(event)
+            case MessageReceived(type="bcp_screen_verdict"):
+                return self.screens.receive(event)
             case _:
                 return [Respond(True, "ignored")]
 
@@ -212,12 +239,14 @@ class GatewayCore:
         return [*work, Respond(True)]
 
     def _announce(self, reader: str) -> Send:
-        active = BcpSubscriptionsActive(
-            subscriptions=tuple(
-                entry
-                for (_c, r), channel in sorted(self.channels.items())
-                if r == reader
-                for entry in channel.active_subscriptions()
-            )
-        )
+        active = BcpSubscriptionsActive(subscriptions=_active(self.channels, reader))
         return Send(agent_id(reader), "bcp_subscriptions_active", active)
+
+
+def _active(channels: Mapping[ChannelKey, Channel], reader: str) -> tuple[ActiveSubscription, ...]:
+    return tuple(
+        entry
+        for (_c, r), channel in sorted(channels.items())
+        if r == reader
+        for entry in channel.active_subscriptions()
+    )
