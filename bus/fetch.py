@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from schemas.common import TAINT_LEVELS, TaintLevel
@@ -33,7 +34,15 @@ from .history import StoredMessage
 from .policy import Grants, flows
 from .topics import matches
 
-__all__ = ["FetchFilter", "FetchResult", "Fetched", "Page", "check_since", "sender_mark"]
+__all__ = [
+    "FetchFilter",
+    "FetchResult",
+    "Fetched",
+    "Page",
+    "check_since",
+    "log_time",
+    "sender_mark",
+]
 
 _DECLASSIFIER = "declassifier"
 _MARKS: dict[str, TaintLevel] = {f"taint:{level}": level for level in TAINT_LEVELS}
@@ -53,6 +62,12 @@ def _may_flow(mark: str | None, reader: Grants, message_type: Any) -> bool:
         return flows("none", True, reader, kind)
     level = _MARKS.get(mark or "")
     return level is not None and flows(level, False, reader, kind)
+
+
+def log_time(moment: datetime) -> str:
+    """``moment`` in the activity log's form (UTC, microseconds, ``Z``), which sorts as text:
+    the form :class:`FetchFilter`'s ``after`` and ``before`` take."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def check_since(since: int, oldest: int | None, latest: int) -> None:

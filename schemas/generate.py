@@ -70,6 +70,7 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "http.accepted": http.Accepted,
     "http.error": http.ErrorBody,
     "http.discovery": http.Discovery,
+    "http.messagesPage": http.MessagesPage,
     # The content of each BCP message type.
     **bcp.CONTENT_MODELS,
     # The content of each chat and agent type of the bootstrap flow (what the reference peers
