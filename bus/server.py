@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import secrets
+import sqlite3
 import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from .errors import (
     CLOSE_SLOW_CONSUMER,
     CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
+    AuditUnavailable,
     AuthenticationFailed,
     BusError,
     ContentNotKept,
@@ -1204,8 +1206,11 @@ class Bus:
             EpochNotKept: ``since_epoch`` is outside what the log keeps.
             ContentNotKept: the log keeps only digests (``log_content: digest``), or reached a
                 message kept as a digest by an earlier run.
-            AuditUnavailable: the log could not commit.
+            AuditUnavailable: the log could not commit, or could not be read.
+            ShuttingDown: the bus is closing.
         """
+        if self._closing:
+            raise ShuttingDown()
         pattern = validate_pattern(pattern)
         client_id = grants.client_id
         if not grants.may_subscribe(pattern):
@@ -1224,9 +1229,15 @@ class Bus:
         # Every message given an epoch so far is then committed (or aborted): none can be
         # missing below upto and turn up later.
         await self.log.commit()
-        check_since(since_epoch, await self._history.oldest(), upto)
         page = Page(grants, pattern, since=since_epoch, limit=limit, only=only)
-        more = await self._history.fill(page, upto=upto, topic=_literal(pattern))
+        try:
+            check_since(since_epoch, await self._history.oldest(), upto)
+            more = await self._history.fill(page, upto=upto, topic=_literal(pattern))
+        except sqlite3.Error as exc:
+            logger.error("fetch: reading the activity log failed: %r", exc)
+            raise AuditUnavailable(
+                "Activity log unavailable: it could not be read; retry later"
+            ) from exc
         result = page.result(more=more, upto=upto)
         self.log.record(
             "fetch",

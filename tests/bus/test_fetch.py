@@ -364,3 +364,16 @@ def test_check_since_bounds():
     for since in (98, 201):
         with pytest.raises(EpochNotKept):
             check_since(since, 100, 200)
+
+
+async def test_a_log_that_cannot_be_read_is_32006_not_an_internal_error(tmp_path, monkeypatch):
+    """A read the database fails is answered -32006 (retry later), with its rpc_error row."""
+    async with running_bus(tmp_path) as h, h.peer("agent:w1") as agent:
+
+        async def broken(*args: Any, **kwargs: Any) -> bool:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(h.bus._history, "fill", broken)
+        with pytest.raises(AuditUnavailable, match="could not be read"):
+            await agent.fetch("agent:w1", 0)
+        assert h.rows(event="rpc_error", status="-32006")
