@@ -54,8 +54,17 @@ row.
 
 The database itself refuses to change history, for every connection: triggers abort ``UPDATE``,
 ``DELETE``, and an ``INSERT`` that reuses an existing id (which is how ``INSERT OR REPLACE`` would
-overwrite a row). Anyone who can write the file can still drop the triggers; protect the file with
-filesystem permissions.
+overwrite a row). Anyone who can write the file can still drop the triggers, so the log is also
+evidence: each row's ``chain`` is an HMAC-SHA-256 over the previous row's and its own content,
+under a key kept in a file of its own (:mod:`bus.chain`). The chain is computed on the database
+thread, in the transaction of the batch's ``INSERT`` (``BEGIN IMMEDIATE``, the last row's id and
+``chain`` read, the rows inserted with the ids and hashes that follow), so a batch costs one
+``SELECT`` more and each row an HMAC, and several processes writing one file chain their rows in
+turn. Opening the log creates the file 0600, migrates its schema, checks its triggers and the
+tail of its chain (:mod:`bus.logfile`). Every ``head_every_rows`` rows and ``head_every_seconds``
+seconds the writer can append the head (``ID:HASH`` of the last row) to a file or stdout, for
+shipping where the database's owner cannot rewrite it; ``bcpbus audit verify --expect-head`` then
+catches rows cut from the end.
 
 Several processes may write one file (WAL mode, ``busy_timeout``). Read it with plain SQL or with
 :mod:`bus.audit`.
@@ -68,18 +77,20 @@ import collections
 import contextlib
 import functools
 import hashlib
-import itertools
 import json
 import logging
 import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .chain import Chainer, default_key_path
 from .dbthread import DatabaseThread
 from .errors import AuditUnavailable
+from .logfile import create_file, prepare
 
 __all__ = [
     "COLUMNS",
@@ -122,6 +133,7 @@ EVENTS: frozenset[str] = frozenset(
         "unsubscribe",  # topic = the pattern
         "shutdown",  # the bus is closing
         # The log itself.
+        "chain_start",  # a chain segment starts; status new | migrated | broken_log_accepted
         "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)
         # The gateway (actor "system:gateway"). The payload carries query_id or subscription_id
         # and channel ("bcp:<controller>:<reader>").
@@ -179,6 +191,12 @@ CHECKPOINT_BYTES = 16 * 1024 * 1024
 back when the WAL restarts: the WAL grows by pages, not rows (a transaction of 4 rows writes
 about 6 pages), so the row count alone does not bound it."""
 
+HEAD_EVERY_ROWS = 1000
+"""Rows committed between two heads written (``head=``)."""
+
+HEAD_EVERY_SECONDS = 10.0
+"""Most seconds a new head waits to be written (``head=``)."""
+
 BUSY_TIMEOUT = 5.0
 """Seconds a write waits (on the database thread) for another process's lock."""
 
@@ -193,7 +211,8 @@ CREATE TABLE IF NOT EXISTS activity_log (
     topic TEXT,
     status TEXT,
     payload_json TEXT,
-    error TEXT
+    error TEXT,
+    chain TEXT
 );
 CREATE INDEX IF NOT EXISTS idx_activity_message_id ON activity_log(message_id);
 CREATE INDEX IF NOT EXISTS idx_activity_ts ON activity_log(ts);
@@ -213,9 +232,77 @@ BEGIN
     SELECT RAISE(ABORT, '{_APPEND_ONLY}');
 END;
 """
-"""The DDL :meth:`ActivityLog.open` runs; idempotent, so every process may run it."""
+"""The table, its indexes and its triggers. :meth:`ActivityLog.open` creates what is missing and
+adds a column a file lacks (a new column must take NULL and have no default, so that the rows
+written before it keep their hash), but never creates a dropped trigger again without
+``accept_broken``; see :mod:`bus.logfile`."""
 
 _Row = tuple[str | None, ...]
+
+
+class _Heads:
+    """Where the log's head goes (``ID:HASH`` lines appended to a file, or stdout) and when.
+
+    :meth:`ship` and :meth:`close` run on the database thread, :meth:`start` and :meth:`stop`
+    on the event loop.
+    """
+
+    def __init__(
+        self, target: str | os.PathLike[str] | None, every_rows: int, every_seconds: float | None
+    ) -> None:
+        self.target = None if target is None else os.fspath(target)
+        self.every_rows = max(1, every_rows)
+        self.every_seconds = every_seconds
+        self.rows = 0
+        """Rows committed since the last head was written (database thread)."""
+        self._last: tuple[int, str] | None = None
+        self._file: Any = None
+        self._timer: asyncio.Task[None] | None = None
+
+    def start(self, tick: Any) -> None:
+        """Call ``tick`` every ``every_seconds`` until :meth:`stop`."""
+        if self.target is None or self.every_seconds is None:
+            return
+        every = self.every_seconds
+
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(every)
+                tick()
+
+        self._timer = asyncio.create_task(run(), name="activity-log head")
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def ship(self, head: tuple[int, str] | None) -> None:
+        """Write ``head`` unless it was the last one written.
+
+        Raises:
+            OSError: the file cannot be written; the next head will be tried.
+        """
+        self.rows = 0
+        if self.target is None or head is None or head == self._last:
+            return
+        line = f"{head[0]}:{head[1]}\n"
+        if self.target == "-":
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        else:
+            if self._file is None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                self._file = os.fdopen(os.open(self.target, flags, 0o600), "a", encoding="ascii")
+            self._file.write(line)
+            self._file.flush()
+        self._last = head
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
 
 
 class _FileGone(Exception):
@@ -241,6 +328,14 @@ class ActivityLog:
         checkpoint_bytes: size of the WAL at which SQLite checkpoints it (passively, at the end
             of the commit that reaches it) and to which the ``-wal`` file is cut back when it
             restarts; ``None`` leaves checkpoints to ``checkpoint_rows`` alone.
+        key_file: the chain's key; ``None`` for ``<path>.key``. Created (0600) if missing while
+            the log is not chained yet; keep a copy apart from the database.
+        accept_broken: open a log whose chain or triggers show a change anyway: record the
+            first bad row in a ``chain_start`` row that starts a new segment.
+        head: where to append the head (``ID:HASH``), a file or ``"-"`` for stdout; ``None``
+            for nowhere.
+        head_every_rows: rows between two heads written.
+        head_every_seconds: most seconds a new head waits to be written; ``None`` for no timer.
     """
 
     def __init__(
@@ -256,6 +351,12 @@ class ActivityLog:
         queue_max: int = 100_000,
         checkpoint_rows: int = CHECKPOINT_ROWS,
         checkpoint_bytes: int | None = CHECKPOINT_BYTES,
+        # The chain
+        key_file: str | os.PathLike[str] | None = None,
+        accept_broken: bool = False,
+        head: str | os.PathLike[str] | None = None,
+        head_every_rows: int = HEAD_EVERY_ROWS,
+        head_every_seconds: float | None = HEAD_EVERY_SECONDS,
     ) -> None:
         self.path = Path(path)
         """The SQLite file."""
@@ -273,6 +374,12 @@ class ActivityLog:
         """Rows committed so far by this instance, ``row_unwritable`` replacements included."""
         self.rows_unwritable = 0
         """Rows replaced by a ``row_unwritable`` row so far."""
+        self.key_file = Path(key_file) if key_file is not None else default_key_path(self.path)
+        """The chain's key file."""
+        self.accept_broken = accept_broken
+        self.started: str | None = None
+        """The ``status`` of the ``chain_start`` row opening wrote, or None if it wrote none."""
+        self._heads = _Heads(head, head_every_rows, head_every_seconds)
 
         # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
         # only once committed, so a failed batch is retried with the next one, in order.
@@ -297,6 +404,9 @@ class ActivityLog:
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
+        self._chainer: Chainer | None = None
+        self.head: tuple[int, str] | None = None
+        """The id and ``chain`` of the last row this log committed (or found on opening)."""
 
     # Lifecycle
 
@@ -306,15 +416,17 @@ class ActivityLog:
         Raises:
             sqlite3.Error: the file cannot be opened or is not a database; fix the path or its
                 permissions, since nothing can be logged (and so nothing delivered) without it.
+            ChainBroken: the chain's tail or the triggers show a change (the message names the
+                first bad row), or the key is missing for a chained log; a ``ValueError``.
+            ValueError: the key file does not hold a key.
             RuntimeError: the log was already opened.
         """
         if self._thread is not None or self._closing:
             raise RuntimeError("the activity log was already opened")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        thread = DatabaseThread(f"activity-db {self.path}", after=self._checkpoint_if_due)
+        thread = DatabaseThread(f"activity-db {self.path}", after=self._after_batch)
         self._thread = thread
         try:
-            await thread.run(self._connect)
+            await thread.run(self._connect, _now())
         except BaseException:
             await thread.stop(self._disconnect)
             self._thread = None
@@ -322,6 +434,7 @@ class ActivityLog:
         self._rows_per_statement = min(self.batch_max, _max_rows_per_statement())
         self._writer = asyncio.create_task(self._run(), name=f"activity-writer {self.path}")
         self._writer.add_done_callback(self._writer_done)
+        self._heads.start(self._ship_head_later)
         logger.info("activity log open: %s", self.path)
 
     async def close(self) -> None:
@@ -341,6 +454,7 @@ class ActivityLog:
                 # wait() rather than await: a writer that was cancelled must not cancel us.
                 await asyncio.wait({self._writer})
         finally:
+            self._heads.stop()
             if self._thread is not None:
                 await self._thread.stop(self._disconnect)
             self._closed.set()
@@ -591,9 +705,9 @@ class ActivityLog:
 
     # On the database thread
 
-    def _connect(self) -> None:
-        # Autocommit: each batch is a single INSERT statement, which SQLite makes atomic on its
-        # own, so a batch needs no separate BEGIN and COMMIT.
+    def _connect(self, ts: str) -> None:
+        # Autocommit: each batch is its own BEGIN IMMEDIATE ... COMMIT (see _insert).
+        create_file(self.path)
         conn = sqlite3.connect(self.path, isolation_level=None)
         try:
             conn.executescript(
@@ -601,7 +715,16 @@ class ActivityLog:
                 f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)};"
                 "PRAGMA journal_mode = WAL;"
                 # Durable across a process crash; an OS crash may lose the last commits.
-                "PRAGMA synchronous = NORMAL;" + SCHEMA
+                "PRAGMA synchronous = NORMAL;"
+            )
+            opened = prepare(
+                conn,
+                self.path,
+                schema=SCHEMA,
+                columns=COLUMNS,
+                key_path=self.key_file,
+                accept_broken=self.accept_broken,
+                ts=ts,
             )
             if self.checkpoint_bytes is None:
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
@@ -615,11 +738,17 @@ class ActivityLog:
             conn.close()
             raise
         self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
+        self._chainer = Chainer(opened.key, COLUMNS)
+        self.head, self.started = opened.head, opened.started
+        self._heads.rows = self._heads.every_rows  # the head of the log as opened goes out first
 
     def _disconnect(self) -> None:
         if self._conn is not None:
+            with contextlib.suppress(Exception):  # a failing disk: the head waits for next time
+                self._heads.ship(self.head)
             self._conn.close()
             self._conn = None
+        self._heads.close()
 
     def _write_on_thread(self, batch: list[_Row]) -> None:
         # Before the INSERT: the connection's -wal file keeps its name, so rows written after
@@ -627,11 +756,42 @@ class ActivityLog:
         self._check_file()
         self._insert(batch)
         self._rows_since_checkpoint += len(batch)
+        self._heads.rows += len(batch)
 
     def _insert(self, batch: list[_Row]) -> None:
-        """Run the ``INSERT`` of ``batch`` (database thread; tests replace it to block)."""
-        assert self._conn is not None
-        self._conn.execute(_insert_sql(len(batch)), list(itertools.chain.from_iterable(batch)))
+        """Chain ``batch`` after the log's last row and insert it, in one transaction
+        (database thread; tests replace it to block)."""
+        conn, chainer = self._conn, self._chainer
+        assert conn is not None and chainer is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # The last row, whoever wrote it: another process may share the file.
+            last_id, last_chain = conn.execute(_LAST_ROW).fetchone()
+            params, head_id, head_chain = chainer.link(batch, last_id, last_chain)
+            conn.execute(_insert_sql(len(batch)), params)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self.head = (head_id, head_chain)
+
+    def _after_batch(self) -> None:
+        """Between batches, on the database thread: the checkpoint and the head, when due."""
+        self._checkpoint_if_due()
+        if self._heads.rows >= self._heads.every_rows:
+            self._ship_head()
+
+    def _ship_head(self) -> None:
+        try:
+            self._heads.ship(self.head)
+        except OSError as exc:  # the next head will be tried; the log itself is fine
+            logger.warning("could not write the activity log's head: %s", exc)
+
+    def _ship_head_later(self) -> None:
+        """The timer's turn (event loop): write the head on the thread if it moved."""
+        if self._thread is not None and not self._closing:
+            self._thread.run(self._ship_head)
 
     def _check_file(self) -> None:
         """Raise :class:`_FileGone` unless ``path`` is still the file the connection writes."""
@@ -793,11 +953,15 @@ def _payload_json(payload: Any) -> str:
         return _ENCODER.encode(repr(payload))
 
 
+_LAST_ROW = "SELECT id, chain FROM activity_log ORDER BY id DESC LIMIT 1"
+_INSERTED = ("id", *COLUMNS, "chain")
+
+
 @functools.lru_cache(maxsize=128)
 def _insert_sql(rows: int) -> str:
     """A multi-row ``INSERT`` for ``rows`` rows (cached: batch sizes repeat under steady load)."""
-    values = "(" + ",".join("?" * len(COLUMNS)) + ")"
-    return f"INSERT INTO activity_log ({','.join(COLUMNS)}) VALUES " + ",".join([values] * rows)
+    values = "(" + ",".join("?" * len(_INSERTED)) + ")"
+    return f"INSERT INTO activity_log ({','.join(_INSERTED)}) VALUES " + ",".join([values] * rows)
 
 
 @functools.cache
@@ -806,7 +970,7 @@ def _max_rows_per_statement() -> int:
     # The limit is compiled into the library (999 before SQLite 3.32, 32766 since).
     with contextlib.closing(sqlite3.connect(":memory:")) as probe:
         limit = probe.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    return max(1, limit // len(COLUMNS))
+    return max(1, limit // len(_INSERTED))
 
 
 def canonical_json(value: Any) -> bytes:

@@ -1,0 +1,398 @@
+"""The activity log's hash chain: each row keyed to the one before it, so a rewrite shows.
+
+Every row carries ``chain``, the hex HMAC-SHA-256 of the previous row's ``chain`` (32 bytes)
+followed by the row's own canonical content, under a key kept outside the database
+(:func:`load_key`, :func:`create_key`). A ``chain_start`` row begins a segment: it is keyed to
+32 zero bytes instead, and its payload binds everything before it (see :class:`Verifier`). So
+whoever can write the database file but not read the key cannot change, add, remove or reorder a
+row without :class:`Verifier` naming it; only rows cut from the end go unseen, unless the head
+(:func:`parse_head`) was kept elsewhere.
+
+The canonical content (version :data:`VERSION`) is the UTF-8 JSON object of the row's columns,
+``chain`` left out, NULLs left out, keys sorted, ``,`` and ``:`` as separators, non-ASCII as is
+(Python's ``json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False)``), every
+value as text: an integer in decimal, a real as Python's ``repr``. Leaving NULLs out is what lets
+a column be added later: the rows written before it read NULL there, and hash as they did.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "GENESIS",
+    "VERSION",
+    "ChainBroken",
+    "Chainer",
+    "Problem",
+    "Verifier",
+    "canonical_row",
+    "create_key",
+    "default_key_path",
+    "key_id",
+    "load_key",
+    "parse_head",
+]
+
+logger = logging.getLogger("bus.activity")
+
+VERSION = 1
+"""The canonical encoding and chaining rule a ``chain_start`` row declares (``"chain": 1``)."""
+
+GENESIS = bytes(32)
+"""What a ``chain_start`` row is keyed to in place of a previous row's hash."""
+
+CHAIN_START = "chain_start"
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class ChainBroken(ValueError):
+    """The log's chain or triggers show a change: the one-line message names the first bad row.
+
+    Attributes:
+        row: the id of the first row found bad, or None when only a trigger is missing.
+        why: what is wrong with it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], row: int | None, why: str) -> None:
+        self.path = str(path)
+        self.row = row
+        self.why = why
+        super().__init__(self.path, row, why)
+
+    def __str__(self) -> str:
+        where = f"row {self.row}: " if self.row is not None else ""
+        return (
+            f"activity log {self.path}: {where}{self.why}; check it with `bcpbus audit verify "
+            f"--db {self.path}`, or start with --accept-broken-log to record the break and start "
+            "a new chain segment"
+        )
+
+
+# The key
+
+
+def default_key_path(db: str | os.PathLike[str]) -> Path:
+    """The key file of the log at ``db`` when none is given: ``<db>.key`` beside it."""
+    db = Path(db)
+    return db.with_name(db.name + ".key")
+
+
+def create_key(path: str | os.PathLike[str]) -> bytes:
+    """Create a new random key at ``path`` (mode 0600, never over an existing file); return it.
+
+    Raises:
+        FileExistsError: there is a file at ``path`` already.
+        OSError: the file cannot be created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = os.urandom(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(key.hex() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    logger.warning("created the activity log's key %s: back it up apart from the database", path)
+    return key
+
+
+def load_key(path: str | os.PathLike[str]) -> bytes:
+    """Read the key at ``path`` (64 hex digits); warn if others may read it.
+
+    Raises:
+        FileNotFoundError: there is no key at ``path``.
+        ValueError: the file does not hold a key.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="ascii", errors="replace").strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError(f"{path} does not hold an activity log key (64 hex digits)")
+    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logger.warning("the activity log's key %s may be read by others: chmod 600 it", path)
+    return key
+
+
+def key_id(key: bytes) -> str:
+    """A name for ``key`` that gives nothing of it away: 16 hex digits, kept in ``chain_start``."""
+    return hmac.digest(key, b"bcpbus activity log key id", "sha256").hex()[:16]
+
+
+# Rows
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"a chained column holds {type(value).__name__}, not text or a number")
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def canonical_row(names: Sequence[str], values: Sequence[Any]) -> bytes:
+    """The canonical content of a row: ``names`` sorted, ``values`` in their order.
+
+    Raises:
+        TypeError: a value is a BLOB (bytes) or other non-text, non-number.
+        UnicodeEncodeError: a value is not valid Unicode (SQLite would refuse it too).
+    """
+    return _ENCODER.encode(
+        {
+            name: value if type(value) is str else _text(value)
+            for name, value in zip(names, values, strict=True)
+            if value is not None
+        }
+    ).encode()
+
+
+def unhex(chain: Any) -> bytes:
+    """A stored ``chain`` as 32 bytes; anything that is not 64 hex digits counts as zeros."""
+    if isinstance(chain, str) and len(chain) == 64:
+        try:
+            return bytes.fromhex(chain)
+        except ValueError:
+            pass
+    return GENESIS
+
+
+class Chainer:
+    """Chains rows for the writer: ``ids`` and ``chain`` for a batch after the log's last row.
+
+    Args:
+        key: the log's key.
+        columns: the columns the writer fills, in the order of its rows (``id`` and ``chain``
+            excluded).
+    """
+
+    def __init__(self, key: bytes, columns: Sequence[str]) -> None:
+        self._mac = hmac.new(key, digestmod="sha256")
+        names = ["id", *columns]
+        order = sorted(range(len(names)), key=names.__getitem__)
+        self._names = [names[i] for i in order]
+        self._order = order
+
+    def mac(self, prev: bytes, content: bytes) -> bytes:
+        """HMAC-SHA-256 of ``prev`` then ``content``."""
+        mac = self._mac.copy()
+        mac.update(prev)
+        mac.update(content)
+        return mac.digest()
+
+    def link(
+        self, rows: Iterable[Sequence[Any]], last_id: int, last_chain: Any
+    ) -> tuple[list[Any], int, str]:
+        """Return the INSERT parameters ``(id, *row, chain)`` of ``rows``, and the new head.
+
+        Raises:
+            UnicodeEncodeError, TypeError: as :func:`canonical_row`.
+        """
+        prev = unhex(last_chain)
+        names, order = self._names, self._order
+        params: list[Any] = []
+        row_id, hexed = last_id, str(last_chain)
+        for row in rows:
+            row_id += 1
+            full = (row_id, *row)
+            prev = self.mac(prev, canonical_row(names, [full[i] for i in order]))
+            hexed = prev.hex()
+            params.extend(full)
+            params.append(hexed)
+        return params, row_id, hexed
+
+    def start(self, row: Sequence[Any], row_id: int) -> tuple[list[Any], str]:
+        """Return the INSERT parameters of a ``chain_start`` row and its hash."""
+        full = (row_id, *row)
+        hexed = self.mac(GENESIS, canonical_row(self._names, [full[i] for i in self._order])).hex()
+        return [*full, hexed], hexed
+
+
+# Verification
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A row that does not verify, and why."""
+
+    row: int | None
+    why: str
+
+
+@dataclass
+class Verifier:
+    """Check rows, oldest first, against the chain; collect what does not match.
+
+    Feed every row (id order) to :meth:`check` as a mapping of column to value; then
+    :attr:`problems` holds what is wrong, first first. Rows before the first ``chain_start``
+    with no ``chain`` were written before the log was chained: the ``chain_start`` that follows
+    them binds them (its payload's ``previous``), so they are checked too.
+
+    ``previous`` in a ``chain_start`` payload is ``{"rows", "last_id", "chain"}``: how many rows
+    came before it, the last one's id, and the hex :attr:`run` over them (the chain as it would
+    be had every row been chained, each segment from its ``chain_start``), as they were when the
+    segment started.
+
+    Args:
+        key: the log's key.
+        start: report nothing wrong before this row id (a segment's ``chain_start``), but still
+            check that its ``previous`` matches the rows before it.
+    """
+
+    key: bytes
+    start: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    rows: int = 0
+    head: tuple[int, str] | None = None
+    """The last row's id and ``chain``."""
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    """The ``chain_start`` rows seen: id, ts, and their payload."""
+
+    def __post_init__(self) -> None:
+        self._mac = hmac.new(self.key, digestmod="sha256")
+        self._key_id = key_id(self.key)
+        self._run = GENESIS
+        self._prev: tuple[Any, str | None] | None = None  # id and stored chain of the last row
+        self._chained = False
+        self._partial = False
+
+    def resume(self, prev: tuple[int, str | None] | None) -> None:
+        """Check a tail: the next row follows ``prev`` (id and stored ``chain``), or starts a
+        segment whose ``previous`` is not checked (``None``)."""
+        self._prev = prev
+        self._chained = True
+        self._partial = True
+        self._run = unhex(prev[1]) if prev else GENESIS
+
+    def _hmac(self, prev: bytes, content: bytes) -> bytes:
+        mac = self._mac.copy()
+        mac.update(prev)
+        mac.update(content)
+        return mac.digest()
+
+    @property
+    def run(self) -> bytes:
+        """The chain over every row so far, as the writer would have stored it."""
+        return self._run
+
+    def check(self, names: Sequence[str], values: Sequence[Any]) -> None:
+        """Check one row: ``names`` (sorted, ``chain`` included) and their ``values``."""
+        row = dict(zip(names, values, strict=True))
+        row_id, stored = row.get("id"), row.pop("chain", None)
+        content_names = [n for n in names if n != "chain"]
+        try:
+            content = canonical_row(content_names, [row[n] for n in content_names])
+        except (TypeError, UnicodeEncodeError) as exc:
+            self._bad(row_id, f"it holds what the writer never stores ({exc})")
+            content = repr(sorted(row.items(), key=lambda kv: kv[0])).encode("utf-8", "replace")
+        self.rows += 1
+        if row.get("event") == CHAIN_START and stored is not None:
+            self._segment(row, content, stored)
+        elif stored is None and not self._chained:
+            self._run = self._hmac(self._run, content)  # written before the log was chained
+        else:
+            self._link(row, content, stored)
+        self._prev = (row_id, stored)
+        self.head = (row_id, stored) if isinstance(row_id, int) and stored is not None else None
+
+    def _segment(self, row: dict[str, Any], content: bytes, stored: str) -> None:
+        row_id = row["id"]
+        payload = _payload(row.get("payload_json"))
+        self.segments.append({"id": row_id, "ts": row.get("ts"), **payload})
+        expected = self._hmac(GENESIS, content)
+        if payload.get("chain") != VERSION:
+            self._bad(
+                row_id, f"it starts a chain of version {payload.get('chain')!r}, not {VERSION}"
+            )
+        elif payload.get("key_id") != self._key_id:
+            self._bad(
+                row_id,
+                f"its segment was chained with another key (key id {payload.get('key_id')}; the "
+                f"key given has {self._key_id}): give that key",
+            )
+        elif not hmac.compare_digest(stored, expected.hex()):
+            self._bad(row_id, "it does not match its hash: it was changed or forged")
+        elif not self._partial:
+            self._check_previous(row_id, payload.get("previous"))
+        self._chained = True
+        self._run = expected
+
+    def _check_previous(self, row_id: int, previous: Any) -> None:
+        before = self.rows - 1
+        last_id = self._prev[0] if self._prev else None
+        if not isinstance(previous, dict):
+            previous = {}
+        rows, chain = previous.get("rows", 0), previous.get("chain")
+        if rows != before or previous.get("last_id") != last_id:
+            self._bad(
+                row_id,
+                f"it starts a segment after {rows} rows (the last {previous.get('last_id')}), but "
+                f"{before} rows (the last {last_id}) come before it: rows before it were added or "
+                "removed since",
+            )
+        elif before and chain != self._run.hex():
+            self._bad(row_id, "rows before it were changed or reordered since its segment started")
+
+    def _link(self, row: dict[str, Any], content: bytes, stored: str | None) -> None:
+        row_id = row.get("id")
+        prev_id, prev_chain = self._prev if self._prev else (None, None)
+        expected = self._hmac(unhex(prev_chain), content)
+        if stored is None:
+            self._bad(row_id, "it has no hash: it was inserted by something other than the log")
+        elif not self._chained:
+            self._bad(
+                row_id, "no chain_start row comes before it: the start of the log was removed"
+            )
+        elif isinstance(prev_id, int) and isinstance(row_id, int) and row_id > prev_id + 1:
+            gap = prev_id + 1 if row_id == prev_id + 2 else f"{prev_id + 1}-{row_id - 1}"
+            self._bad(row_id, f"row {gap} before it is missing: removed")
+        elif isinstance(prev_id, int) and row_id != prev_id + 1:
+            self._bad(row_id, f"it follows row {prev_id}: the ids were changed")
+        elif not hmac.compare_digest(stored, expected.hex()):
+            self._bad(
+                row_id,
+                "it does not match its hash: it was changed, forged, or the rows before it were "
+                "replaced",
+            )
+        # The run goes on over the rows as they are (what a new segment's "previous" binds).
+        if self._run == unhex(prev_chain):
+            self._run = expected
+        else:
+            self._run = self._hmac(self._run, content)
+
+    def _bad(self, row_id: Any, why: str) -> None:
+        if isinstance(row_id, int) and row_id < self.start:
+            return
+        self.problems.append(Problem(row_id if isinstance(row_id, int) else None, why))
+
+
+def _payload(text: Any) -> dict[str, Any]:
+    try:
+        payload = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        payload = None
+    return payload if isinstance(payload, dict) else {}
+
+
+def parse_head(text: str) -> tuple[int, str]:
+    """Read a head written as ``ID:HASH`` (``bcpbus audit head``, the head file).
+
+    Raises:
+        ValueError: ``text`` is not of that form.
+    """
+    row, sep, chain = text.strip().partition(":")
+    chain = chain.lower()
+    if not sep or not row.isdigit() or len(chain) != 64 or unhex(chain) == GENESIS:
+        raise ValueError(f"{text!r} is not a head: give ID:HASH as `bcpbus audit head` prints it")
+    return int(row), chain
