@@ -133,7 +133,7 @@ def test_reads_a_log_the_writer_is_using(tmp_path: Path) -> None:
             return audit.query_rows(log.path)
 
     rows = asyncio.run(scenario())
-    assert events(rows) == ["connect"]
+    assert events(rows) == ["chain_start", "connect"]
 
 
 # query_rows
@@ -154,6 +154,7 @@ def test_no_filter_returns_all_rows_by_id(db: Path) -> None:
         "status",
         "payload_json",
         "error",
+        "chain",
     }
 
 
