@@ -43,7 +43,15 @@ from .chain import (
 )
 from .presence import BUS_CLIENT_ID
 
-__all__ = ["TAIL_ROWS", "Opened", "create_file", "prepare", "scan", "table_columns"]
+__all__ = [
+    "TAIL_ROWS",
+    "Opened",
+    "check_triggers",
+    "create_file",
+    "prepare",
+    "scan",
+    "table_columns",
+]
 
 logger = logging.getLogger("bus.activity")
 
@@ -114,6 +122,21 @@ def table_columns(conn: sqlite3.Connection) -> list[str]:
     return [name for _, name, *_ in conn.execute(f"PRAGMA table_info({TABLE})")]
 
 
+def check_triggers(conn: sqlite3.Connection, schema: str) -> list[Problem]:
+    """Name each trigger of ``schema`` that the database lacks or holds changed."""
+    existing = dict(
+        conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (TABLE,)
+        )
+    )
+    problems = []
+    for kind, name, sql in _expected(schema).objects:
+        if kind == "trigger" and existing.get(name) != sql:
+            change = "dropped" if name not in existing else "changed"
+            problems.append(Problem(None, f"its trigger {name} was {change}"))
+    return problems
+
+
 def scan(conn: sqlite3.Connection, verifier: Verifier, since: int = 0) -> None:
     """Feed every row with ``id >= since`` to ``verifier``, in id order."""
     names = sorted(table_columns(conn))
@@ -154,9 +177,7 @@ def prepare(
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        opened = _Preparation(conn, path, _expected(schema), columns, ts).run(
-            key_path, accept_broken
-        )
+        opened = _Preparation(conn, path, schema, columns, ts).run(key_path, accept_broken)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -170,11 +191,12 @@ class _Preparation:
         self,
         conn: sqlite3.Connection,
         path: Path,
-        schema: _Schema,
+        schema: str,
         columns: Sequence[str],
         ts: str,
     ) -> None:
-        self.conn, self.path, self.schema, self.columns, self.ts = conn, path, schema, columns, ts
+        self.conn, self.path, self.columns, self.ts = conn, path, columns, ts
+        self.schema_text, self.schema = schema, _expected(schema)
 
     def run(self, key_path: Path, accept_broken: bool) -> Opened:
         problems = self._schema()
@@ -214,14 +236,10 @@ class _Preparation:
                 # No default: rows written before the column read NULL and keep their hash.
                 conn.execute(f'ALTER TABLE {TABLE} ADD COLUMN "{name}" {kind}')
                 logger.info("activity log %s: added column %s", self.path, name)
-        problems = []
         for kind, name, sql in self.schema.objects[1:]:
             if kind == "index" and name not in existing:
                 conn.execute(sql)
-            elif kind == "trigger" and existing.get(name) != sql:
-                change = "dropped" if name not in existing else "changed"
-                problems.append(Problem(None, f"its trigger {name} was {change}"))
-        return problems
+        return check_triggers(conn, self.schema_text)
 
     def _latest_start(self) -> tuple[int, dict[str, Any]] | None:
         found = self.conn.execute(

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from bus.audit import has_relation, read_only
+from bus.audit import has_relation, neutralize, read_only
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalDecision, BcpApprovalRequest
 from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
 
@@ -299,19 +299,6 @@ class Approver:
 # Rendering
 
 
-def neutralize(text: str) -> str:
-    """Return ``text`` with every character that is not plainly printable shown escaped.
-
-    Escape sequences (ESC, CSI), every other C0/C1 control including newline and carriage
-    return, bidi overrides and isolates, zero-width and other invisible characters become
-    visible Python-style escapes (``\\x1b``, ``\\u202e``), so untrusted text printed to a
-    terminal can neither move the cursor, recolour, retitle, nor reorder what a person sees.
-    """
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
-
-
 def render_request(
     content: Mapping[str, Any] | BcpApprovalRequest,
     *,
@@ -480,15 +467,6 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
 
 def _one_line(value: Any) -> str:
     return neutralize(str(value))
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
 
 
 def _parse_time(value: Any) -> datetime | None:
