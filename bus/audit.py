@@ -19,7 +19,8 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +48,7 @@ __all__ = [
     "refusals_per_reason",
     "to_json",
     "to_jsonl",
+    "untrusted_lines",
     "verify",
 ]
 
@@ -664,6 +666,35 @@ def neutralize(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def untrusted_lines(value: Any, width: int = 76) -> list[str]:
+    """Return lines that show untrusted text (a reader's answer) safely: each starts with
+    ``|`` so that none can pass itself off as the frame around it, and each is escaped by
+    :func:`neutralize`. A mapping shows one ``key: value`` per entry, wrapped at ``width``.
+    """
+    if value is None or (isinstance(value, Mapping) and not value):
+        return ["| (nothing)"]
+    if not isinstance(value, Mapping):
+        value = {"(as sent)": value}
+    lines: list[str] = []
+    for key, item in value.items():
+        label = f"| {neutralize(str(key))}: "
+        text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+        paragraphs = text.split("\n")
+        if len(paragraphs) == 1 and len(label) + len(neutralize(text)) <= width:
+            lines.append(label + neutralize(text))
+            continue
+        lines.append(label.rstrip())
+        for paragraph in paragraphs:
+            lines += textwrap.wrap(
+                neutralize(paragraph),
+                width,
+                initial_indent="|   ",
+                subsequent_indent="|   ",
+                break_on_hyphens=False,
+            ) or ["|"]
+    return lines
 
 
 def _escape(ch: str) -> str:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from bus.audit import has_relation, neutralize, read_only
+from bus.audit import has_relation, neutralize, read_only, untrusted_lines
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalDecision, BcpApprovalRequest
 from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
 
@@ -347,7 +347,7 @@ def render_request(
         f"Written by {author}. Each line of it below starts with '|'.", width, "!! ", "!! "
     )
     lines.append("--- BEGIN UNTRUSTED TEXT ".ljust(width, "-"))
-    lines += _untrusted_lines(text, width)
+    lines += untrusted_lines(text, width)
     lines.append("--- END UNTRUSTED TEXT ".ljust(width, "-"))
     lines += ["", *_anomaly_lines(data.get("anomalies"), width)]
     lines.append("=" * width)
@@ -421,24 +421,6 @@ def _spec_lines(spec: Any, width: int) -> list[str]:
     if spec.get("directive") is not None:
         lines += _wrap(_one_line(spec["directive"]), width, "  directive: ", " " * 13)
         lines.append(f"  up to {_one_line(spec.get('max_words'))} words")
-    return lines
-
-
-def _untrusted_lines(text: Any, width: int) -> list[str]:
-    if not isinstance(text, Mapping) or not text:
-        return ["| (nothing)"]
-    lines: list[str] = []
-    for key, value in text.items():
-        label = f"| {_one_line(key)}: "
-        if not isinstance(value, str):
-            value = json.dumps(value, ensure_ascii=False)
-        paragraphs = value.split("\n")
-        if len(paragraphs) == 1 and len(label) + len(neutralize(value)) <= width:
-            lines.append(label + neutralize(value))
-            continue
-        lines.append(label.rstrip())
-        for paragraph in paragraphs:
-            lines += _wrap(neutralize(paragraph), width, "|   ", "|   ")
     return lines
 
 
