@@ -19,7 +19,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 
 from .activity import ActivityLog
-from .config import Limits, LogContent
+from .config import AuditSettings, Limits, LogContent
 from .credentials import Credentials
 from .identities import PeerIdentity
 from .policy import Policy
@@ -38,6 +38,8 @@ async def running(
     limits: Limits | None = None,
     server_id: str | None = None,
     log_content: LogContent = "full",
+    audit: AuditSettings | None = None,
+    accept_broken_log: bool = False,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> AsyncIterator[Bus]:
@@ -46,12 +48,25 @@ async def running(
     Args:
         policy: the authorization policy; None for the built-in one.
         log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
+        audit: the chain's key file and where its head goes; None for the defaults.
+        accept_broken_log: start on a log whose chain shows a change, recording it.
 
     Raises:
+        ChainBroken: the log's chain or triggers show a change (a ``ValueError`` naming the
+            first bad row); see ``accept_broken_log``.
         sqlite3.Error: the log cannot be opened at ``db``.
         OSError: ``host:port`` cannot be listened on.
     """
-    async with ActivityLog(db) as log:
+    audit = audit or AuditSettings()
+    log = ActivityLog(
+        db,
+        key_file=audit.key_file,
+        accept_broken=accept_broken_log,
+        head=audit.head,
+        head_every_rows=audit.head_every_rows,
+        head_every_seconds=audit.head_every_seconds,
+    )
+    async with log:
         async with Bus(
             policy=policy or Policy.default(),
             credentials=credentials,

@@ -40,6 +40,7 @@ __all__ = [
     "format_table",
     "has_relation",
     "head",
+    "last_id",
     "neutralize",
     "query_detail",
     "query_rows",
@@ -150,6 +151,7 @@ def query_rows(
     event: str | None = None,
     limit: int | None = 1000,
     after_id: int = 0,
+    through_id: int | None = None,
     newest: bool = False,
 ) -> list[dict[str, Any]]:
     """Return the log rows that pass every given filter, oldest first (by id).
@@ -162,7 +164,8 @@ def query_rows(
             a datetime without offset is UTC).
         until: keep rows strictly before it, so ``since=D, until=D+1`` is the whole day D.
         limit: most rows returned, 0 to :data:`MAX_LIMIT`; ``None`` for all.
-        after_id: keep rows whose id is above it (``audit --follow`` polls with the last seen).
+        after_id, through_id: keep rows whose id is above ``after_id`` and at most
+            ``through_id`` (``audit --follow`` reads each new stretch of the log once).
         newest: with ``limit``, the last rows that pass rather than the first (still oldest
             first).
 
@@ -184,6 +187,9 @@ def query_rows(
     if after_id:
         where.append("id > ?")
         params.append(after_id)
+    if through_id is not None:
+        where.append("id <= ?")
+        params.append(through_id)
     sql = "SELECT * FROM activity_log"
     if where:
         sql += " WHERE " + " AND ".join(where)
@@ -197,6 +203,18 @@ def query_rows(
         # The pattern test runs inside SQLite so LIMIT counts only matching rows.
         conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
         return [dict(row) for row in conn.execute(sql, params)]
+
+
+def last_id(db: str | os.PathLike[str]) -> int:
+    """Return the id of the log's last row, 0 if it has none.
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log.
+    """
+    with _connect(db) as conn:
+        [(found,)] = conn.execute("SELECT MAX(id) FROM activity_log")
+    return int(found or 0)
 
 
 def _filters(
@@ -572,6 +590,7 @@ def format_table(
     columns: Sequence[str] | None = None,
     *,
     max_width: int = _MAX_CELL,
+    header: bool = True,
 ) -> str:
     """Render rows as an aligned plain-text table for a terminal.
 
@@ -579,6 +598,7 @@ def format_table(
         rows: dicts as the query functions return them.
         columns: which keys to show, in order; by default every key, in first-seen order.
         max_width: cells longer than this are cut, ending in ``…``.
+        header: False leaves out the header and the rule (a table printed in parts).
 
     Returns:
         A header line, a rule, one line per row (no trailing newline); ``"(no rows)"`` if there
@@ -602,9 +622,8 @@ def format_table(
         ]
         return "  ".join(parts).rstrip()
 
-    header = line(list(columns))
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([header, rule, *(line(values) for values in cells)])
+    top = [line(list(columns)), "  ".join("-" * width for width in widths)] if header else []
+    return "\n".join([*top, *(line(values) for values in cells)])
 
 
 def to_jsonl(rows: list[dict[str, Any]]) -> str:
