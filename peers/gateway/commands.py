@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bus.activity import ActivityLog
+from bus.config import AuditSettings
 from bus.identities import default_agents_dir
 from schemas.agents import build_channels, load_agents
 
@@ -35,6 +36,13 @@ def add_gateway(sub: Any) -> None:
     parser.add_argument("--max-retries", type=int, default=GatewaySettings.max_retries)
     parser.add_argument("--approval-timeout", type=float, default=GatewaySettings.approval_timeout)
     parser.add_argument("--outbox-ttl", type=float, default=GatewaySettings.outbox_ttl)
+    parser.add_argument(
+        "--log-content",
+        choices=("full", "digest"),
+        help="what its rows keep of questions, answers and values (default: the bus's, as its "
+        "latest bus_start row says)",
+    )
+    parser.add_argument("--audit-key", help="the log's chain key (default: the --db path + .key)")
     parser.set_defaults(command=_gateway)
 
 
@@ -53,7 +61,18 @@ def _gateway(args: argparse.Namespace) -> int:
         approval_timeout=args.approval_timeout,
         outbox_ttl=args.outbox_ttl,
     )
-    return asyncio.run(run_standalone(args.url, token, args.db, agents_dir, settings))
+    audit = AuditSettings(key_file=args.audit_key)
+    return asyncio.run(
+        run_standalone(
+            args.url,
+            token,
+            args.db,
+            agents_dir,
+            settings,
+            log_content=args.log_content,
+            audit=audit,
+        )
+    )
 
 
 def add_budget(sub: Any) -> None:
@@ -68,6 +87,7 @@ def add_budget(sub: Any) -> None:
     reset.add_argument("--db", type=Path, default=Path("bcpbus.db"))
     reset.add_argument("--agents-dir", type=Path)
     reset.add_argument("--by", default=f"operator:{os.environ.get('USER', 'unknown')}")
+    reset.add_argument("--audit-key", help="the log's chain key (default: the --db path + .key)")
     reset.set_defaults(command=_budget_reset)
 
 
@@ -79,7 +99,7 @@ def _budget_reset(args: argparse.Namespace) -> int:
     topic = f"bcp:{args.controller}:{args.reader}"
 
     async def write() -> None:
-        async with ActivityLog(args.db) as log:
+        async with ActivityLog(args.db, key_file=args.audit_key) as log:
             await log.write(
                 "bcp_budget_reset",
                 actor=args.by,

@@ -45,7 +45,7 @@ class Answers:
                 Respond(False, ReasonCode.UNKNOWN_QUERY, detail),
             ]
         result = validate_response(query.spec, raw, anomaly_action=channel.anomaly_action)
-        row = ctx.validation(channel, result, event.message_id, query_id=query_id)
+        row = ctx.validation(channel, result, event.message_id, raw, query_id=query_id)
         if not result.accepted:
             return [row, *self._retry(event, query, result)]
         if result.approval_required:

@@ -52,7 +52,7 @@ class Pushes:
             ]
         spec = subscription.as_spec()
         result = validate_response(spec, response.response, anomaly_action=channel.anomaly_action)
-        checked = ctx.validation(channel, result, event.message_id, **ref)
+        checked = ctx.validation(channel, result, event.message_id, response.response, **ref)
         if result.accepted:
             return [checked, *self._accept(event, channel, subscription, result)]
         reason = ReasonCode.VALIDATION_FAILED
