@@ -208,7 +208,7 @@ class _Preparation:
             return self._start(key, "new", None, {})
         if start is None:
             return self._migrate(key, problems, accept_broken)
-        problems += self._tail(key, start)
+        problems = self._tail(key, start) + problems  # a bad row first, then the triggers
         if not problems:
             assert last is not None
             return Opened(key, (last[0], str(last[1])), None)
@@ -299,7 +299,7 @@ class _Preparation:
     def _migrate(self, key: bytes, problems: list[Problem], accept_broken: bool) -> Opened:
         verifier = Verifier(key)
         scan(self.conn, verifier)
-        problems = problems + verifier.problems
+        problems = verifier.problems + problems
         if problems and not accept_broken:
             first = problems[0]
             raise ChainBroken(self.path, first.row, first.why)
