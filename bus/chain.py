@@ -8,11 +8,13 @@ whoever can write the database file but not read the key cannot change, add, rem
 row without :class:`Verifier` naming it; only rows cut from the end go unseen, unless the head
 (:func:`parse_head`) was kept elsewhere.
 
-The canonical content (version :data:`VERSION`) is the UTF-8 JSON object of the row's columns,
-``chain`` left out, NULLs left out, keys sorted, ``,`` and ``:`` as separators, non-ASCII as is
-(Python's ``json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False)``), every
-value as text: an integer in decimal, a real as Python's ``repr``. Leaving NULLs out is what lets
-a column be added later: the rows written before it read NULL there, and hash as they did.
+The canonical content (version :data:`VERSION`) of a row is, for each column but ``chain`` whose
+value is not NULL, in the order of the column names: the name, a NUL character, the value's
+length in Unicode code points in decimal, a NUL, and the value as text (an integer in decimal, a
+real as Python's ``repr``); all of it UTF-8. The lengths make it unambiguous whatever the values
+hold; leaving NULLs out is what lets a column be added later: the rows written before it read
+NULL there, and hash as they did. It takes a third of the time JSON would (2.3 against 6 µs a
+row of the bus's, measured while choosing), and the writer pays it on every row.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,6 @@ GENESIS = bytes(32)
 
 CHAIN_START = "chain_start"
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class ChainBroken(ValueError):
@@ -134,6 +135,15 @@ def key_id(key: bytes) -> str:
 # Rows
 
 
+Fields = list[tuple[str, int]]
+"""The chained columns of a row layout: each name with its index, in name order."""
+
+
+def fields_of(names: Sequence[str]) -> Fields:
+    """The :data:`Fields` of rows whose columns are ``names`` (``chain`` is left out)."""
+    return sorted((name, i) for i, name in enumerate(names) if name != "chain")
+
+
 def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -142,20 +152,30 @@ def _text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def canonical_row(names: Sequence[str], values: Sequence[Any]) -> bytes:
-    """The canonical content of a row: ``names`` sorted, ``values`` in their order.
+def encode_row(fields: Fields, values: Sequence[Any]) -> bytes:
+    """The canonical content of the row ``values`` laid out as ``fields`` say.
 
     Raises:
-        TypeError: a value is a BLOB (bytes) or other non-text, non-number.
+        TypeError: a value is neither text nor a number (a BLOB).
         UnicodeEncodeError: a value is not valid Unicode (SQLite would refuse it too).
     """
-    return _ENCODER.encode(
-        {
-            name: value if type(value) is str else _text(value)
-            for name, value in zip(names, values, strict=True)
-            if value is not None
-        }
-    ).encode()
+    try:
+        # The common case, every value text: one pass, no conversions.
+        text = "".join(
+            [f"{name}\0{len(v)}\0{v}" for name, i in fields if (v := values[i]) is not None]
+        )
+    except TypeError:  # a number: len() of it fails
+        converted = [None if v is None else _text(v) for v in values]
+        text = "".join(
+            [f"{name}\0{len(v)}\0{v}" for name, i in fields if (v := converted[i]) is not None]
+        )
+    return text.encode()
+
+
+def canonical_row(row: Mapping[str, Any]) -> bytes:
+    """The canonical content of ``row``, a mapping of column to value (``chain`` left out)."""
+    names = list(row)
+    return encode_row(fields_of(names), [row[name] for name in names])
 
 
 def unhex(chain: Any) -> bytes:
@@ -179,10 +199,7 @@ class Chainer:
 
     def __init__(self, key: bytes, columns: Sequence[str]) -> None:
         self._mac = hmac.new(key, digestmod="sha256")
-        names = ["id", *columns]
-        order = sorted(range(len(names)), key=names.__getitem__)
-        self._names = [names[i] for i in order]
-        self._order = order
+        self._fields = fields_of(["id", *columns])
 
     def mac(self, prev: bytes, content: bytes) -> bytes:
         """HMAC-SHA-256 of ``prev`` then ``content``."""
@@ -200,23 +217,25 @@ class Chainer:
             UnicodeEncodeError, TypeError: as :func:`canonical_row`.
         """
         prev = unhex(last_chain)
-        names, order = self._names, self._order
+        fields, base = self._fields, self._mac
         params: list[Any] = []
         row_id, hexed = last_id, str(last_chain)
         for row in rows:
             row_id += 1
-            full = (row_id, *row)
-            prev = self.mac(prev, canonical_row(names, [full[i] for i in order]))
+            mac = base.copy()
+            mac.update(prev)
+            mac.update(encode_row(fields, (str(row_id), *row)))
+            prev = mac.digest()
             hexed = prev.hex()
-            params.extend(full)
+            params.append(row_id)
+            params.extend(row)
             params.append(hexed)
         return params, row_id, hexed
 
     def start(self, row: Sequence[Any], row_id: int) -> tuple[list[Any], str]:
         """Return the INSERT parameters of a ``chain_start`` row and its hash."""
-        full = (row_id, *row)
-        hexed = self.mac(GENESIS, canonical_row(self._names, [full[i] for i in self._order])).hex()
-        return [*full, hexed], hexed
+        hexed = self.mac(GENESIS, encode_row(self._fields, (str(row_id), *row))).hex()
+        return [row_id, *row, hexed], hexed
 
 
 # Verification
@@ -286,25 +305,39 @@ class Verifier:
         """The chain over every row so far, as the writer would have stored it."""
         return self._run
 
-    def check(self, names: Sequence[str], values: Sequence[Any]) -> None:
-        """Check one row: ``names`` (sorted, ``chain`` included) and their ``values``."""
-        row = dict(zip(names, values, strict=True))
-        row_id, stored = row.get("id"), row.pop("chain", None)
-        content_names = [n for n in names if n != "chain"]
-        try:
-            content = canonical_row(content_names, [row[n] for n in content_names])
-        except (TypeError, UnicodeEncodeError) as exc:
-            self._bad(row_id, f"it holds what the writer never stores ({exc})")
-            content = repr(sorted(row.items(), key=lambda kv: kv[0])).encode("utf-8", "replace")
+    def columns(self, names: Sequence[str]) -> None:
+        """Say which columns the rows given to :meth:`check` have, in their order."""
+        self._fields = fields_of(names)
+        self._names = list(names)
+        self._id = self._names.index("id")
+        self._chain = self._names.index("chain") if "chain" in self._names else None
+        self._event = self._names.index("event")
+
+    def check(self, values: Sequence[Any]) -> None:
+        """Check one row, its ``values`` in the order :meth:`columns` gave."""
+        row_id = values[self._id]
+        stored = values[self._chain] if self._chain is not None else None
+        content = self._content(row_id, values)
         self.rows += 1
-        if row.get("event") == CHAIN_START and stored is not None:
-            self._segment(row, content, stored)
+        if stored is not None and values[self._event] == CHAIN_START:
+            self._segment(dict(zip(self._names, values, strict=True)), content, stored)
         elif stored is None and not self._chained:
             self._run = self._hmac(self._run, content)  # written before the log was chained
         else:
-            self._link(row, content, stored)
+            self._link(row_id, content, stored)
         self._prev = (row_id, stored)
         self.head = (row_id, stored) if isinstance(row_id, int) and stored is not None else None
+
+    def _content(self, row_id: Any, values: Sequence[Any]) -> bytes:
+        text = list(values)
+        text[self._id] = str(row_id)
+        try:
+            if bytes in map(type, values):
+                raise TypeError("a BLOB")
+            return encode_row(self._fields, text)
+        except (TypeError, UnicodeEncodeError) as exc:
+            self._bad(row_id, f"it holds what the writer never stores ({exc})")
+            return repr(text).encode("utf-8", "replace")
 
     def _segment(self, row: dict[str, Any], content: bytes, stored: str) -> None:
         row_id = row["id"]
@@ -312,9 +345,8 @@ class Verifier:
         self.segments.append({"id": row_id, "ts": row.get("ts"), **payload})
         expected = self._hmac(GENESIS, content)
         if payload.get("chain") != VERSION:
-            self._bad(
-                row_id, f"it starts a chain of version {payload.get('chain')!r}, not {VERSION}"
-            )
+            why = f"it starts a chain of version {payload.get('chain')!r}, not {VERSION}"
+            self._bad(row_id, why)
         elif payload.get("key_id") != self._key_id:
             self._bad(
                 row_id,
@@ -344,8 +376,7 @@ class Verifier:
         elif before and chain != self._run.hex():
             self._bad(row_id, "rows before it were changed or reordered since its segment started")
 
-    def _link(self, row: dict[str, Any], content: bytes, stored: str | None) -> None:
-        row_id = row.get("id")
+    def _link(self, row_id: Any, content: bytes, stored: str | None) -> None:
         prev_id, prev_chain = self._prev if self._prev else (None, None)
         expected = self._hmac(unhex(prev_chain), content)
         if stored is None:

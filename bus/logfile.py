@@ -139,11 +139,12 @@ def check_triggers(conn: sqlite3.Connection, schema: str) -> list[Problem]:
 
 def scan(conn: sqlite3.Connection, verifier: Verifier, since: int = 0) -> None:
     """Feed every row with ``id >= since`` to ``verifier``, in id order."""
-    names = sorted(table_columns(conn))
+    names = table_columns(conn)
+    verifier.columns(names)
     quoted = ",".join(f'"{name}"' for name in names)
     check = verifier.check
     for values in conn.execute(f"SELECT {quoted} FROM {TABLE} WHERE id >= ? ORDER BY id", (since,)):
-        check(names, values)
+        check(values)
 
 
 # Preparing a file
