@@ -2,7 +2,8 @@
 
 Scenarios: ``delivery`` (1 and 2: the bus and the baseline relay, interleaved), ``bcp`` (3),
 ``fanout`` (4), ``connections`` (5), ``log`` (6), ``all`` of those, or ``soak`` (7, ten minutes
-unless ``--duration`` says otherwise, so it runs only when named); the numbers work too.
+unless ``--duration`` says otherwise) and ``verify`` (8, ``audit verify`` over 1,000,000 rows),
+which run only when named; the numbers work too.
 ``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 from .common import machine, machine_line, raise_fd_limit
 
 SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log")
-LONG_SCENARIOS = ("soak",)
+LONG_SCENARIOS = ("soak", "verify")
 """Run only when named: too long for ``all``."""
 _ALIASES = {
     "1": "delivery",
@@ -33,6 +34,7 @@ _ALIASES = {
     "5": "connections",
     "6": "log",
     "7": "soak",
+    "8": "verify",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.
