@@ -81,13 +81,12 @@ import json
 import logging
 import os
 import sqlite3
-import sys
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .chain import Chainer, default_key_path
+from .chain import Chainer, Heads, default_key_path
 from .dbthread import DatabaseThread
 from .errors import AuditUnavailable
 from .logfile import create_file, prepare
@@ -240,71 +239,6 @@ written before it keep their hash), but never creates a dropped trigger again wi
 _Row = tuple[str | None, ...]
 
 
-class _Heads:
-    """Where the log's head goes (``ID:HASH`` lines appended to a file, or stdout) and when.
-
-    :meth:`ship` and :meth:`close` run on the database thread, :meth:`start` and :meth:`stop`
-    on the event loop.
-    """
-
-    def __init__(
-        self, target: str | os.PathLike[str] | None, every_rows: int, every_seconds: float | None
-    ) -> None:
-        self.target = None if target is None else os.fspath(target)
-        self.every_rows = max(1, every_rows)
-        self.every_seconds = every_seconds
-        self.rows = 0
-        """Rows committed since the last head was written (database thread)."""
-        self._last: tuple[int, str] | None = None
-        self._file: Any = None
-        self._timer: asyncio.Task[None] | None = None
-
-    def start(self, tick: Any) -> None:
-        """Call ``tick`` every ``every_seconds`` until :meth:`stop`."""
-        if self.target is None or self.every_seconds is None:
-            return
-        every = self.every_seconds
-
-        async def run() -> None:
-            while True:
-                await asyncio.sleep(every)
-                tick()
-
-        self._timer = asyncio.create_task(run(), name="activity-log head")
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def ship(self, head: tuple[int, str] | None) -> None:
-        """Write ``head`` unless it was the last one written.
-
-        Raises:
-            OSError: the file cannot be written; the next head will be tried.
-        """
-        self.rows = 0
-        if self.target is None or head is None or head == self._last:
-            return
-        line = f"{head[0]}:{head[1]}\n"
-        if self.target == "-":
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        else:
-            if self._file is None:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-                self._file = os.fdopen(os.open(self.target, flags, 0o600), "a", encoding="ascii")
-            self._file.write(line)
-            self._file.flush()
-        self._last = head
-
-    def close(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
-
-
 class _FileGone(Exception):
     """The file at the log's path is not the one its connection writes (database thread)."""
 
@@ -379,7 +313,7 @@ class ActivityLog:
         self.accept_broken = accept_broken
         self.started: str | None = None
         """The ``status`` of the ``chain_start`` row opening wrote, or None if it wrote none."""
-        self._heads = _Heads(head, head_every_rows, head_every_seconds)
+        self._heads = Heads(head, head_every_rows, head_every_seconds)
 
         # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
         # only once committed, so a failed batch is retried with the next one, in order.

@@ -19,11 +19,14 @@ row of the bus's, measured while choosing), and the writer pays it on every row.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import os
 import stat
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +37,7 @@ __all__ = [
     "VERSION",
     "ChainBroken",
     "Chainer",
+    "Heads",
     "Problem",
     "Verifier",
     "canonical_row",
@@ -53,7 +57,6 @@ GENESIS = bytes(32)
 """What a ``chain_start`` row is keyed to in place of a previous row's hash."""
 
 CHAIN_START = "chain_start"
-
 
 
 class ChainBroken(ValueError):
@@ -414,6 +417,71 @@ def _payload(text: Any) -> dict[str, Any]:
     except ValueError:
         payload = None
     return payload if isinstance(payload, dict) else {}
+
+
+class Heads:
+    """Where the log's head goes (``ID:HASH`` lines appended to a file, or stdout) and when.
+
+    :meth:`ship` and :meth:`close` run on the database thread, :meth:`start` and :meth:`stop`
+    on the event loop.
+    """
+
+    def __init__(
+        self, target: str | os.PathLike[str] | None, every_rows: int, every_seconds: float | None
+    ) -> None:
+        self.target = None if target is None else os.fspath(target)
+        self.every_rows = max(1, every_rows)
+        self.every_seconds = every_seconds
+        self.rows = 0
+        """Rows committed since the last head was written (database thread)."""
+        self._last: tuple[int, str] | None = None
+        self._file: Any = None
+        self._timer: asyncio.Task[None] | None = None
+
+    def start(self, tick: Any) -> None:
+        """Call ``tick`` every ``every_seconds`` until :meth:`stop`."""
+        if self.target is None or self.every_seconds is None:
+            return
+        every = self.every_seconds
+
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(every)
+                tick()
+
+        self._timer = asyncio.create_task(run(), name="activity-log head")
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def ship(self, head: tuple[int, str] | None) -> None:
+        """Write ``head`` unless it was the last one written.
+
+        Raises:
+            OSError: the file cannot be written; the next head will be tried.
+        """
+        self.rows = 0
+        if self.target is None or head is None or head == self._last:
+            return
+        line = f"{head[0]}:{head[1]}\n"
+        if self.target == "-":
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        else:
+            if self._file is None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                self._file = os.fdopen(os.open(self.target, flags, 0o600), "a", encoding="ascii")
+            self._file.write(line)
+            self._file.flush()
+        self._last = head
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
 
 
 def parse_head(text: str) -> tuple[int, str]:
