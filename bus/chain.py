@@ -276,8 +276,6 @@ class Verifier:
     start: int = 0
     problems: list[Problem] = field(default_factory=list)
     rows: int = 0
-    head: tuple[int, str] | None = None
-    """The last row's id and ``chain``."""
     segments: list[dict[str, Any]] = field(default_factory=list)
     """The ``chain_start`` rows seen: id, ts, and their payload."""
 
@@ -285,17 +283,30 @@ class Verifier:
         self._mac = hmac.new(self.key, digestmod="sha256")
         self._key_id = key_id(self.key)
         self._run = GENESIS
-        self._prev: tuple[Any, str | None] | None = None  # id and stored chain of the last row
+        # The last row: its id, its stored chain, and that chain as bytes (what the next row's
+        # hash is keyed to).
+        self._prev_id: Any = None
+        self._prev_stored: str | None = None
+        self._prev_digest = GENESIS
         self._chained = False
         self._partial = False
+
+    @property
+    def head(self) -> tuple[int, str] | None:
+        """The last row's id and ``chain``."""
+        if isinstance(self._prev_id, int) and self._prev_stored is not None:
+            return self._prev_id, self._prev_stored
+        return None
 
     def resume(self, prev: tuple[int, str | None] | None) -> None:
         """Check a tail: the next row follows ``prev`` (id and stored ``chain``), or starts a
         segment whose ``previous`` is not checked (``None``)."""
-        self._prev = prev
+        if prev is not None:
+            self._prev_id, self._prev_stored = prev
+            self._prev_digest = unhex(prev[1])
         self._chained = True
         self._partial = True
-        self._run = unhex(prev[1]) if prev else GENESIS
+        self._run = self._prev_digest
 
     def _hmac(self, prev: bytes, content: bytes) -> bytes:
         mac = self._mac.copy()
@@ -322,27 +333,38 @@ class Verifier:
         stored = values[self._chain] if self._chain is not None else None
         content = self._content(row_id, values)
         self.rows += 1
+        digest: bytes | None = None
         if stored is not None and values[self._event] == CHAIN_START:
-            self._segment(dict(zip(self._names, values, strict=True)), content, stored)
+            digest = self._segment(dict(zip(self._names, values, strict=True)), content, stored)
         elif stored is None and not self._chained:
             self._run = self._hmac(self._run, content)  # written before the log was chained
         else:
-            self._link(row_id, content, stored)
-        self._prev = (row_id, stored)
-        self.head = (row_id, stored) if isinstance(row_id, int) and stored is not None else None
+            digest = self._hmac(self._prev_digest, content)
+            prev_id = self._prev_id
+            if (
+                stored != digest.hex()
+                or not self._chained
+                or prev_id is None
+                or row_id != prev_id + 1
+            ):
+                self._link_problem(row_id, stored, prev_id)
+            # The run goes on over the rows as they are (what a new segment's "previous" binds).
+            same = self._run == self._prev_digest
+            self._run = digest if same else self._hmac(self._run, content)
+        self._prev_id, self._prev_stored = row_id, stored
+        self._prev_digest = digest if digest and stored == digest.hex() else unhex(stored)
 
     def _content(self, row_id: Any, values: Sequence[Any]) -> bytes:
         text = list(values)
         text[self._id] = str(row_id)
         try:
-            if bytes in map(type, values):
-                raise TypeError("a BLOB")
+            # A BLOB encodes as its repr, which no text the writer hashed matches.
             return encode_row(self._fields, text)
         except (TypeError, UnicodeEncodeError) as exc:
             self._bad(row_id, f"it holds what the writer never stores ({exc})")
             return repr(text).encode("utf-8", "replace")
 
-    def _segment(self, row: dict[str, Any], content: bytes, stored: str) -> None:
+    def _segment(self, row: dict[str, Any], content: bytes, stored: str) -> bytes:
         row_id = row["id"]
         payload = _payload(row.get("payload_json"))
         self.segments.append({"id": row_id, "ts": row.get("ts"), **payload})
@@ -356,16 +378,17 @@ class Verifier:
                 f"its segment was chained with another key (key id {payload.get('key_id')}; the "
                 f"key given has {self._key_id}): give that key",
             )
-        elif not hmac.compare_digest(stored, expected.hex()):
+        elif stored != expected.hex():
             self._bad(row_id, "it does not match its hash: it was changed or forged")
         elif not self._partial:
             self._check_previous(row_id, payload.get("previous"))
         self._chained = True
         self._run = expected
+        return expected
 
     def _check_previous(self, row_id: int, previous: Any) -> None:
         before = self.rows - 1
-        last_id = self._prev[0] if self._prev else None
+        last_id = self._prev_id
         if not isinstance(previous, dict):
             previous = {}
         rows, chain = previous.get("rows", 0), previous.get("chain")
@@ -379,9 +402,7 @@ class Verifier:
         elif before and chain != self._run.hex():
             self._bad(row_id, "rows before it were changed or reordered since its segment started")
 
-    def _link(self, row_id: Any, content: bytes, stored: str | None) -> None:
-        prev_id, prev_chain = self._prev if self._prev else (None, None)
-        expected = self._hmac(unhex(prev_chain), content)
+    def _link_problem(self, row_id: Any, stored: str | None, prev_id: Any) -> None:
         if stored is None:
             self._bad(row_id, "it has no hash: it was inserted by something other than the log")
         elif not self._chained:
@@ -393,17 +414,12 @@ class Verifier:
             self._bad(row_id, f"row {gap} before it is missing: removed")
         elif isinstance(prev_id, int) and row_id != prev_id + 1:
             self._bad(row_id, f"it follows row {prev_id}: the ids were changed")
-        elif not hmac.compare_digest(stored, expected.hex()):
+        else:
             self._bad(
                 row_id,
                 "it does not match its hash: it was changed, forged, or the rows before it were "
                 "replaced",
             )
-        # The run goes on over the rows as they are (what a new segment's "previous" binds).
-        if self._run == unhex(prev_chain):
-            self._run = expected
-        else:
-            self._run = self._hmac(self._run, content)
 
     def _bad(self, row_id: Any, why: str) -> None:
         if isinstance(row_id, int) and row_id < self.start:
