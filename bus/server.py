@@ -61,7 +61,7 @@ from .errors import (
 from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .params import SendFields, parse, read_send_message
-from .policy import Grants, Policy, PolicyError, may_flow
+from .policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
 from .recent import RecentIds
@@ -672,13 +672,15 @@ class Bus:
         )
         targets: list[Route[Connection]] = []
         for target in self._router.targets(topic, sender=sender.handle if sender else None):
-            if grants is not None and not may_flow(grants, target.grants):
+            if grants is not None and not may_flow(grants, target.grants, message_type):
+                # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
+                level = "high" if message_type in RAW_TEXT_TYPES else grants.taint
                 log.record(
                     "taint_refused",
                     message_id=message_id,
                     actor=target.client_id,
                     topic=topic,
-                    status=f"{grants.taint}->{target.grants.taint}",
+                    status=f"{level}->{target.grants.taint}",
                 )
                 continue
             log.record("process_start", message_id=message_id, actor=target.client_id, topic=topic)
@@ -805,7 +807,6 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
     holds the message can recompute it: ``bus.activity.canonical_sha256(envelope)``.
     """
     if mode == "full":
-        # Through the module: the JSON library may be chosen again (tests reload _json).
         return _json.dumps(payload)
     return json.dumps(
         {"type": message_type, "sha256": canonical_sha256(payload)},

@@ -16,6 +16,8 @@ prose. The frontmatter of a controller and of its reader look like this:
         max_cat2_queries: 10              # >= 0; omitted: no count limit
         anomaly_action: reject            # reject (default) | review | flag
         max_escalations_per_task: 2       # >= 0
+        screeners: [system:screener-x]    # optional: peers that judge Cat-2/3 answers too
+        screener_failure: reject          # reject (default) | review: a screener gave no verdict
         subscriptions:                    # controller side only
           - id: research-alerts           # letters, digits, hyphens; unique in the channel
             category: 1                   # <= max_category
@@ -26,12 +28,14 @@ prose. The frontmatter of a controller and of its reader look like this:
 
     name: researcher
     taint: high                           # default: high with a reader channel, else none
+    command: [python, -m, myagents.researcher]   # how `bcpbus system` starts it (optional)
     bcp_channels:
       - {peer: main, role: reader, max_category: 2, budget_bits: 1000}
 
 A channel is declared on both sides. When the two sides differ the stricter value holds (lower
 ``max_category``, ``budget_bits``, ``max_cat2_queries`` and ``max_escalations_per_task``; the
-stricter ``anomaly_action``): either operator may narrow a channel, neither may widen it.
+stricter ``anomaly_action`` and ``screener_failure``; the screeners of both sides): either
+operator may narrow a channel, neither may widen it.
 :func:`build_channels` gives that combined view, one :class:`Channel` per (controller, reader).
 
 Every inconsistency is a :class:`DefinitionError` that names the file and the field path:
@@ -42,6 +46,7 @@ each other.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,12 +70,16 @@ from schemas.bcp import (
     AnomalyAction,
     Category,
     QuerySpec,
+    ScreenerFailure,
+    ScreenerId,
     SubscriptionId,
 )
 from schemas.common import TaintLevel
 
 __all__ = [
     "DEFAULT_MAX_ESCALATIONS",
+    "MAX_SCREENERS",
+    "RESERVED_SCREENERS",
     "AgentDefinition",
     "BcpChannel",
     "Channel",
@@ -92,9 +101,18 @@ Role = Literal["controller", "reader"]
 
 _STRICTNESS: Final[dict[AnomalyAction, int]] = {"flag": 0, "review": 1, "reject": 2}
 
+MAX_SCREENERS: Final = 8
+"""Screeners one channel may name: each is asked about every Cat-2 and Cat-3 answer."""
+
+RESERVED_SCREENERS: Final = frozenset(
+    {"system:gateway", "system:bus", "system:presence", "system:approval"}
+)
+"""``system:`` names the bus and the gateway use themselves; none can be a screener."""
+
 _Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=0)]
 _Text = Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+_Word = Annotated[StrictStr, Field(max_length=4096, pattern=r"^[^\x00]+$")]
 
 
 class DefinitionError(ValueError):
@@ -161,7 +179,26 @@ class BcpChannel(_Model):
     """Cat-2 queries allowed per session; ``None``: only the budget limits them."""
     anomaly_action: AnomalyAction = "reject"
     max_escalations_per_task: _Count = DEFAULT_MAX_ESCALATIONS
+    screeners: Annotated[tuple[ScreenerId, ...], Field(max_length=MAX_SCREENERS)] = ()
+    """Peers (``system:<name>``) the gateway asks about every Cat-2 and Cat-3 answer, besides
+    its own screen. See docs/bcp.md, "Screeners"."""
+    screener_failure: ScreenerFailure = "reject"
+    """What an answer a screener gave no usable verdict on becomes: refused, or held for review."""
     subscriptions: tuple[Subscription, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_screeners(self) -> Self:
+        seen: set[str] = set()
+        for index, screener in enumerate(self.screeners):
+            if screener in RESERVED_SCREENERS:
+                strict_yaml.invalid(
+                    f"{screener} is the bus's or the gateway's own name, not a screener",
+                    at=f"screeners[{index}]",
+                )
+            if screener in seen:
+                strict_yaml.invalid(f"duplicate screener {screener!r}", at=f"screeners[{index}]")
+            seen.add(screener)
+        return self
 
     @model_validator(mode="after")
     def _check_subscriptions(self) -> Self:
@@ -198,6 +235,15 @@ class AgentDefinition(_Model):
     cron_schedules: tuple[CronSchedule, ...] = ()
     taint: TaintLevel | None = None
     """Omitted: ``high`` for an agent with a reader channel, ``none`` otherwise."""
+    command: Annotated[tuple[_Word, ...], Field(min_length=1, max_length=256)] | None = None
+    """The program and its arguments that ``bcpbus system`` runs to start this agent, run
+    without a shell in the definition's folder; a YAML list, or one string split as a shell
+    would (``shlex``). A first word ``python`` is the interpreter that runs ``bcpbus``. The
+    token comes through the environment (``BCPBUS_TOKEN``), never here. Omitted: the agent
+    is started some other way and a ``spawn_request`` for it is refused.
+
+    .. versionadded:: 0.2
+    """
     bcp_channels: tuple[BcpChannel, ...] = ()
 
     _source: str | None = PrivateAttr(default=None)
@@ -209,6 +255,28 @@ class AgentDefinition(_Model):
         if isinstance(value, str):
             return tuple(tool.strip() for tool in value.split(",") if tool.strip())
         return value
+
+    @field_validator(
+        "command", mode="before", json_schema_input_type=StrictStr | list[StrictStr] | None
+    )
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        words = value
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                words = shlex.split(value)
+            except ValueError as exc:  # "No closing quotation"
+                strict_yaml.invalid(f"cannot split the command into words: {exc}")
+        elif not isinstance(value, list | tuple):
+            strict_yaml.invalid("expected a list of words, e.g. [python, -m, mypackage.agent]")
+        if not words:
+            strict_yaml.invalid("give the program to run, e.g. [python, -m, mypackage.agent]")
+        for index, word in enumerate(words):
+            if word == "" or (isinstance(word, str) and "\x00" in word):
+                strict_yaml.invalid(f"word {index} is empty or holds a NUL character")
+        return words
 
     @model_validator(mode="after")
     def _check_channels(self) -> Self:
@@ -282,6 +350,9 @@ class Channel:
     reader_taint: TaintLevel
     controller_source: str
     reader_source: str
+    screeners: tuple[str, ...] = ()
+    """The screeners both sides name, the controller's first; each judges Cat-2 and Cat-3."""
+    screener_failure: ScreenerFailure = "reject"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -442,6 +513,10 @@ def _combine(
 ) -> Channel:
     cat2 = [n for n in (ours.max_cat2_queries, theirs.max_cat2_queries) if n is not None]
     action = max(ours.anomaly_action, theirs.anomaly_action, key=_STRICTNESS.__getitem__)
+    # A screener more is stricter: each side's screeners all judge the channel's answers.
+    screeners = tuple(dict.fromkeys((*ours.screeners, *theirs.screeners)))
+    sides = (ours.screener_failure, theirs.screener_failure)
+    failure: ScreenerFailure = "reject" if "reject" in sides else "review"
     return Channel(
         controller=controller.name,
         reader=reader.name,
@@ -456,10 +531,19 @@ def _combine(
         reader_taint=reader.effective_taint,
         controller_source=controller.source,
         reader_source=reader.source,
+        screeners=screeners,
+        screener_failure=failure,
     )
 
 
 def _check_combined(channel: Channel, source: str, where: str) -> None:
+    if len(channel.screeners) > MAX_SCREENERS:
+        raise DefinitionError(
+            source,
+            f"{where}.screeners",
+            f"the two sides name {len(channel.screeners)} screeners together; at most "
+            f"{MAX_SCREENERS}",
+        )
     for index, subscription in enumerate(channel.subscriptions):
         if not channel.allows(subscription.category):
             raise DefinitionError(

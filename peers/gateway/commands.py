@@ -43,6 +43,7 @@ def add_gateway(sub: Any) -> None:
         "latest bus_start row says)",
     )
     parser.add_argument("--audit-key", help="the log's chain key (default: the --db path + .key)")
+    parser.add_argument("--screener-timeout", type=float, default=GatewaySettings.screener_timeout)
     parser.set_defaults(command=_gateway)
 
 
@@ -60,6 +61,7 @@ def _gateway(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         approval_timeout=args.approval_timeout,
         outbox_ttl=args.outbox_ttl,
+        screener_timeout=args.screener_timeout,
     )
     audit = AuditSettings(key_file=args.audit_key)
     return asyncio.run(

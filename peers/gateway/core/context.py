@@ -40,6 +40,7 @@ __all__ = [
     "Settings",
     "channel_of",
     "parse",
+    "raw_answer",
 ]
 
 
@@ -54,6 +55,8 @@ class Settings(Protocol):
     def approval_timeout(self) -> float: ...
     @property
     def outbox_ttl(self) -> float: ...
+    @property
+    def screener_timeout(self) -> float: ...
 
 
 class Refusal(Exception):
@@ -249,6 +252,11 @@ class Context:
 
 def _after(then: Callable[[], list[Action]]) -> Then:
     return lambda _delivered_to: then()
+
+
+def raw_answer(event: MessageReceived) -> Any:
+    """The reader's answer in a ``bcp_response`` exactly as it came, for the log."""
+    return event.content.get("response")
 
 
 def channel_of(
