@@ -47,3 +47,17 @@ def test_delivery_writes_json_with_both_servers(tmp_path):
     assert set(summary) == {"1", "64"}
     assert summary["64"]["ratio_msgs"]["median"] > 0
     assert results["machine"]["cores"] >= 1
+
+
+def test_ab_compares_two_trees():
+    """`python -m bench.ab TREE` runs both trees alternately and prints the ratio per pair."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ab", str(ROOT), "--pairs", "1", "--count", "200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this/other msgs/s per pair:" in done.stdout
