@@ -56,11 +56,18 @@ The database itself refuses to change history, for every connection: triggers ab
 ``DELETE``, and an ``INSERT`` that reuses an existing id (which is how ``INSERT OR REPLACE`` would
 overwrite a row). Anyone who can write the file can still drop the triggers, so the log is also
 evidence: each row's ``chain`` is an HMAC-SHA-256 over the previous row's and its own content,
-under a key kept in a file of its own (:mod:`bus.chain`). The chain is computed on the database
-thread, in the transaction of the batch's ``INSERT`` (``BEGIN IMMEDIATE``, the last row's id and
-``chain`` read, the rows inserted with the ids and hashes that follow), so a batch costs one
-``SELECT`` more and each row an HMAC, and several processes writing one file chain their rows in
-turn. Opening the log creates the file 0600, migrates its schema, checks its triggers and the
+under a key kept in a file of its own (:mod:`bus.chain`). The writer chains each batch after
+the last row it committed, with the ids that follow, as it hands the batch to the database
+thread, and the thread inserts it in the one ``INSERT`` as before; if another process wrote a
+row meanwhile, the first id is taken, the ``activity_log_no_replace`` trigger aborts the
+statement, and the thread chains the batch again after the rows it finds, in a ``BEGIN
+IMMEDIATE`` transaction. So several processes writing one file chain their rows in turn, and the
+bus pays an HMAC and a 2 µs encoding per row. Where it pays them was measured (``python -m
+bench.ab``, window 64, against the log without a chain): on the database thread, the bus lost a
+quarter of its messages/s (0.75x, CPU 1.21x): that thread had to take the GIL from the busy
+event loop for the work, before and after the ``INSERT``; on the loop, 0.91x (CPU 1.10x). Four
+statements per batch instead of one (``BEGIN IMMEDIATE``, ``SELECT`` the last row, ``INSERT``,
+``COMMIT``) had cost another third. Opening the log creates the file 0600, migrates its schema, checks its triggers and the
 tail of its chain (:mod:`bus.logfile`). Every ``head_every_rows`` rows and ``head_every_seconds``
 seconds the writer can append the head (``ID:HASH`` of the last row) to a file or stdout, for
 shipping where the database's owner cannot rewrite it; ``bcpbus audit verify --expect-head`` then
@@ -343,6 +350,8 @@ class ActivityLog:
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
         self._chainer: Chainer | None = None
+        # The INSERT parameters and head of the batch about to be written, chained on the loop.
+        self._prepared: tuple[list[_Row], list[Any], int, str] | None = None
         self.head: tuple[int, str] | None = None
         """The id and ``chain`` of the last row this log committed (or found on opening)."""
 
@@ -638,7 +647,16 @@ class ActivityLog:
             _FileGone: the rows went to a file that is no longer at ``path``.
             Exception: what SQLite (or binding the rows) raised; nothing was written.
         """
-        assert self._thread is not None
+        assert self._thread is not None and self._chainer is not None
+        # The chain is computed here, on the loop, while it holds the GIL anyway: on the
+        # database thread the same work made that thread wait for the GIL of a busy loop
+        # before and after it, and the bus lost a quarter of its throughput at window 64.
+        # Batches go one at a time, so self.head is the previous batch's.
+        last_id, last_chain = self.head or (0, None)
+        try:
+            self._prepared = (batch, *self._chainer.link(batch, last_id, last_chain))
+        except Exception:  # a row SQLite will refuse too: _insert raises it in its place
+            self._prepared = None
         await self._thread.run(self._write_on_thread, batch)
 
     # On the database thread
@@ -697,21 +715,25 @@ class ActivityLog:
         self._heads.rows += len(batch)
 
     def _insert(self, batch: list[_Row]) -> None:
-        """Chain ``batch`` after the log's last row and insert it (database thread; tests
+        """Insert ``batch`` chained after the last row this log wrote (database thread; tests
         replace it to block).
 
-        Chained after the last row this log wrote, with the ids that follow it: if another
+        The chain comes from :meth:`_write_batch` (computed here if it is missing). If another
         process wrote a row since, the first id is taken and the ``activity_log_no_replace``
         trigger aborts the whole statement; then the batch is chained after the rows found, in
-        a ``BEGIN IMMEDIATE`` transaction. One plain ``INSERT``, not a transaction of four
-        statements, in the common case: each call into SQLite takes the GIL back from the busy
-        event loop, and four of them per batch cost the bus a third of its throughput at
-        window 64; an ``INSERT ... SELECT`` guarded by the last id cost 10% of its CPU.
+        a ``BEGIN IMMEDIATE`` transaction. One plain ``INSERT`` in the common case: each call
+        into SQLite takes the GIL back from the busy event loop, and a transaction of four
+        statements per batch cost the bus a third of its throughput at window 64; an ``INSERT
+        ... SELECT`` guarded by the last id, 10% of its CPU.
         """
         conn, chainer = self._conn, self._chainer
         assert conn is not None and chainer is not None
-        last_id, last_chain = self.head or (0, None)
-        params, head_id, head_chain = chainer.link(batch, last_id, last_chain)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] is batch:
+            _, params, head_id, head_chain = prepared
+        else:
+            last_id, last_chain = self.head or (0, None)
+            params, head_id, head_chain = chainer.link(batch, last_id, last_chain)
         try:
             conn.execute(_insert_sql(len(batch)), params)
         except sqlite3.IntegrityError as exc:
