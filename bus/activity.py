@@ -67,11 +67,13 @@ bench.ab``, window 64, against the log without a chain): on the database thread,
 quarter of its messages/s (0.75x, CPU 1.21x): that thread had to take the GIL from the busy
 event loop for the work, before and after the ``INSERT``; on the loop, 0.91x (CPU 1.10x). Four
 statements per batch instead of one (``BEGIN IMMEDIATE``, ``SELECT`` the last row, ``INSERT``,
-``COMMIT``) had cost another third. Opening the log creates the file 0600, migrates its schema,
-checks its triggers and the tail of its chain (:mod:`bus.logfile`). Every ``head_every_rows`` rows and ``head_every_seconds``
-seconds the writer can append the head (``ID:HASH`` of the last row) to a file or stdout, for
-shipping where the database's owner cannot rewrite it; ``bcpbus audit verify --expect-head`` then
-catches rows cut from the end.
+``COMMIT``) had cost another third.
+
+Opening the log creates the file 0600, migrates its schema, checks its triggers and the tail of
+its chain (:mod:`bus.logfile`). Every ``head_every_rows`` rows and ``head_every_seconds`` seconds
+the writer can append the head (``ID:HASH`` of the last row) to a file or stdout, for shipping
+where the database's owner cannot rewrite it; ``bcpbus audit verify --expect-head`` then catches
+rows cut from the end.
 
 Several processes may write one file (WAL mode, ``busy_timeout``). Read it with plain SQL or with
 :mod:`bus.audit`.
