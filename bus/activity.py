@@ -95,10 +95,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .chain import Chainer, Heads, default_key_path
+from .chain import Chainer, Heads, Verifier, default_key_path
 from .dbthread import DatabaseThread
 from .errors import AuditUnavailable
-from .logfile import create_file, prepare
+from .logfile import create_file, prepare, scan
 
 __all__ = [
     "COLUMNS",
@@ -352,6 +352,7 @@ class ActivityLog:
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
         self._chainer: Chainer | None = None
+        self._key: bytes | None = None
         # The INSERT parameters and head of the batch about to be written, chained on the loop.
         self._prepared: tuple[list[_Row], list[Any], int, str] | None = None
         self.head: tuple[int, str] | None = None
@@ -696,7 +697,7 @@ class ActivityLog:
             conn.close()
             raise
         self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
-        self._chainer = Chainer(opened.key, COLUMNS)
+        self._chainer, self._key = Chainer(opened.key, COLUMNS), opened.key
         self.head, self.started = opened.head, opened.started
         self._heads.rows = self._heads.every_rows  # the head of the log as opened goes out first
 
@@ -750,6 +751,8 @@ class ActivityLog:
         conn.execute("BEGIN IMMEDIATE")
         try:
             last_id, last_chain = conn.execute(_LAST_ROW).fetchone()
+            if self.head is not None and last_id > self.head[0]:
+                self._check_others(self.head)
             params, head_id, head_chain = chainer.link(batch, last_id, last_chain)
             conn.execute(_insert_sql(len(batch)), params)
             conn.execute("COMMIT")
@@ -758,6 +761,27 @@ class ActivityLog:
                 conn.execute("ROLLBACK")
             raise
         return head_id, head_chain
+
+    def _check_others(self, head: tuple[int, str]) -> None:
+        """Verify the rows other connections wrote after ``head``; say so if one is forged.
+
+        Cheap (only the rows since this log's last batch), and it makes a row forged with a
+        plain ``INSERT`` while the bus runs visible at once on stderr, not only at the next
+        ``bcpbus audit verify``.
+        """
+        assert self._conn is not None and self._key is not None
+        verifier = Verifier(self._key)
+        verifier.resume(head)
+        scan(self._conn, verifier, head[0] + 1)
+        for problem in verifier.problems[:1]:
+            logger.error(
+                "activity log %s: row %s, written by another connection, does not verify: %s; "
+                "run `bcpbus audit verify --db %s`",
+                self.path,
+                problem.row,
+                problem.why,
+                self.path,
+            )
 
     def _after_batch(self) -> None:
         """Between batches, on the database thread: the checkpoint and the head, when due."""

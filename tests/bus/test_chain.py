@@ -187,6 +187,21 @@ def test_the_wrong_key_is_named_as_such(db: Path, capsys, tmp_path: Path) -> Non
     assert key_id(load_key(default_key_path(db))) in line
 
 
+async def test_a_row_forged_while_the_log_is_open_is_reported_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain INSERT by another connection while the bus writes: the next batch says so."""
+    path = tmp_path / "bcpbus.db"
+    async with asyncio.timeout(TIMEOUT), ActivityLog(path) as log:
+        await log.write("send_start", message_id="a")
+        tamper(path, "INSERT INTO activity_log (ts, event, status) VALUES ('x', 'forged', 'ok');")
+        await log.write("send_start", message_id="b")
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "row 3, written by another connection, does not verify: it has no hash" in error
+    problems = audit.verify(path, default_key_path(path)).problems
+    assert [p.row for p in problems] == [3]
+
+
 # Opening a log: the start-up check
 
 
