@@ -699,7 +699,6 @@ class ActivityLog:
         self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
         self._chainer, self._key = Chainer(opened.key, COLUMNS), opened.key
         self.head, self.started = opened.head, opened.started
-        self._heads.rows = self._heads.every_rows  # the head of the log as opened goes out first
 
     def _disconnect(self) -> None:
         if self._conn is not None:

@@ -118,3 +118,9 @@ async def test_audit_chain_mistakes_are_one_line(tmp_path, args, named):
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert line.startswith("bcpbus: error: ") and named in line, line
+
+
+async def test_heads_on_stdout_come_after_the_listening_line(tmp_path):
+    """`--audit-head -` keeps `listening on` the first line of stdout (`serving` checks it)."""
+    async with serving(tmp_path, "--no-gateway", "--audit-head", "-", "--audit-head-rows", "1"):
+        pass
