@@ -425,6 +425,13 @@ class ActivityLog:
     ) -> None:
         await self.close()
 
+    def release_heads(self) -> None:
+        """Let heads go to stdout (``head="-"``) from now on; until then none is written there.
+
+        ``bcpbus serve`` calls it once it has printed its ``listening on`` line.
+        """
+        self._heads.ready = True
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called; a closed log takes no more rows."""

@@ -451,6 +451,9 @@ class Heads:
         self.rows = 0
         """Rows committed since the last head was written (database thread)."""
         self._last: tuple[int, str] | None = None
+        self.ready = self.target != "-"
+        """Whether heads may be written: stdout waits for :meth:`ActivityLog.release_heads`,
+        so that ``bcpbus serve`` prints its ``listening on`` line first."""
         self._file: Any = None
         self._timer: asyncio.Task[None] | None = None
 
@@ -479,7 +482,7 @@ class Heads:
             OSError: the file cannot be written; the next head will be tried.
         """
         self.rows = 0
-        if self.target is None or head is None or head == self._last:
+        if self.target is None or head is None or head == self._last or not self.ready:
             return
         line = f"{head[0]}:{head[1]}\n"
         if self.target == "-":

@@ -331,6 +331,7 @@ async def serve(
         async with run_beside(bus) if run_beside else contextlib.nullcontext():
             # Printed once the gateway is subscribed too: "listening" means ready for BCP.
             print(f"listening on {bus.url}", flush=True)
+            bus.log.release_heads()  # heads on stdout (--audit-head -) come after that line
             if ready is not None:
                 ready(bus)
             await stop.wait()
