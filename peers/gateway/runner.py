@@ -11,22 +11,25 @@ import contextlib
 import json
 import signal
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from bus.activity import ActivityLog
 from bus.config import AuditSettings, LogContent
 from bus.local import Socket
+from bus.reload import Reloader
 from bus.server import Bus
 from peers.client import Peer
 from schemas.agents import build_channels, load_agents
 from schemas.common import GATEWAY_CLIENT_ID
 
 from .gateway import Gateway
+from .reload import BudgetResets, GatewayChannels, last_row_id
 from .restore import create_views, restore
 from .settings import GatewaySettings
 
-__all__ = ["run_beside", "run_standalone", "running_gateway"]
+__all__ = ["run_beside", "run_standalone", "running_gateway", "watch"]
 
 
 @contextlib.asynccontextmanager
@@ -38,6 +41,7 @@ async def running_gateway(
     settings: GatewaySettings | None = None,
     *,
     connector: Callable[[], Awaitable[Socket]] | None = None,
+    cafile: Path | None = None,
     log_content: LogContent | None = None,
 ) -> AsyncIterator[Gateway]:
     """Run a gateway connected to ``url`` (or through ``connector``, see
@@ -51,7 +55,7 @@ async def running_gateway(
         AuthenticationFailed: the bus refused the gateway's token.
     """
     channels = build_channels(load_agents(agents_dir))
-    peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector)
+    peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector, cafile=cafile)
     mode: LogContent = (
         log_content
         if log_content is not None
@@ -70,15 +74,21 @@ async def running_gateway(
 
 @contextlib.asynccontextmanager
 async def run_beside(
-    bus: Bus, *, agents_dir: Path, settings: GatewaySettings | None = None
+    bus: Bus,
+    reloader: Reloader | None = None,
+    *,
+    agents_dir: Path,
+    settings: GatewaySettings | None = None,
 ) -> AsyncIterator[Gateway]:
     """Run the gateway in the bus's process, sharing its activity log.
 
     It connects over an in-process link (:mod:`bus.local`), not a socket, and authenticates
     like any peer. Its credential is made for this run only and never written to the peers
-    file.
+    file. With a ``reloader``, its channels are reloaded with the bus's files and budget
+    resets take effect at once.
     """
     token = bus.credentials.add_ephemeral(GATEWAY_CLIENT_ID, [])
+    after = await asyncio.to_thread(last_row_id, Path(bus.log.path))
     async with running_gateway(
         bus.url,
         token,
@@ -88,6 +98,8 @@ async def run_beside(
         connector=bus.connect_local,
         log_content=bus.log_content,
     ) as gateway:
+        if reloader is not None:
+            watch(gateway, reloader, agents_dir, Path(bus.log.path), after)
         yield gateway
 
 
@@ -105,6 +117,13 @@ def logged_content_mode(db: str | Path) -> LogContent:
     return "digest" if mode == "digest" else "full"
 
 
+def watch(gateway: Gateway, reloader: Reloader, agents_dir: Path, db: Path, after: int) -> None:
+    """Reload ``gateway``'s channels with ``reloader``'s other parts, and apply the budget
+    resets written to ``db`` after row ``after``."""
+    reloader.add(GatewayChannels(gateway, agents_dir))
+    reloader.polls.append(BudgetResets(gateway, db, after, say=reloader.say))
+
+
 async def run_standalone(
     url: str,
     token: str,
@@ -112,22 +131,36 @@ async def run_standalone(
     agents_dir: Path,
     settings: GatewaySettings,
     *,
+    cafile: Path | None = None,
     log_content: LogContent | None = None,
     audit: AuditSettings | None = None,
 ) -> int:
     """Run the gateway as its own process until SIGINT or SIGTERM; return the exit code.
 
-    ``audit`` names the chain's key file (the bus's) for the rows it writes to ``db``.
+    SIGHUP, or a change to the agent definitions, reloads its channels; budget resets take
+    effect within a second. ``audit`` names the chain's key file (the bus's) for the rows it
+    writes to ``db``.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    after = await asyncio.to_thread(last_row_id, db)
     key_file = audit.key_file if audit is not None else None
     async with (
         ActivityLog(db, key_file=key_file) as log,
-        running_gateway(url, token, log, agents_dir, settings, log_content=log_content),
+        running_gateway(
+            url, token, log, agents_dir, settings, cafile=cafile, log_content=log_content
+        ) as g,
     ):
-        print(f"gateway connected to {url}", flush=True)
-        await stop.wait()
+        reloader = Reloader(log, say=_stderr)
+        watch(g, reloader, agents_dir, db, after)
+        loop.add_signal_handler(signal.SIGHUP, reloader.trigger)
+        async with reloader:
+            print(f"gateway connected to {url}", flush=True)
+            await stop.wait()
     return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
