@@ -310,7 +310,12 @@ def _add_audit(sub: Any) -> None:
     aud.add_argument(
         "--follow", action="store_true", help="print new rows as they come, like tail -f"
     )
-    aud.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    aud.add_argument(
+        "--format",
+        choices=("table", "json", "jsonl"),
+        default="table",
+        help="a table (default), one JSON array, or JSON Lines (one object per row)",
+    )
     aud.add_argument("--json", action="store_true", help="same as --format json")
     aud.set_defaults(command=_audit)
     actions = aud.add_subparsers(title="checking the log", metavar="ACTION")
