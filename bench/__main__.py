@@ -2,11 +2,12 @@
 
 Scenarios: ``delivery`` (1 and 2: the bus and the baseline relay, interleaved), ``bcp`` (3),
 ``fanout`` (4), ``connections`` (5), ``log`` (6), ``http`` (8: HTTP POST against WebSocket
-sendMessage), ``fetch`` (10: reading messages back by epoch), ``all`` of those, or ``soak`` (7,
+sendMessage), ``fetch`` (11: reading messages back by epoch), ``all`` of those, or ``soak`` (7,
 ten minutes unless ``--duration`` says otherwise, so it runs only when named); the numbers work
 too.
 ``containment`` (9, only when named) runs public prompt-injection corpora and ordinary texts
 through the gateway's validation (``--limit N`` samples per corpus, ``--bus-sample N``).
+``verify`` (10, only when named) times ``bcpbus audit verify`` over 1,000,000 rows.
 ``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 from .common import machine, machine_line, raise_fd_limit
 
 SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log", "http", "fetch")
-LONG_SCENARIOS = ("soak",)
+LONG_SCENARIOS = ("soak", "verify")
 """Run only when named: too long for ``all``."""
 MEASURES = ("containment",)
 """Run only when named: what the gateway lets through, not how fast the bus is."""
@@ -41,7 +42,8 @@ _ALIASES = {
     "7": "soak",
     "8": "http",
     "9": "containment",
-    "10": "fetch",
+    "10": "verify",
+    "11": "fetch",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.

@@ -1,4 +1,4 @@
-"""Scenario 10: reading messages back by epoch (``fetchMessages``) from a long activity log.
+"""Scenario 11: reading messages back by epoch (``fetchMessages``) from a long activity log.
 
 One process writes ``messages`` accepted messages to a fresh log (their four rows each, as the
 bus writes them: 50 topics ``agent:t<n>``, one message in 1,000 on ``agent:rare:x``), then opens
@@ -138,7 +138,7 @@ async def _measure(path: Path, options: Options) -> dict[str, float]:
 
 
 async def run(options: Options) -> dict[str, Any]:
-    """Run scenario 10; return the samples and their summary."""
+    """Run scenario 11; return the samples and their summary."""
     samples: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp:
         path = Path(tmp) / "activity.db"

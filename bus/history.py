@@ -3,7 +3,7 @@
 Every message the bus accepts has a ``send_start`` row holding its epoch, topic, sender, the
 sender's taint (``status``) and its envelope (``payload_json``); :mod:`bus.fetch` decides which
 of them a peer may read. This module only reads them, in epoch order, through the partial
-indexes of :data:`bus.activity.EPOCH_INDEXES`: by epoch for a pattern, by topic then epoch for a
+indexes of :data:`bus.activity.SCHEMA`: by epoch for a pattern, by topic then epoch for a
 concrete topic. A message whose log failed before its delivery (a ``send_aborted`` row: its
 sender got -32006) is never read back.
 

@@ -14,7 +14,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 import bus.history
-from bus.activity import ActivityLog
+from bus.activity import SCHEMA, ActivityLog
 from bus.config import Limits
 from bus.epochs import Epochs
 from bus.errors import AuditUnavailable, ContentNotKept, EpochNotKept, InvalidParams
@@ -107,23 +107,25 @@ async def test_epochs_go_on_above_the_log_after_a_restart(tmp_path):
 
 
 async def test_a_log_from_before_epochs_gets_the_columns(tmp_path):
-    """A log file created without the epoch and trace_id columns gets them when opened."""
+    """A log file created without the epoch and trace_id columns (nor their indexes) gets them
+    when opened, and its old rows, which have no epoch, count for nothing."""
     db = tmp_path / "old.db"
+    old = SCHEMA.replace(",\n    epoch INTEGER,\n    trace_id TEXT", "")
+    old = "\n".join(
+        line for line in old.split("\n") if "epoch" not in line and "WHERE event" not in line
+    )
+    assert "epoch" not in old and "chain TEXT" in old
     with sqlite3.connect(db) as conn:
-        conn.execute(
-            "CREATE TABLE activity_log (id INTEGER PRIMARY KEY AUTOINCREMENT, ts TEXT NOT NULL,"
-            " event TEXT NOT NULL, message_id TEXT, rpc_id TEXT, actor TEXT, topic TEXT,"
-            " status TEXT, payload_json TEXT, error TEXT)"
-        )
+        conn.executescript(old)
         conn.execute("INSERT INTO activity_log (ts, event) VALUES ('t', 'send_start')")
     async with ActivityLog(db) as log:
         assert log.last_epoch == 0
         await log.write("send_start", epoch=42, trace_id="ab" * 16)
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT epoch, trace_id FROM activity_log ORDER BY id").fetchall() == [
-            (None, None),
-            (42, "ab" * 16),
-        ]
+        rows = conn.execute("SELECT epoch, typeof(epoch), trace_id FROM activity_log").fetchall()
+        assert (None, "null", None) in rows and (42, "integer", "ab" * 16) in rows
+        indexes = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+        assert {"idx_activity_epoch", "idx_activity_topic_epoch"} <= indexes
     async with ActivityLog(db) as log:
         assert log.last_epoch == 42
 
