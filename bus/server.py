@@ -23,7 +23,7 @@ import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -82,9 +82,6 @@ from .rights import Regrant, Revoke, review
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
 from .watch import Anonymous, SlowConsumers
-
-if TYPE_CHECKING:
-    from .http import HttpBinding
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
@@ -157,9 +154,10 @@ class Bus:
         self._epochs = Epochs(log.last_epoch)
         self._held: dict[Link, _Held] = {}
         self._history = History(log.path)
-        self.http: HttpBinding | None = None
-        """The running HTTP binding (:class:`bus.http.HttpBinding`) when the bus was assembled
-        with one (:func:`bus.assemble.running`), else None."""
+        self.http_url: str | None = None
+        """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.http`) when the bus was
+        assembled with one (:func:`bus.assemble.running`), else None. The binding imports the
+        bus, never the other way round."""
         self.on_delivered: Callable[[str, float], None] | None = None
         """Told each delivery's outcome (``process_finish`` status) and how many seconds the
         ``processMessage`` call took; :mod:`bus.metrics` sets it."""

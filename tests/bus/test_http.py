@@ -386,7 +386,7 @@ async def test_a_websocket_bearer_header_still_works_beside_http(tmp_path):
             )
             answer = json.loads(await asyncio.wait_for(ws.recv(), scaled(5)))
         assert "result" in answer
-        assert h.bus.http is not None and h.bus.http.port != h.bus.port
+        assert h.http is not None and h.http.port != h.bus.port
 
 
 async def test_messages_still_being_delivered_are_bounded_by_max_requests(tmp_path):
