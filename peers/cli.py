@@ -21,6 +21,7 @@ from .approver_cli import add_approve
 from .gateway.commands import add_budget, add_demo, add_gateway
 from .gateway.runner import run_beside
 from .gateway.settings import GatewaySettings
+from .mcp.command import add_mcp
 
 __all__ = ["add_commands", "gateway_beside", "main"]
 
@@ -36,6 +37,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_gateway(sub)
     add_budget(sub)
     add_demo(sub)
+    add_mcp(sub)
 
 
 def gateway_beside(config: ServeConfig) -> bus_cli.RunBeside | None:
