@@ -3,10 +3,11 @@
 **The charge.** BCP §"Bandwidth Accounting": a boolean is 1 bit, an enum of N values log2(N)
 bits, an integer in ``[min, max]`` log2(max - min + 1) bits, and text 11 bits per allowed word
 (roughly the entropy of an English word). A spec's charge (:func:`spec_bits`) is the sum over its
-fields or questions; a Cat-3 summary costs its ``max_words``. One exception: a ``date`` question
-is charged at least :data:`DATE_BITS` (21.8), because any of the 3,652,059 dates from 0001-01-01
-to 9999-12-31 is one word. The gateway charges this before the reader is asked (a query) or
-before the answer is delivered (a subscription publish).
+fields or questions, plus a Cat-2 spec's short-answer allowance when its free text allows fewer
+than 14 words (:func:`short_answer_allowance`); a Cat-3 summary costs its ``max_words``. A
+``date`` question is charged at least :data:`DATE_BITS` (21.8), because any of the 3,652,059
+dates from 0001-01-01 to 9999-12-31 is one word. The gateway charges this before the reader is
+asked (a query) or before the answer is delivered (a subscription publish).
 
 **The capacity.** 11 bits per word is an average, not a bound: a reader choosing its words freely
 could pick 64-character words of any script. So every text answer is also measured
@@ -21,7 +22,8 @@ chooses among at most 2^charge of them. The code, for normalized text of n <= W 
   ``_CLOSE``). A core is the cheapest that fits of: a word of :data:`VOCABULARY` in lowercase,
   Capitalized or UPPERCASE, log2(r) + log2(H) bits for rank r (H = 1 + 1/2 + ... + 1/V, a Zipf
   distribution; "the" costs about 4 bits, a rank-10,000 word about 17); ASCII digits; a
-  vocabulary word with combining marks; Latin letters spelled out; or a run of pieces (words,
+  vocabulary word with combining marks; Latin letters spelled out (each given the one before, by
+  a letter-pair model of the vocabulary's spellings); or a run of pieces (words,
   letters, digits, ASCII punctuation, or one other character of the field's alphabet at log2 of
   its size) closed by an end mark. Counts are in Elias gamma code.
 - A ``yes_no`` answer is 1 bit, a ``date`` :data:`DATE_BITS`, an ``integer`` or ``number`` a
@@ -40,7 +42,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -49,10 +51,13 @@ from typing import Final
 from schemas.bcp import ExpectedFormat, NormalizedValue, QuerySpec, Question, SpecField
 
 __all__ = [
+    "ALLOWANCE_UNTIL",
+    "ALLOWANCE_WORDS",
     "BITS_PER_WORD",
     "DATE_BITS",
     "ENGLISH",
     "NAMES",
+    "TEXT_FORMATS",
     "VOCABULARY",
     "Alphabet",
     "alphabet_of",
@@ -60,6 +65,7 @@ __all__ = [
     "field_bits",
     "foreign_char",
     "question_bits",
+    "short_answer_allowance",
     "spec_bits",
     "text_bits",
     "value_bits",
@@ -162,6 +168,15 @@ _ASCII_LETTER: Final = _cost(0.97)
 _EXTRA_LETTER: Final = _cost(0.03)
 # The case of a vocabulary word inside a run.
 _RUN_CASE: Final = {"lower": _cost(0.6), "title": _cost(0.3), "upper": _cost(0.1)}
+# The case of letters spelled out; "mixed" (mRNA) then costs one bit a letter.
+_SPELL_CASE: Final = {
+    "lower": _cost(0.55),
+    "title": _cost(0.3),
+    "upper": _cost(0.1),
+    "mixed": _cost(0.05),
+}
+_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz"
+_END_OF_WORD: Final = "$"
 
 
 @cache
@@ -200,7 +215,7 @@ def _gamma(length: int) -> int:
 
 
 def _letters_bits(letters: str) -> float:
-    spelled = _PIECE_LETTERS + _spelled_bits(letters, math.log2(52))
+    spelled = _PIECE_LETTERS + _spelled_bits(letters)
     rank_bits = _rank_bits(letters) if letters.isascii() else None
     case = _case(letters)
     if rank_bits is None or case is None:
@@ -238,19 +253,53 @@ def _core_bits(core: str, alphabet: Alphabet) -> float:
             return min(run, _CORE[case] + rank_bits)
     elif (accented := _accented_bits(core)) is not None:
         run = min(run, accented)
-    if _is_letters(core) and (case := _case(core)) is not None and _PIECE.fullmatch(core):
-        run = min(run, _CORE_SPELLED + _RUN_CASE[case] + _spelled_bits(core, math.log2(26)))
+    if _is_letters(core) and _PIECE.fullmatch(core):
+        run = min(run, _CORE_SPELLED + _spelled_bits(core))
     return run
 
 
-def _spelled_bits(letters: str, ascii_bits: float) -> float:
-    """Letters spelled out: their count, then each an ASCII or another Latin letter."""
-    extra = sum(1 for c in letters if not c.isascii())
-    return (
-        _gamma(len(letters))
-        + (len(letters) - extra) * (_ASCII_LETTER + ascii_bits)
-        + extra * (_EXTRA_LETTER + math.log2(_LATIN_EXTRA))
-    )
+def _spelled_bits(letters: str) -> float:
+    """Latin letters spelled out: their case, then each letter given the one before, then
+    the end (:func:`_letter_costs`); a letter beyond ASCII at a flat cost."""
+    case = _case(letters)
+    bits = _SPELL_CASE[case] if case is not None else _SPELL_CASE["mixed"] + len(letters)
+    costs = _letter_costs()
+    previous = "^"
+    for char in letters.lower():
+        if char in costs:
+            bits += _ASCII_LETTER + costs[previous][char]
+            previous = char
+        else:
+            bits += _EXTRA_LETTER + math.log2(_LATIN_EXTRA)
+            previous = "?"
+    return bits + _ASCII_LETTER + costs[previous][_END_OF_WORD]
+
+
+@cache
+def _letter_costs() -> dict[str, dict[str, float]]:
+    """The bits of each letter a-z, and of the end of the word, after the letter before.
+
+    A letter bigram model of the vocabulary's spellings (each word counted once, every count
+    plus one half): "^" is the start of a word, which cannot end there; "?" follows a letter
+    beyond ASCII and is the letters' overall distribution. Names the vocabulary lacks (Nadella,
+    Kowalski) cost about 3.5 bits a letter this way rather than the 4.7 of any of 26.
+    """
+    symbols = [*_ALPHABET, _END_OF_WORD]
+    counts = {previous: dict.fromkeys(symbols, 0.5) for previous in ("^", "?", *_ALPHABET)}
+    del counts["^"][_END_OF_WORD]
+    for word in _ranks():
+        previous = "^"
+        for char in word:
+            counts[previous][char] += 1
+            counts["?"][char] += 1
+            previous = char
+        counts[previous][_END_OF_WORD] += 1
+        counts["?"][_END_OF_WORD] += 1
+    costs: dict[str, dict[str, float]] = {}
+    for previous, row in counts.items():
+        total = math.fsum(row.values())
+        costs[previous] = {char: -math.log2(count / total) for char, count in row.items()}
+    return costs
 
 
 def _accented_bits(core: str) -> float | None:
@@ -323,6 +372,31 @@ def question_bits(question: Question) -> float:
     return max(bits, DATE_BITS) if question.expected_format == "date" else bits
 
 
+TEXT_FORMATS: Final = frozenset({"short_text", "short_list", "person_name", "email"})
+"""The formats whose answers are free text in an alphabet, measured word by word."""
+
+ALLOWANCE_WORDS: Final = 4
+"""The short-answer allowance of a Cat-2 spec at most: 4 words' worth, 44 bits."""
+
+ALLOWANCE_UNTIL: Final = 14
+"""The allowance shrinks as the spec's text questions allow more words, and is gone at 14."""
+
+
+def short_answer_allowance(questions: Sequence[Question]) -> float:
+    """Return the bits a Cat-2 spec is charged beyond 11 a word: 11 x min(4, 14 - N), at least 0.
+
+    N is the total ``max_words`` of the spec's free-text questions (:data:`TEXT_FORMATS`).
+    11 bits a word is what running English prose carries; a short factual answer is mostly
+    names, numbers and units, which carry more ("Paris" 17.8 bits, "Satya Nadella" 73), and a
+    short spec has no prose to spare for them. A spec whose text questions allow 14 words or
+    more has: the ``research-findings`` subscription (60 text words) is charged no allowance.
+    """
+    words = sum(q.max_words for q in questions if q.expected_format in TEXT_FORMATS)
+    if words == 0:
+        return 0.0
+    return float(BITS_PER_WORD * max(0, min(ALLOWANCE_WORDS, ALLOWANCE_UNTIL - words)))
+
+
 def spec_bits(spec: QuerySpec) -> float:
     """Return the bits a whole spec costs: what the gateway charges against ``budget_bits``.
 
@@ -331,13 +405,15 @@ def spec_bits(spec: QuerySpec) -> float:
             (a query request, a subscription).
 
     Returns:
-        The sum over fields or questions; ``max_words`` x 11 for Cat-3. Exact for text (an
+        The sum over fields or questions, with a Cat-2 spec's short-answer allowance
+        (:func:`short_answer_allowance`); ``max_words`` x 11 for Cat-3. Exact for text (an
         integer as a float) and within float rounding for log2 terms.
     """
     if spec.category == 1:
         return math.fsum(field_bits(f) for f in spec.fields or ())
     if spec.category == 2:
-        return math.fsum(question_bits(q) for q in spec.questions or ())
+        questions = spec.questions or ()
+        return math.fsum(question_bits(q) for q in questions) + short_answer_allowance(questions)
     return text_bits(spec.max_words or 0)
 
 

@@ -2,6 +2,7 @@ import itertools
 import math
 import unicodedata
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from hypothesis import event, given, settings, strategies as st, target
@@ -16,6 +17,7 @@ from peers.gateway.bits import (
     field_bits,
     foreign_char,
     question_bits,
+    short_answer_allowance,
     spec_bits,
     text_bits,
     value_bits,
@@ -126,18 +128,42 @@ def test_same_as_question_is_charged_in_full():
             ],
         }
     )
-    assert spec_bits(spec) == 66.0
+    assert spec_bits(spec) == 66.0 + 44.0  # and the short-answer allowance, 6 words of text
 
 
 @given(st.lists(st.integers(min_value=1, max_value=2000), min_size=1, max_size=32))
-def test_cat2_cost_is_eleven_times_the_word_total(limits):
-    """Any Cat-2 spec costs exactly 11 bits times the sum of its word limits."""
+def test_cat2_cost_is_eleven_times_the_word_total_and_the_allowance(limits):
+    """A Cat-2 spec costs 11 bits a word, plus 11 x min(4, 14 - words) while that is positive."""
     questions = [
         {"id": f"q{i}", "question": "?", "max_words": n, "expected_format": "short_text"}
         for i, n in enumerate(limits)
     ]
     spec = QuerySpec.model_validate({"category": 2, "questions": questions})
-    assert spec_bits(spec) == float(11 * sum(limits))
+    words = sum(limits)
+    assert spec_bits(spec) == float(11 * words + 11 * max(0, min(4, 14 - words)))
+
+
+@pytest.mark.parametrize(
+    ("words", "allowance"), [(1, 44.0), (10, 44.0), (11, 33.0), (13, 11.0), (14, 0.0), (60, 0.0)]
+)
+def test_the_short_answer_allowance_shrinks_and_the_charge_never_does(words, allowance):
+    """The allowance is 4 words' worth up to 10 words, then shrinks; the charge never falls."""
+    question = Question(id="q", question="?", max_words=words, expected_format="short_text")
+    assert short_answer_allowance([question]) == allowance
+    charges = [
+        spec_bits(QuerySpec(category=2, questions=(question.model_copy(update={"max_words": n}),)))
+        for n in range(1, 40)
+    ]
+    assert charges == sorted(charges)
+
+
+def test_formats_with_exact_codes_get_no_allowance():
+    """integer, number, date and yes_no answers are measured exactly: no allowance."""
+    questions = [
+        Question(id=f, question="?", max_words=1, expected_format=f)
+        for f in ("integer", "number", "date", "yes_no")
+    ]
+    assert short_answer_allowance(questions) == 0.0
 
 
 @given(st.integers(-(2**53) + 1, 2**53 - 1), st.integers(0, 2**40))
@@ -602,11 +628,11 @@ def test_a_date_costs_the_log_of_all_dates():
         ("Cloud's", 18, 28),
         ("2024", 15, 25),
         ("José", 20, 40),
-        ("x" * MAX_WORD_CHARS, 300, 400),
+        ("x" * MAX_WORD_CHARS, 300, 450),
     ],
 )
 def test_word_costs(word, low, high):
-    """Common words cost a few bits, rare ones more, a 64-letter spelled word about 5 a letter."""
+    """Common words cost a few bits, rare ones more, a 64-letter spelled word 5 to 7 a letter."""
     assert low <= word_bits(word) <= high
 
 
@@ -728,3 +754,34 @@ def test_benign_findings_are_rarely_refused_for_capacity():
 def test_names_fit_a_ten_word_name_question(name):
     """Ordinary names in Latin or another script fit a 10-word person_name question."""
     assert value_bits(name, 10, "person_name") <= 110
+
+
+def short_answers() -> list[tuple[str, int, str, str]]:
+    """tests/peers/data/short_answers.txt: format, max_words, question, answer."""
+    path = Path(__file__).resolve().parents[1] / "data" / "short_answers.txt"
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            fmt, words, question, answer = (part.strip() for part in line.split("|"))
+            rows.append((fmt, int(words), question, answer))
+    return rows
+
+
+def test_ordinary_short_answers_are_rarely_refused_for_capacity():
+    """At most 2% of 177 short factual answers, each to its own one-question spec, are refused.
+
+    Names, places, numbers with units, titles, lists, e-mail addresses: what a reader answers a
+    controller's short questions with. Each is within its word limit and its format.
+    """
+    rows = short_answers()
+    assert len(rows) == 177
+    refused = []
+    for fmt, words, question, answer in rows:
+        q = {"id": "a", "question": question, "max_words": words, "expected_format": fmt}
+        result = validate_response(
+            QuerySpec.model_validate({"category": 2, "questions": [q]}), {"a": answer}
+        )
+        assert all(r.code.value == "too_long" for r in result.reasons), (answer, result.detail())
+        if not result.accepted:
+            refused.append(answer)
+    assert len(refused) <= 0.02 * len(rows), refused

@@ -248,8 +248,8 @@ async def test_pushes_charge_the_shared_budget(tmp_path, agents_dir):
             await researcher.close()
         charges = [json.loads(r["payload_json"]) for r in h.bus.rows(event="bcp_bits_charged")]
         assert [c["subscription_id"] for c in charges] == ["notes", "hourly"]
-        assert [c["bits"] for c in charges] == [55.0, 3.0]
-        assert h.gateway.ledger.used(("main", "researcher")) == 58.0
+        assert [c["bits"] for c in charges] == [55.0 + 44.0, 3.0]  # 5 words + allowance
+        assert h.gateway.ledger.used(("main", "researcher")) == 102.0
 
 
 def test_reader_and_controller_need_agent_ids():
