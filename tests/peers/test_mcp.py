@@ -131,6 +131,9 @@ async def test_controller_and_reader_hosts_ask_answer_retry_and_push(tmp_path):
 
         refused = await researcher.call("bcp_ask", {"reader": "main", "spec": CAT1})
         assert refused.is_error and "controller tool" in refused.content[0].text
+        no_min = {"category": 1, "fields": [{"name": "n", "type": "integer", "max": 5}]}
+        invalid = await main.call("bcp_ask", {"reader": "researcher", "spec": no_min})
+        assert invalid.is_error and "an integer needs min and max" in invalid.content[0].text
 
         # Cat-1; the reader host, on the 2026-07-28 protocol, is told on its listen stream
         async with researcher.client.listen(resource_subscriptions=[INBOX_URI]) as stream:
