@@ -2,7 +2,9 @@
 
 ``bcpbus serve`` runs with default limits (``max_connections`` 20,000) and a peers file of
 10,000 credentials (``agent:idle-00000``...). Worker processes of 2,500 SDK peers each connect
-and initialize them, 64 at a time per process, and then hold them idle. The bus's resident
+and initialize them, 32 at a time per process, and then hold them idle. Each worker connects from
+its own loopback address (127.0.0.2, 127.0.0.3...): the bus lets one address hold at most
+``max_anonymous_per_address`` (32) connections that have not initialized yet. The bus's resident
 memory (``VmRSS``) is read before the first connection and after the last one, once the bus has
 gone idle again (its presence announcements drained); the difference divided by the number of
 peers is the memory per peer.
@@ -20,6 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from websockets.asyncio.client import connect as ws_connect
+
+from bus.config import DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
+from bus.local import Socket
 from peers.client import Peer
 
 from .common import (
@@ -48,7 +54,7 @@ class Options:
     reps: int = 3
     peers: int = 10_000
     per_process: int = 2_500
-    concurrency: int = 64
+    concurrency: int = DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
     loop: str = "asyncio"
 
 
@@ -62,11 +68,19 @@ def options(quick: bool, loop: str) -> Options:
 async def idlers(params: dict[str, Any]) -> None:
     """On ``go``, connect every ``[clientId, token]`` of ``peers``, report ``connected``, idle
     until ``quit``."""
-    peers = [Peer(params["url"], cid, token, reconnect=False) for cid, token in params["peers"]]
+    url, source = params["url"], (params["address"], 0)
+
+    async def connector() -> Socket:
+        return await ws_connect(url, compression=None, max_size=None, local_addr=source)
+
+    peers = [
+        Peer(url, cid, token, reconnect=False, connector=connector)
+        for cid, token in params["peers"]
+    ]
     slots = asyncio.Semaphore(params["concurrency"])
     failures = 0
 
-    async def connect(peer: Peer) -> None:
+    async def join(peer: Peer) -> None:
         nonlocal failures
         async with slots:
             try:
@@ -79,7 +93,7 @@ async def idlers(params: dict[str, Any]) -> None:
     try:
         await anext(commands)  # go
         start = time.perf_counter()
-        await asyncio.gather(*(connect(p) for p in peers))
+        await asyncio.gather(*(join(p) for p in peers))
         emit("connected", elapsed=time.perf_counter() - start, failures=failures)
         async for words in commands:
             if words[0] == "quit":
@@ -111,6 +125,7 @@ async def _workers(
             "url": url,
             "peers": [[cid, tokens[cid]] for cid in ids[first : first + size]],
             "concurrency": options.concurrency,
+            "address": f"127.0.0.{index + 2}",
         }
         children.append(await spawn_worker(f"idlers-{index}", "idlers", params, directory))
     return children

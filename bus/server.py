@@ -34,8 +34,7 @@ from schemas.bus import (
 )
 from schemas.common import timestamp
 
-from . import __version__
-from ._json import dumps
+from . import __version__, _json
 from .activity import ActivityLog, canonical_sha256
 from .config import Limits, LogContent
 from .connection import ByteBudget, Connection, PeerGone
@@ -806,7 +805,7 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
     holds the message can recompute it: ``bus.activity.canonical_sha256(envelope)``.
     """
     if mode == "full":
-        return dumps(payload)
+        return _json.dumps(payload)
     return json.dumps(
         {"type": message_type, "sha256": canonical_sha256(payload)},
         separators=(",", ":"),
