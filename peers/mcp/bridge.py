@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -31,9 +32,15 @@ from pydantic import BaseModel, ValidationError
 from bus.errors import BusError
 from peers.bcp import Controller, Reader, render_for_prompt
 from peers.client import Message, Peer, Reply
-from peers.errors import PeerClosed, PeerError, QueryFailed
+from peers.errors import PeerClosed, PeerError, PeerTimeout, QueryFailed
 from schemas.agents import Channel
-from schemas.bcp import BcpQuery, BcpQueryRequest, BcpResponseDelivery, BcpValidationResult
+from schemas.bcp import (
+    BcpQuery,
+    BcpQueryRequest,
+    BcpResponseDelivery,
+    BcpValidationResult,
+    ReasonCode,
+)
 
 from .inbox import Inbox, present
 from .shapes import answer_format, channel_summary
@@ -53,6 +60,9 @@ from .tools import (
 __all__ = ["Bridge", "ToolResult"]
 
 logger = logging.getLogger("peers.mcp")
+
+INBOX = "bcpbus://inbox"
+"""The MCP resource that shows :attr:`Bridge.inbox`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +111,13 @@ class Bridge:
         self.controller = Controller(peer) if "controller" in roles else None
         self.reader = Reader(peer) if "reader" in roles else None
         self._queries: asyncio.Queue[BcpQuery] = asyncio.Queue()
-        self._asked: dict[str, str] = {}
-        """Queries handed to the model and not yet answered: query_id -> controller."""
+        self._asked: dict[str, BcpQuery] = {}
+        """Queries handed to the model and not yet answered, by query_id."""
         self._delivered_bits: dict[str, float] = {c.reader: 0.0 for c in self.channels}
         peer.handle(None, self._arrived)
         if self.controller is not None:
             self.controller.on_delivery(self._pushed)
+            self.controller.on_failure(self._failed)
         if self.reader is not None:
             self.reader.on_query(self._queried)
 
@@ -224,14 +235,22 @@ class Bridge:
                 "escalation_justification": args.escalation_justification,
             }
         )
-        delivery = await self.controller.ask(
-            args.reader,
-            spec,
-            query_id=query_id,
-            task_id=args.task_id,
-            escalation_justification=args.escalation_justification,
-            timeout=args.timeout_s,
-        )
+        try:
+            delivery = await self.controller.ask(
+                args.reader,
+                spec,
+                query_id=query_id,
+                task_id=args.task_id,
+                escalation_justification=args.escalation_justification,
+                timeout=args.timeout_s,
+            )
+        except PeerTimeout:
+            return ToolResult.failed(
+                f"no answer to query {query_id} within {args.timeout_s} s; it is still open: "
+                f"its answer or failure will be in {INBOX} when it comes",
+                query_id=query_id,
+                reason="waiting",
+            )
         self._count(delivery)
         return _delivered(delivery)
 
@@ -239,6 +258,9 @@ class Bridge:
         delivery = BcpResponseDelivery.model_validate(content)
         self._count(delivery)
         self.inbox.add(Message(f"agent:{self.name}", _envelope("bcp_response_delivery", content)))
+
+    async def _failed(self, content: dict[str, Any]) -> None:
+        self.inbox.add(Message(f"agent:{self.name}", _envelope("bcp_query_failed", content)))
 
     def _count(self, delivery: BcpResponseDelivery) -> None:
         reader = delivery.from_agent
@@ -254,12 +276,15 @@ class Bridge:
         self.inbox.changed()
 
     async def _bcp_next_query(self, args: NextQueryArgs) -> ToolResult:
+        self._forget_expired()
         try:
             async with asyncio.timeout(args.timeout_s):
                 query = await self._queries.get()
+                while _expired(query):  # waited unread past its expiry: answering is futile
+                    query = await self._queries.get()
         except TimeoutError:
             return ToolResult.of({"query": None}, f"no query arrived within {args.timeout_s} s")
-        self._asked[query.query_id] = query.controller
+        self._asked[query.query_id] = query
         shown = {
             "query_id": query.query_id,
             "controller": query.controller,
@@ -271,15 +296,19 @@ class Bridge:
 
     async def _bcp_answer(self, args: AnswerArgs) -> ToolResult:
         assert self.reader is not None
-        controller = self._asked.get(args.query_id)
-        if controller is None:
+        query = self._asked.get(args.query_id)
+        if query is None:
             return ToolResult.failed(
                 f"no open query {args.query_id!r}: answer a query_id that bcp_next_query returned"
             )
-        verdict = await self.reader.answer(controller, args.query_id, args.response)
+        verdict = await self.reader.answer(query.controller, args.query_id, args.response)
         if verdict.success or not verdict.retries_left:
             self._asked.pop(args.query_id, None)
         return _verdict(verdict)
+
+    def _forget_expired(self) -> None:
+        for query_id in [q.query_id for q in self._asked.values() if _expired(q)]:
+            del self._asked[query_id]
 
     async def _bcp_publish(self, args: PublishArgs) -> ToolResult:
         assert self.reader is not None
@@ -355,6 +384,10 @@ def _delivered(delivery: BcpResponseDelivery) -> ToolResult:
     return ToolResult.of(data, f"{head}\n\n{rendered}")
 
 
+def _expired(query: BcpQuery) -> bool:
+    return query.expires_at is not None and query.expires_at <= datetime.now(UTC)
+
+
 def _verdict(verdict: BcpValidationResult) -> ToolResult:
     data = verdict.model_dump(mode="json", exclude_none=True)
     if verdict.success:
@@ -367,7 +400,7 @@ def _verdict(verdict: BcpValidationResult) -> ToolResult:
     left = verdict.retries_left
     if left:
         text += f". Fix this and answer again: {left} retries left."
-    elif left == 0:
+    elif left == 0 or verdict.error == ReasonCode.RETRIES_EXHAUSTED:
         text += ". No retries left: the query has failed."
     return ToolResult(text, data, True)
 

@@ -29,14 +29,14 @@ from mcp.shared.exceptions import MCPError
 
 from bus import __version__
 
-from .bridge import Bridge
+from .bridge import INBOX, Bridge
 from .tools import UNTRUSTED_WARNING
 
 __all__ = ["INBOX_URI", "Notifier", "build_server", "serve_http", "serve_stdio"]
 
 logger = logging.getLogger("peers.mcp")
 
-INBOX_URI: Final = "bcpbus://inbox"
+INBOX_URI: Final = INBOX
 """The resource that shows what arrived for the peer."""
 
 _Context = ServerRequestContext[Any, Any]

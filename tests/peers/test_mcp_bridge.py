@@ -119,5 +119,36 @@ async def test_every_tool_answers_in_process(tmp_path):
         assert main_updates.empty()  # main unsubscribed: no notification
         assert main_bridge.snapshot()["messages"][-1]["subscription_id"] == "research-alerts"
 
+        # A host that stops waiting still gets the answer, and a failure, in the inbox
+        answered = asyncio.Event()  # set once the push, the late answer and the failure are in
+        main_bridge.inbox.listen(lambda: main_bridge.inbox.last_seq >= 3 and answered.set())
+        late = await call(main, "bcp_ask", reader="researcher", spec=CAT1, timeout_s=0.05)
+        assert late.is_error and late.structured_content["reason"] == "waiting"
+        taken = await call(researcher, "bcp_next_query", timeout_s=scaled(5))
+        query_id = taken.structured_content["query"]["query_id"]
+        assert query_id == late.structured_content["query_id"]
+        await call(
+            researcher,
+            "bcp_answer",
+            query_id=query_id,
+            response={"has_pricing": True, "tier": "free"},
+        )
+        doomed = asyncio.create_task(
+            call(main, "bcp_ask", reader="researcher", spec=CAT1, timeout_s=0.05)
+        )
+        taken = await call(researcher, "bcp_next_query", timeout_s=scaled(5))
+        query_id = taken.structured_content["query"]["query_id"]
+        assert (await doomed).structured_content["reason"] == "waiting"
+        for _ in range(3):
+            last = await call(
+                researcher, "bcp_answer", query_id=query_id, response={"has_pricing": "yes"}
+            )
+        assert "No retries left" in last.content[0].text
+        await asyncio.wait_for(answered.wait(), scaled(5))
+        late_answer, failure = [e.to_json() for e in main_bridge.inbox][-2:]
+        assert late_answer["query_id"] == late.structured_content["query_id"]
+        assert failure["type"] == "bcp_query_failed"
+        assert failure["content"]["error"] == "retries_exhausted"
+
         with pytest.raises(MCPError, match="no resource"):
             await main.read_resource("bcpbus://elsewhere")

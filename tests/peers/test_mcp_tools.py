@@ -135,3 +135,15 @@ async def test_the_bridge_refuses_before_the_bus():
         "bcp_answer", {"query_id": "q-1", "response": {}}
     )
     assert answer.error and "no open query 'q-1'" in answer.text
+
+
+async def test_next_query_skips_queries_that_expired_unread():
+    """A query that waited past its expiry is not handed to the model; a later one is."""
+    reader = bridge("agent:researcher")
+    spec = {"category": 1, "fields": [{"name": "ok", "type": "boolean"}], "controller": "main"}
+    await reader._queried({**spec, "query_id": "q-old", "expires_at": "2000-01-01T00:00:00Z"})
+    await reader._queried({**spec, "query_id": "q-new", "expires_at": "2999-01-01T00:00:00Z"})
+    taken = await reader.call("bcp_next_query", {"timeout_s": 1})
+    assert taken.data is not None and taken.data["query"]["query_id"] == "q-new"
+    stale = await reader.call("bcp_answer", {"query_id": "q-old", "response": {"ok": True}})
+    assert stale.error and "no open query" in stale.text
