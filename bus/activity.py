@@ -137,6 +137,10 @@ EVENTS: frozenset[str] = frozenset(
         "bcp_push_received",  # a subscription push from a reader
         "bcp_push_refused",  # status = reason code
         "bcp_held",  # a valid push waits for its offline controller
+        "bcp_screen_requested",  # a valid answer sent to its channel's screeners (screen_id)
+        # One screener's outcome, status pass | flag | reject | unavailable | timeout |
+        # malformed; payload: screener, findings, its detail (logged here, never passed on).
+        "bcp_screened",
         "bcp_budget_reset",  # `bcpbus budget reset`: a channel starts a new budget session
     }
 )

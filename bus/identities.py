@@ -1,7 +1,9 @@
 """What the bus knows of a clientId beyond its credential: roles and taint from agent definitions.
 
 An agent with a controller channel holds the ``controller`` role, one with a reader channel the
-``reader`` role; its taint is its definition's (readers default to ``high``).
+``reader`` role; its taint is its definition's (readers default to ``high``). A peer a channel
+names in ``screeners`` holds the ``screener`` role, tainted ``high``: it reads what readers
+write before the gateway has validated it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from pathlib import Path
 from schemas.agents import load_agents
 from schemas.common import TaintLevel, agent_id
 
-__all__ = ["PeerIdentity", "default_agents_dir", "load_identities"]
+__all__ = ["SCREENER_ROLE", "PeerIdentity", "default_agents_dir", "load_identities"]
+
+SCREENER_ROLE = "screener"
+"""The policy role of the peers channels name in ``screeners``."""
 
 
 @dataclass(frozen=True)
@@ -30,9 +35,13 @@ def load_identities(directory: str | Path) -> dict[str, PeerIdentity]:
         DefinitionError: a definition is inconsistent; the message names the file and field.
     """
     identities: dict[str, PeerIdentity] = {}
-    for name, agent in load_agents(directory).items():
+    agents = load_agents(directory)
+    for name, agent in agents.items():
         roles = frozenset(channel.role for channel in agent.bcp_channels)
         identities[agent_id(name)] = PeerIdentity(roles=roles, taint=agent.effective_taint)
+    screeners = {s for agent in agents.values() for c in agent.bcp_channels for s in c.screeners}
+    for screener in sorted(screeners):
+        identities[screener] = PeerIdentity(roles=frozenset({SCREENER_ROLE}), taint="high")
     return identities
 
 

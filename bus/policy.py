@@ -74,6 +74,7 @@ from .topics import MAX_TOPIC_LENGTH, PATTERN_RE, SEGMENT_RE, TOPIC_RE
 __all__ = [
     "GATEWAY_ONLY_TYPES",
     "POLICY_VERSION",
+    "RAW_TEXT_TYPES",
     "Grants",
     "Policy",
     "PolicyError",
@@ -93,9 +94,14 @@ GATEWAY_ONLY_TYPES: Final[frozenset[str]] = frozenset(
         "bcp_subscriptions_active",
         "bcp_query_failed",
         "bcp_approval_request",
+        "bcp_screen_request",
     }
 )
 """Message types only a declassifier role may send: whoever sends them speaks for the gateway."""
+
+RAW_TEXT_TYPES: Final[frozenset[str]] = frozenset({"bcp_screen_request"})
+"""Message types that carry a tainted reader's raw text (the gateway's requests to screeners):
+delivered to peers tainted ``high`` only, even from the declassifier (see :func:`may_flow`)."""
 
 _NAME = "{name}"
 _ROLE_NAME = re.compile(ROLE_NAME_PATTERN)
@@ -215,13 +221,19 @@ class Grants:
         return any(_covers(granted, requested) for granted in self._subscribe)
 
 
-def may_flow(sender: Grants, target: Grants) -> bool:
+def may_flow(sender: Grants, target: Grants, message_type: str | None = None) -> bool:
     """Return whether a message from ``sender`` may be delivered to ``target`` (no write-down).
 
     A message may go to a peer at least as tainted as its sender. The declassifier (the
     gateway) is exempt on both ends: it must receive tainted readers' answers, and it is the
     only one that may deliver to untainted peers, after validation. Refuse and log otherwise.
+
+    A message of one of :data:`RAW_TEXT_TYPES` goes to peers tainted ``high`` only, whoever
+    sends it: it carries what a reader wrote before validation, which the gateway passes to its
+    screeners and to nobody else.
     """
+    if message_type in RAW_TEXT_TYPES and target.taint != "high":
+        return False
     return (
         sender.declassifier
         or target.declassifier

@@ -61,7 +61,7 @@ from .errors import (
 from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .params import SendFields, parse, read_send_message
-from .policy import Grants, Policy, PolicyError, may_flow
+from .policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
 from .recent import RecentIds
@@ -672,13 +672,15 @@ class Bus:
         )
         targets: list[Route[Connection]] = []
         for target in self._router.targets(topic, sender=sender.handle if sender else None):
-            if grants is not None and not may_flow(grants, target.grants):
+            if grants is not None and not may_flow(grants, target.grants, message_type):
+                # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
+                level = "high" if message_type in RAW_TEXT_TYPES else grants.taint
                 log.record(
                     "taint_refused",
                     message_id=message_id,
                     actor=target.client_id,
                     topic=topic,
-                    status=f"{grants.taint}->{target.grants.taint}",
+                    status=f"{level}->{target.grants.taint}",
                 )
                 continue
             log.record("process_start", message_id=message_id, actor=target.client_id, topic=topic)

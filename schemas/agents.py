@@ -16,6 +16,8 @@ prose. The frontmatter of a controller and of its reader look like this:
         max_cat2_queries: 10              # >= 0; omitted: no count limit
         anomaly_action: reject            # reject (default) | review | flag
         max_escalations_per_task: 2       # >= 0
+        screeners: [system:screener-x]    # optional: peers that judge Cat-2/3 answers too
+        screener_failure: reject          # reject (default) | review: a screener gave no verdict
         subscriptions:                    # controller side only
           - id: research-alerts           # letters, digits, hyphens; unique in the channel
             category: 1                   # <= max_category
@@ -31,7 +33,8 @@ prose. The frontmatter of a controller and of its reader look like this:
 
 A channel is declared on both sides. When the two sides differ the stricter value holds (lower
 ``max_category``, ``budget_bits``, ``max_cat2_queries`` and ``max_escalations_per_task``; the
-stricter ``anomaly_action``): either operator may narrow a channel, neither may widen it.
+stricter ``anomaly_action`` and ``screener_failure``; the screeners of both sides): either
+operator may narrow a channel, neither may widen it.
 :func:`build_channels` gives that combined view, one :class:`Channel` per (controller, reader).
 
 Every inconsistency is a :class:`DefinitionError` that names the file and the field path:
@@ -65,12 +68,16 @@ from schemas.bcp import (
     AnomalyAction,
     Category,
     QuerySpec,
+    ScreenerFailure,
+    ScreenerId,
     SubscriptionId,
 )
 from schemas.common import TaintLevel
 
 __all__ = [
     "DEFAULT_MAX_ESCALATIONS",
+    "MAX_SCREENERS",
+    "RESERVED_SCREENERS",
     "AgentDefinition",
     "BcpChannel",
     "Channel",
@@ -91,6 +98,14 @@ Role = Literal["controller", "reader"]
 """An agent's side of a BCP channel."""
 
 _STRICTNESS: Final[dict[AnomalyAction, int]] = {"flag": 0, "review": 1, "reject": 2}
+
+MAX_SCREENERS: Final = 8
+"""Screeners one channel may name: each is asked about every Cat-2 and Cat-3 answer."""
+
+RESERVED_SCREENERS: Final = frozenset(
+    {"system:gateway", "system:bus", "system:presence", "system:approval"}
+)
+"""``system:`` names the bus and the gateway use themselves; none can be a screener."""
 
 _Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=0)]
@@ -161,7 +176,26 @@ class BcpChannel(_Model):
     """Cat-2 queries allowed per session; ``None``: only the budget limits them."""
     anomaly_action: AnomalyAction = "reject"
     max_escalations_per_task: _Count = DEFAULT_MAX_ESCALATIONS
+    screeners: Annotated[tuple[ScreenerId, ...], Field(max_length=MAX_SCREENERS)] = ()
+    """Peers (``system:<name>``) the gateway asks about every Cat-2 and Cat-3 answer, besides
+    its own screen. See docs/bcp.md, "Screeners"."""
+    screener_failure: ScreenerFailure = "reject"
+    """What an answer a screener gave no usable verdict on becomes: refused, or held for review."""
     subscriptions: tuple[Subscription, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_screeners(self) -> Self:
+        seen: set[str] = set()
+        for index, screener in enumerate(self.screeners):
+            if screener in RESERVED_SCREENERS:
+                strict_yaml.invalid(
+                    f"{screener} is the bus's or the gateway's own name, not a screener",
+                    at=f"screeners[{index}]",
+                )
+            if screener in seen:
+                strict_yaml.invalid(f"duplicate screener {screener!r}", at=f"screeners[{index}]")
+            seen.add(screener)
+        return self
 
     @model_validator(mode="after")
     def _check_subscriptions(self) -> Self:
@@ -282,6 +316,9 @@ class Channel:
     reader_taint: TaintLevel
     controller_source: str
     reader_source: str
+    screeners: tuple[str, ...] = ()
+    """The screeners both sides name, the controller's first; each judges Cat-2 and Cat-3."""
+    screener_failure: ScreenerFailure = "reject"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -442,6 +479,10 @@ def _combine(
 ) -> Channel:
     cat2 = [n for n in (ours.max_cat2_queries, theirs.max_cat2_queries) if n is not None]
     action = max(ours.anomaly_action, theirs.anomaly_action, key=_STRICTNESS.__getitem__)
+    # A screener more is stricter: each side's screeners all judge the channel's answers.
+    screeners = tuple(dict.fromkeys((*ours.screeners, *theirs.screeners)))
+    sides = (ours.screener_failure, theirs.screener_failure)
+    failure: ScreenerFailure = "reject" if "reject" in sides else "review"
     return Channel(
         controller=controller.name,
         reader=reader.name,
@@ -456,10 +497,19 @@ def _combine(
         reader_taint=reader.effective_taint,
         controller_source=controller.source,
         reader_source=reader.source,
+        screeners=screeners,
+        screener_failure=failure,
     )
 
 
 def _check_combined(channel: Channel, source: str, where: str) -> None:
+    if len(channel.screeners) > MAX_SCREENERS:
+        raise DefinitionError(
+            source,
+            f"{where}.screeners",
+            f"the two sides name {len(channel.screeners)} screeners together; at most "
+            f"{MAX_SCREENERS}",
+        )
     for index, subscription in enumerate(channel.subscriptions):
         if not channel.allows(subscription.category):
             raise DefinitionError(

@@ -32,6 +32,10 @@ Each ``type`` of payload the gateway sends or receives has a content model here;
 its type in :data:`CONTENT_MODELS`. The codes a refused query, a failed publish or a rejected
 answer carry are :class:`ReasonCode`, :class:`ValidationCode` and :class:`AnomalyCode`; why the
 gateway did not take an approver's decision is a :class:`DecisionRefusal`.
+
+A channel may name screener peers: the gateway asks each with a ``bcp_screen_request``
+(:class:`BcpScreenRequest`) and takes back one ``bcp_screen_verdict`` (:class:`BcpScreenVerdict`),
+whose codes are :class:`AnomalyCode` and which carries no text that reaches a controller.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ __all__ = [
     "Anomaly",
     "AnomalyAction",
     "AnomalyCode",
+    "SCREENER_ID_PATTERN",
+    "BcpScreenRequest",
+    "BcpScreenVerdict",
+    "ScreenFinding",
+    "ScreenText",
+    "ScreenVerdict",
+    "ScreenerFailure",
+    "ScreenerId",
     "BcpApprovalDecision",
     "BcpApprovalRequest",
     "BcpMessageType",
@@ -108,10 +120,14 @@ SUBSCRIPTION_ID_PATTERN = r"^[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*$"
 
 _KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 
+SCREENER_ID_PATTERN = r"^system:[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""A screener's clientId, which is also the topic the gateway asks it on: ``system:<name>``."""
+
 AgentName = Annotated[str, Field(pattern=AGENT_NAME_PATTERN)]
 QueryId = Annotated[str, Field(pattern=ID_PATTERN)]
 SubscriptionId = Annotated[str, Field(max_length=64, pattern=SUBSCRIPTION_ID_PATTERN)]
 ResponseKey = Annotated[str, Field(pattern=_KEY_PATTERN)]
+ScreenerId = Annotated[str, Field(pattern=SCREENER_ID_PATTERN)]
 
 # Limits: they bound what a spec may ask, so that one query cannot make the gateway do
 # unbounded work and its bits stay computable in a float.
@@ -154,6 +170,15 @@ ExpectedFormat = Literal[
 AnomalyAction = Literal["reject", "review", "flag"]
 """What a channel does with an answer that screening flags: fail it, send it to a human, or
 deliver it with the anomalies listed."""
+
+ScreenerFailure = Literal["reject", "review"]
+"""What a channel does with an answer one of its screeners gave no usable verdict on (offline,
+timed out, malformed): refuse it, or hold it for a human. Both fail closed; ``reject`` is the
+default."""
+
+ScreenVerdict = Literal["pass", "flag", "reject"]
+"""A screener's verdict: nothing found; findings the channel's ``anomaly_action`` decides on;
+refuse the answer whatever the channel's ``anomaly_action``."""
 
 NormalizedValue = StrictBool | StrictInt | StrictStr
 """A delivered value: a Cat-1 boolean, integer or enum member, or normalized text."""
@@ -268,6 +293,9 @@ class ValidationCode(StrEnum):
     - ``bad_format``: the answer does not have its ``expected_format``.
     - ``same_as_mismatch``: the answer disagrees with the question named in ``same_as``.
     - ``anomaly``: screening flagged the answer and the channel's ``anomaly_action`` is
+      ``reject``, or a screener refused it.
+    - ``unscreened``: a screener the channel names gave no usable verdict (it was offline, did
+      not answer in time, or sent a malformed verdict) and the channel's ``screener_failure`` is
       ``reject``.
     """
 
@@ -283,6 +311,7 @@ class ValidationCode(StrEnum):
     BAD_FORMAT = "bad_format"
     SAME_AS_MISMATCH = "same_as_mismatch"
     ANOMALY = "anomaly"
+    UNSCREENED = "unscreened"
 
 
 class AnomalyCode(StrEnum):
@@ -299,6 +328,8 @@ class AnomalyCode(StrEnum):
       raw text (normalization removes them; their presence is the signal).
     - ``bidi``: bidirectional control characters (U+202A-U+202E, U+2066-U+2069, ...).
     - ``mixed_script``: a word mixing Latin and Cyrillic letters (homoglyph spoofing).
+    - ``unscreened``: a screener the channel names gave no usable verdict and the channel's
+      ``screener_failure`` is ``review``; only the gateway writes it, never a screener.
     """
 
     INSTRUCTION = "instruction"
@@ -310,6 +341,7 @@ class AnomalyCode(StrEnum):
     INVISIBLE = "invisible"
     BIDI = "bidi"
     MIXED_SCRIPT = "mixed_script"
+    UNSCREENED = "unscreened"
 
 
 UNTRUSTED_NOTICE = (
@@ -707,6 +739,100 @@ class BcpApprovalDecision(_Model):
         return self
 
 
+_MAX_SCREEN_TEXT = 100_000
+_MAX_FINDINGS = 32
+_SCREEN_DETAIL = 200
+
+
+class ScreenText(_Model):
+    """One text answer a screener judges: where it is, the reader's raw text, and its normalized
+    form (what the controller would get).
+
+    .. versionadded:: 0.2
+    """
+
+    field: ResponseKey
+    """The Cat-2 question id, or ``summary`` for Cat-3."""
+    raw: Annotated[StrictStr, Field(max_length=_MAX_SCREEN_TEXT)]
+    """Exactly as the reader sent it: invisible and bidi characters included."""
+    normalized: Annotated[StrictStr, Field(max_length=_MAX_SCREEN_TEXT)]
+    expected_format: ExpectedFormat | None = None
+    """The question's format; none for a Cat-3 summary."""
+    max_words: _MaxWords
+
+
+class BcpScreenRequest(_Model):
+    """``bcp_screen_request`` (gateway -> screener on the screener's clientId, ``system:<name>``).
+
+    A reader's valid Cat-2 or Cat-3 answer (or push), before it is delivered: the screener must
+    answer with one ``bcp_screen_verdict`` quoting ``screen_id`` before ``expires_at``. The texts
+    are a tainted reader's, **untrusted**: the bus delivers this type to peers tainted ``high``
+    only.
+
+    .. versionadded:: 0.2
+    """
+
+    screen_id: QueryId
+    """Quote it in the verdict."""
+    channel: Annotated[str, Field(pattern=CHANNEL_TOPIC_PATTERN)]
+    controller: AgentName
+    reader: AgentName
+    query_id: QueryId | None = None
+    subscription_id: SubscriptionId | None = None
+    category: Annotated[Literal[2, 3], BeforeValidator(_strict_int)]
+    """Cat-1 answers are never screened: every value is one the controller's spec lists."""
+    texts: Annotated[tuple[ScreenText, ...], Field(min_length=1, max_length=_MAX_QUESTIONS)]
+    taint: TaintLevel
+    """The taint of the texts: the reader's."""
+    untrusted: Literal[True] = True
+    notice: _Detail = UNTRUSTED_NOTICE
+    expires_at: AwareDatetime
+    """A verdict after this time is not taken: the answer is handled as unscreened."""
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> Self:
+        _one_id(self.query_id, self.subscription_id)
+        return self
+
+
+class ScreenFinding(_Model):
+    """What a screener found: a code, and the text it is in (``None``: the answer as a whole).
+
+    .. versionadded:: 0.2
+    """
+
+    code: AnomalyCode
+    field: ResponseKey | None = None
+
+
+class BcpScreenVerdict(_Model):
+    """``bcp_screen_verdict`` (screener -> gateway on ``system:gateway``): one per request.
+
+    Typed and bounded on purpose: a screener reads attacker-written text and may be turned by
+    it, so it can only say ``pass``, ``flag`` or ``reject`` with codes. ``detail`` goes to the
+    activity log only, never to a controller, a reader or an approver.
+
+    .. versionadded:: 0.2
+    """
+
+    screen_id: QueryId
+    verdict: ScreenVerdict
+    findings: Annotated[tuple[ScreenFinding, ...], Field(max_length=_MAX_FINDINGS)] = ()
+    """``flag`` needs at least one; ``pass`` has none."""
+    detail: Annotated[StrictStr, Field(max_length=_SCREEN_DETAIL)] = ""
+    """A short note for the activity log (a model's label and score, say)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.verdict == "pass" and self.findings:
+            raise ValueError("a pass verdict has no findings")
+        if self.verdict == "flag" and not self.findings:
+            raise ValueError("a flag verdict names at least one finding")
+        if any(f.code is AnomalyCode.UNSCREENED for f in self.findings):
+            raise ValueError("unscreened is the gateway's code, not a finding")
+        return self
+
+
 BcpMessageType = Literal[
     "bcp_query_request",
     "bcp_query",
@@ -717,6 +843,8 @@ BcpMessageType = Literal[
     "bcp_subscriptions_active",
     "bcp_approval_request",
     "bcp_approval_decision",
+    "bcp_screen_request",
+    "bcp_screen_verdict",
 ]
 """The ``type`` of every BCP payload."""
 
@@ -730,5 +858,7 @@ CONTENT_MODELS: dict[str, type[BaseModel]] = {
     "bcp_subscriptions_active": BcpSubscriptionsActive,
     "bcp_approval_request": BcpApprovalRequest,
     "bcp_approval_decision": BcpApprovalDecision,
+    "bcp_screen_request": BcpScreenRequest,
+    "bcp_screen_verdict": BcpScreenVerdict,
 }
 """The content model of each BCP payload ``type``: ``CONTENT_MODELS[type].model_validate(c)``."""

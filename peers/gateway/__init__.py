@@ -7,6 +7,7 @@ controller only validated, normalized answers. The pure parts do no I/O:
 - :mod:`peers.gateway.normalize`: the canonical form of text answers;
 - :mod:`peers.gateway.screening`: anomaly screening of text answers;
 - :mod:`peers.gateway.validation`: the verdict on an answer;
+- :mod:`peers.gateway.screeners`: screener peers' requests and verdicts, combined with it;
 - :mod:`peers.gateway.state`: budgets, task escalation, push rate limits, decided approvals.
 
 The peer is :class:`peers.gateway.gateway.Gateway`; :mod:`peers.gateway.restore` rebuilds its

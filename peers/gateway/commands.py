@@ -35,6 +35,7 @@ def add_gateway(sub: Any) -> None:
     parser.add_argument("--max-retries", type=int, default=GatewaySettings.max_retries)
     parser.add_argument("--approval-timeout", type=float, default=GatewaySettings.approval_timeout)
     parser.add_argument("--outbox-ttl", type=float, default=GatewaySettings.outbox_ttl)
+    parser.add_argument("--screener-timeout", type=float, default=GatewaySettings.screener_timeout)
     parser.set_defaults(command=_gateway)
 
 
@@ -52,6 +53,7 @@ def _gateway(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         approval_timeout=args.approval_timeout,
         outbox_ttl=args.outbox_ttl,
+        screener_timeout=args.screener_timeout,
     )
     return asyncio.run(run_standalone(args.url, token, args.db, agents_dir, settings))
 

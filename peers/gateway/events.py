@@ -41,8 +41,8 @@ __all__ = [
 ]
 
 TimerKey = tuple[str, ...]
-"""What a timer is for: ``("query", controller, query_id)``, ``("approval", approval_id)`` or
-``("held", controller, hold_id)``."""
+"""What a timer is for: ``("query", controller, query_id)``, ``("approval", approval_id)``,
+``("held", controller, hold_id)`` or ``("screen", screen_id)``."""
 
 
 # Events

@@ -12,7 +12,10 @@ and runs every BCP flow:
   ``bcp_response_delivery``, after a human's approval for Cat-3 and for answers under review;
 - a reader's push (``bcp_response`` with ``subscription_id``) is validated against the
   controller's declared subscription, rate-limited and charged to the same budget;
-- deliveries to a controller that is offline are held and sent when it joins, or expire.
+- deliveries to a controller that is offline are held and sent when it joins, or expire;
+- on a channel that names screeners, a valid Cat-2 or Cat-3 answer or push is sent to each as a
+  ``bcp_screen_request`` and waits for their ``bcp_screen_verdict`` (on ``system:gateway``) or
+  ``screener_timeout`` before it goes on.
 
 Every decision is an activity-log row, committed before the message it allows is sent. The
 decisions are made sans I/O by :class:`~peers.gateway.core.GatewayCore`; this class is its
@@ -64,6 +67,7 @@ _HANDLED = (
     "bcp_query_request",
     "bcp_response",
     "bcp_approval_decision",
+    "bcp_screen_verdict",
     "peer_joined",
     "peer_left",
 )
@@ -130,7 +134,11 @@ class Gateway:
         Call :func:`peers.gateway.restore.restore` before this to carry budgets over a restart.
         """
         await self.peer.connect()
-        for pattern in ("bcp:*", "system:presence", APPROVAL_TOPIC):
+        patterns = ["bcp:*", "system:presence", APPROVAL_TOPIC]
+        if any(channel.screeners for channel in self.channels.values()):
+            # Screeners answer at this address; subscribing fails loudly if the policy says no.
+            patterns.append(GATEWAY_CLIENT_ID)
+        for pattern in patterns:
             await self.peer.subscribe(pattern)
         await self._carry_out(self.core.start())
         logger.info("gateway started with %d channels", len(self.channels))

@@ -35,6 +35,9 @@ class GatewaySettings:
     """Seconds a human has to decide an approval; then it counts as rejected."""
     outbox_ttl: Seconds = 3600.0
     """Seconds a subscription push waits for an offline controller before it expires."""
+    screener_timeout: Seconds = 10.0
+    """Seconds the gateway waits for the verdicts of a channel's screeners; a screener that has
+    not answered by then failed, and the channel's ``screener_failure`` decides."""
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, where: str) -> GatewaySettings:

@@ -230,6 +230,8 @@ class QueryState(StrEnum):
     """An escalation into Cat-3 waits for a human before the reader is asked."""
     ASKING = "asking"
     """The reader has the query; its answers are taken until it expires."""
+    SCREENING = "screening"
+    """A valid answer waits for the channel's screeners; no other answer is taken meanwhile."""
     APPROVING = "approving"
     """A valid answer waits for a human; the approval's own timeout ends it."""
 

@@ -39,6 +39,7 @@ PEERS: dict[str, tuple[str, ...]] = {
     "agent:scout": ("reader",),
     "system:gateway": (),
     "human:alice": (),
+    "system:screener-x": ("screener",),
 }
 NON_GATEWAY = [peer for peer in PEERS if peer != "system:gateway"]
 
@@ -60,6 +61,7 @@ def grants_of(client_id: str) -> Grants:
         ("agent:researcher", {"agent", "reader"}),
         ("system:gateway", {"gateway"}),
         ("human:alice", {"approver"}),
+        ("system:screener-x", {"screener"}),
         ("other:peer", set()),
         ("system:other", set()),
         ("tg", set()),
@@ -123,6 +125,16 @@ SEND_CASES = [
     ("system:gateway", "bcp_response_delivery", "bcp:main:researcher", False),
     ("system:gateway", "bcp_response", "bcp:main:researcher", False),
     ("system:gateway", "bcp_approval_decision", "system:approval", False),
+    ("system:gateway", "bcp_screen_request", "system:screener-x", True),
+    ("system:gateway", "bcp_screen_request", "agent:main", False),
+    ("system:gateway", "bcp_screen_verdict", "system:gateway", False),
+    # screener: a verdict to the gateway, nothing else
+    ("system:screener-x", "bcp_screen_verdict", "system:gateway", True),
+    ("system:screener-x", "bcp_screen_verdict", "agent:main", False),
+    ("system:screener-x", "bcp_screen_verdict", "system:approval", False),
+    ("system:screener-x", "agent_event", "agent:main", False),
+    ("system:screener-x", "bcp_response", "bcp:main:researcher", False),
+    ("agent:researcher", "bcp_screen_verdict", "system:gateway", False),
     # approver
     ("human:alice", "bcp_approval_decision", "system:approval", True),
     ("human:alice", "bcp_approval_decision", "agent:main", False),
@@ -168,6 +180,13 @@ SUBSCRIBE_CASES = [
     ("system:gateway", "*", False),
     ("human:alice", "system:approval", True),
     ("human:alice", "system:presence", False),
+    ("system:gateway", "system:gateway", True),
+    ("system:screener-x", "system:screener-x", True),
+    ("system:screener-x", "system:approval", False),
+    ("system:screener-x", "system:*", False),
+    ("agent:main", "system:screener-x", False),
+    ("human:alice", "system:screener-x", False),
+    ("agent:system", "system:screener-x", False),
 ]
 
 
@@ -198,7 +217,8 @@ def test_only_gateway_sees_presence(client_id):
     [
         ("tg:123", ("tg:123",)),
         ("agent:main", ("agent:main",)),
-        ("system:gateway", ("bcp:*", "system:presence", "system:approval")),
+        ("system:gateway", ("bcp:*", "system:presence", "system:approval", "system:gateway")),
+        ("system:screener-x", ("system:screener-x",)),
     ],
 )
 def test_subscribe_patterns_substitute_name(client_id, topics):
@@ -651,6 +671,27 @@ def test_default_reader_cannot_reach_controller():
     assert may_flow(reader, gateway)
     assert may_flow(gateway, controller)
     assert may_flow(controller, reader)
+
+
+def test_default_screener_is_tainted_and_reaches_the_gateway_only():
+    """A screener is tainted high: its messages reach the gateway, never a controller."""
+    screener, controller, gateway = (
+        grants_of(p) for p in ("system:screener-x", "agent:main", "system:gateway")
+    )
+    assert screener.taint == "high" and not screener.declassifier
+    assert may_flow(screener, gateway)
+    assert not may_flow(screener, controller)
+    assert not may_flow(screener, grants_of("human:alice"))
+
+
+@pytest.mark.parametrize("client_id", list(PEERS))
+def test_raw_text_reaches_only_peers_tainted_high(client_id):
+    """A bcp_screen_request, even from the declassifier, goes to high-taint peers only."""
+    gateway, target = grants_of("system:gateway"), grants_of(client_id)
+    allowed = target.taint == "high"
+    assert may_flow(gateway, target, "bcp_screen_request") is allowed
+    assert may_flow(gateway, target) is True
+    assert may_flow(gateway, Grants("x:y", taint="medium"), "bcp_screen_request") is False
 
 
 def test_the_file_shape_covers_every_role_field():

@@ -12,6 +12,7 @@ importing only the ones below it::
     outbox    deliveries to controllers, held while they are offline
     queries   admission, asking the reader, failure, expiry, completion
     approvals escalations and reviews, decisions, expiry
+    screens   valid answers judged by the channel's screener peers
     answers   a reader's answers, with retries
     pushes    a reader's pushes, with rate limits
 """
@@ -54,6 +55,7 @@ from .frames import iso
 from .outbox import Outbox
 from .pushes import Pushes
 from .queries import Admitted, Queries, Refused
+from .screens import Screens
 
 __all__ = [
     "APPROVAL_TOPIC",
@@ -90,8 +92,9 @@ class GatewayCore:
         self.outbox = Outbox(self.ctx)
         self.queries = Queries(self.ctx, self.outbox)
         self.approvals = Approvals(self.ctx, self.queries, self.outbox)
-        self.answers = Answers(self.ctx, self.queries, self.approvals)
-        self.pushes = Pushes(self.ctx, self.approvals, self.outbox)
+        self.screens = Screens(self.ctx)
+        self.answers = Answers(self.ctx, self.queries, self.approvals, self.screens)
+        self.pushes = Pushes(self.ctx, self.approvals, self.outbox, self.screens)
 
     @property
     def channels(self) -> Mapping[ChannelKey, Channel]:
@@ -155,6 +158,8 @@ class GatewayCore:
                 return self.approvals.expire(approval_id)
             case TimerFired(key=("held", controller, hold_id)):
                 return self.outbox.expire(controller, hold_id)
+            case TimerFired(key=("screen", screen_id)):
+                return self.screens.expire(screen_id)
             case PeerJoined():
                 return self._joined(event)
             case PeerLeft():
@@ -165,6 +170,8 @@ class GatewayCore:
                 return self._response(event)
             case MessageReceived(type="bcp_approval_decision"):
                 return self.approvals.receive_decision(event)
+            case MessageReceived(type="bcp_screen_verdict"):
+                return self.screens.receive(event)
             case _:
                 return [Respond(True, "ignored")]
 

@@ -3,7 +3,8 @@
 Every answer is a ``bcp_validation`` row. An invalid one costs a retry and tells the reader
 what failed and how many tries are left; the last failure ends the query with
 ``retries_exhausted``. A valid one goes to the controller, or to a human first when the
-validation asks for review.
+validation asks for review. On a channel with screeners a valid Cat-2 or Cat-3 answer is judged
+by them first (:mod:`.screens`), and the row and all that follows carry the combined verdict.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .approvals import Approvals
 from .context import Context, Query
 from .frames import anomalies
 from .queries import Queries
+from .screens import Screens
 
 __all__ = ["Answers"]
 
@@ -27,10 +29,13 @@ __all__ = ["Answers"]
 class Answers:
     """Take readers' answers to pending queries."""
 
-    def __init__(self, ctx: Context, queries: Queries, approvals: Approvals) -> None:
+    def __init__(
+        self, ctx: Context, queries: Queries, approvals: Approvals, screens: Screens
+    ) -> None:
         self.ctx = ctx
         self.queries = queries
         self.approvals = approvals
+        self.screens = screens
 
     def receive(
         self, event: MessageReceived, channel: Channel, query_id: str, raw: Any
@@ -45,6 +50,28 @@ class Answers:
                 Respond(False, ReasonCode.UNKNOWN_QUERY, detail),
             ]
         result = validate_response(query.spec, raw, anomaly_action=channel.anomaly_action)
+        if self.screens.needed(channel, query.spec, result):
+            # At once: a second answer meanwhile is not taken (see Queries.expire).
+            query.state = QueryState.SCREENING
+
+            def screened(final: ValidationResult) -> list[Action]:
+                if ctx.pending.get((channel.controller, query_id)) is not query:
+                    return []
+                query.state = QueryState.ASKING
+                return self._judged(event, query, final)
+
+            asked = self.screens.ask(
+                channel, query.spec, raw, result, ref, event.message_id, screened
+            )
+            return [*asked, Respond(True, "screening")]
+        return self._judged(event, query, result)
+
+    def _judged(
+        self, event: MessageReceived, query: Query, result: ValidationResult
+    ) -> list[Action]:
+        """Carry the verdict on an answer through: retry, review, or delivery; reply."""
+        ctx, channel, query_id = self.ctx, query.channel, query.query_id
+        ref = {"query_id": query_id}
         row = ctx.validation(channel, result, event.message_id, query_id=query_id)
         if not result.accepted:
             return [row, *self._retry(event, query, result)]

@@ -3,7 +3,10 @@
 A push must name a subscription the controller declared, keep within its rate limits and the
 channel's budget, and validate against the subscription's spec; each refusal is a
 ``bcp_push_refused`` row. An accepted push is charged (committed) and then delivered, held for
-an offline controller, or held for a human's review; the reader's verdict says which.
+an offline controller, or held for a human's review; the reader's verdict says which. On a
+channel with screeners a valid Cat-2 or Cat-3 push is judged by them first (:mod:`.screens`),
+one push per subscription at a time; its budget and limits are checked again once they have
+decided, as queries may have spent the budget meanwhile.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .approvals import Approvals
 from .context import Context, Refusal
 from .frames import anomalies, delivery
 from .outbox import Outbox
+from .screens import Screens
 
 __all__ = ["Pushes"]
 
@@ -26,32 +30,70 @@ __all__ = ["Pushes"]
 class Pushes:
     """Take readers' pushes under declared subscriptions."""
 
-    def __init__(self, ctx: Context, approvals: Approvals, outbox: Outbox) -> None:
+    def __init__(
+        self, ctx: Context, approvals: Approvals, outbox: Outbox, screens: Screens
+    ) -> None:
         self.ctx = ctx
         self.approvals = approvals
         self.outbox = outbox
+        self.screens = screens
 
     def receive(
         self, event: MessageReceived, channel: Channel, response: BcpResponse
     ) -> list[Action]:
         """Check, validate and charge a push; deliver it or hold it; tell the reader; reply."""
-        ctx = self.ctx
         assert response.subscription_id is not None
         ref = {"subscription_id": response.subscription_id}
         try:
             subscription = self._check(channel, response)
         except Refusal as refusal:
-            # A subscription that does not exist is the whole story; a limit says which.
-            unknown = refusal.reason == ReasonCode.SUBSCRIPTION_NOT_FOUND
-            extra = {} if unknown else {"detail": refusal.detail}
-            row = ctx.record("bcp_push_refused", channel, refusal.reason, **extra, **ref)
-            return [
-                row,
-                *ctx.tell_reader(event, channel, ref, refusal.reason, refusal.detail),
-                Respond(False, refusal.reason, refusal.detail),
-            ]
+            return self._refuse(event, channel, ref, refusal)
         spec = subscription.as_spec()
         result = validate_response(spec, response.response, anomaly_action=channel.anomaly_action)
+        if self.screens.needed(channel, spec, result):
+            if self.screens.busy(channel, **ref):
+                # One push per subscription at a time: pushes accepted later would otherwise
+                # pile up, each asking every screener, before the first one counts.
+                detail = "an earlier push on this subscription is still being screened"
+                return self._refuse(event, channel, ref, Refusal(ReasonCode.RATE_LIMITED, detail))
+
+            def screened(final: ValidationResult) -> list[Action]:
+                if final.accepted:
+                    try:
+                        self._check(channel, response)
+                    except Refusal as refusal:
+                        checked = self.ctx.validation(channel, final, event.message_id, **ref)
+                        return [checked, *self._refuse(event, channel, ref, refusal)]
+                return self._judged(event, channel, subscription, final)
+
+            raw = response.response
+            asked = self.screens.ask(channel, spec, raw, result, ref, event.message_id, screened)
+            return [*asked, Respond(True, "screening")]
+        return self._judged(event, channel, subscription, result)
+
+    def _refuse(
+        self, event: MessageReceived, channel: Channel, ref: dict[str, str], refusal: Refusal
+    ) -> list[Action]:
+        ctx = self.ctx
+        # A subscription that does not exist is the whole story; a limit says which.
+        unknown = refusal.reason == ReasonCode.SUBSCRIPTION_NOT_FOUND
+        extra = {} if unknown else {"detail": refusal.detail}
+        row = ctx.record("bcp_push_refused", channel, refusal.reason, **extra, **ref)
+        return [
+            row,
+            *ctx.tell_reader(event, channel, ref, refusal.reason, refusal.detail),
+            Respond(False, refusal.reason, refusal.detail),
+        ]
+
+    def _judged(
+        self,
+        event: MessageReceived,
+        channel: Channel,
+        subscription: Subscription,
+        result: ValidationResult,
+    ) -> list[Action]:
+        """Carry the verdict on a push through: charge and deliver or hold it, or refuse it."""
+        ctx, ref = self.ctx, {"subscription_id": subscription.id}
         checked = ctx.validation(channel, result, event.message_id, **ref)
         if result.accepted:
             return [checked, *self._accept(event, channel, subscription, result)]

@@ -198,8 +198,14 @@ class Queries:
         ]
 
     def expire(self, controller: str, query_id: str) -> list[Action]:
-        """Fail a query that got no valid answer in time; one under approval waits for it."""
+        """Fail a query that got no valid answer in time; one under approval waits for it.
+
+        An answer with the screeners when time runs out gets their verdict first: the query is
+        looked at again ``screener_timeout`` seconds later, by when they have decided.
+        """
         query = self.ctx.pending.get((controller, query_id))
+        if query is not None and query.state is QueryState.SCREENING:
+            return [SetTimer(query.timer, self.ctx.settings.screener_timeout)]
         if query is None or query.state is not QueryState.ASKING:
             return []  # Already ended, or an approval is under way and its own timeout ends it.
         row = self.ctx.record("bcp_expired", query.channel, "timeout", query_id=query_id)

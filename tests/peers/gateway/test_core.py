@@ -57,6 +57,7 @@ class Settings:
     max_retries: int = 2
     approval_timeout: float = 600.0
     outbox_ttl: float = 3600.0
+    screener_timeout: float = 10.0
 
 
 SETTINGS = Settings()
