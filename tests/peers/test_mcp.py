@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from bus.errors import MethodNotFound
+
 mcp = pytest.importorskip("mcp")  # the mcp extra; installed with dev
 
 import mcp_types as types  # noqa: E402
@@ -209,6 +211,29 @@ async def test_a_host_that_loses_the_bus_reconnects_and_misses_nothing(tmp_path)
             assert [m["subscription_id"] for m in inbox["messages"]] == ["research-alerts"]
         finally:
             await reader.close()
+
+
+async def test_a_host_that_loses_the_bus_gets_what_was_sent_meanwhile(tmp_path):
+    """A message sent to the peer while the bridge's connection is down reaches the inbox once
+    it is back: the SDK fetches what it missed since the last epoch it saw."""
+    async with running_bcp(tmp_path) as h, h.bus.peer("agent:helper") as sender:
+        try:
+            probe = {"topic": "agent:helper", "sinceEpoch": 0, "limit": 1}
+            await sender.request("fetchMessages", probe)
+        except MethodNotFound:
+            pytest.skip("this bus has no fetchMessages, so a reconnecting peer cannot catch up")
+        async with host(h, "agent:main", mode="legacy") as main:
+            await sender.send("agent:main", "agent_event", {"n": 1})
+            assert await main.updated() == INBOX_URI
+            await h.bus.bus.peers["agent:main"].close(1001, "going away")
+            await sender.send("agent:main", "agent_event", {"n": 2})
+            async with asyncio.timeout(scaled(10)):
+                while True:  # each update is one new entry: read until the second is in
+                    await main.updated()
+                    contents = [m["content"] for m in (await main.inbox())["messages"]]
+                    if {"n": 2} in contents:
+                        break
+            assert contents == [{"n": 1}, {"n": 2}]
 
 
 def free_port() -> int:
