@@ -18,10 +18,12 @@ from bus import cli as bus_cli
 from bus.config import ServeConfig
 
 from .approver_cli import add_approve
+from .chat.cli import add_chat
 from .gateway.commands import add_budget, add_demo, add_gateway
 from .gateway.runner import run_beside
 from .gateway.settings import GatewaySettings
 from .mcp.command import add_mcp
+from .system.cli import add_system
 
 __all__ = ["add_commands", "gateway_beside", "main"]
 
@@ -37,6 +39,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_gateway(sub)
     add_budget(sub)
     add_demo(sub)
+    # The bootstrap flow's two ends (docs/bootstrap.md).
+    add_system(sub)
+    add_chat(sub)
+    # MCP hosts as peers (docs/mcp.md).
     add_mcp(sub)
 
 

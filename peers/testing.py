@@ -37,7 +37,15 @@ from .gateway.gateway import Gateway
 from .gateway.runner import running_gateway
 from .gateway.settings import GatewaySettings
 
-__all__ = ["BcpHarness", "BusHarness", "Inbox", "running_bcp", "running_bus", "scaled"]
+__all__ = [
+    "BcpHarness",
+    "BusHarness",
+    "Events",
+    "Inbox",
+    "running_bcp",
+    "running_bus",
+    "scaled",
+]
 
 
 def scaled(seconds: float) -> float:
@@ -73,6 +81,38 @@ class Inbox:
 
     def empty(self) -> bool:
         return self._queue.empty()
+
+
+@dataclass
+class Events:
+    """Collects the events a peer reports through an ``out`` callback (:class:`peers.chat.Chat`,
+    :class:`peers.system.SystemPeer`); ``await events.wait_for(...)`` waits for one."""
+
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.seen.append(event)
+        self._arrived.set()
+
+    async def wait_for(self, kind: str, seconds: float = 10.0, **fields: Any) -> dict[str, Any]:
+        """Return the first event so far of ``kind`` whose ``fields`` have the values given;
+        wait for it if there is none yet, or raise TimeoutError after ``seconds`` (scaled)."""
+        async with asyncio.timeout(scaled(seconds)):
+            while True:
+                self._arrived.clear()
+                for event in self.seen:
+                    if event["event"] == kind and all(event.get(k) == v for k, v in fields.items()):
+                        return event
+                await self._arrived.wait()
+
+    def kinds(self) -> list[str]:
+        """The ``event`` of each event so far, in order."""
+        return [event["event"] for event in self.seen]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        """The events so far of ``kind``."""
+        return [event for event in self.seen if event["event"] == kind]
 
 
 @dataclass

@@ -28,6 +28,7 @@ prose. The frontmatter of a controller and of its reader look like this:
 
     name: researcher
     taint: high                           # default: high with a reader channel, else none
+    command: [python, -m, myagents.researcher]   # how `bcpbus system` starts it (optional)
     bcp_channels:
       - {peer: main, role: reader, max_category: 2, budget_bits: 1000}
 
@@ -45,6 +46,7 @@ each other.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +112,7 @@ RESERVED_SCREENERS: Final = frozenset(
 _Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=0)]
 _Text = Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+_Word = Annotated[StrictStr, Field(max_length=4096, pattern=r"^[^\x00]+$")]
 
 
 class DefinitionError(ValueError):
@@ -232,6 +235,15 @@ class AgentDefinition(_Model):
     cron_schedules: tuple[CronSchedule, ...] = ()
     taint: TaintLevel | None = None
     """Omitted: ``high`` for an agent with a reader channel, ``none`` otherwise."""
+    command: Annotated[tuple[_Word, ...], Field(min_length=1, max_length=256)] | None = None
+    """The program and its arguments that ``bcpbus system`` runs to start this agent, run
+    without a shell in the definition's folder; a YAML list, or one string split as a shell
+    would (``shlex``). A first word ``python`` is the interpreter that runs ``bcpbus``. The
+    token comes through the environment (``BCPBUS_TOKEN``), never here. Omitted: the agent
+    is started some other way and a ``spawn_request`` for it is refused.
+
+    .. versionadded:: 0.2
+    """
     bcp_channels: tuple[BcpChannel, ...] = ()
 
     _source: str | None = PrivateAttr(default=None)
@@ -243,6 +255,28 @@ class AgentDefinition(_Model):
         if isinstance(value, str):
             return tuple(tool.strip() for tool in value.split(",") if tool.strip())
         return value
+
+    @field_validator(
+        "command", mode="before", json_schema_input_type=StrictStr | list[StrictStr] | None
+    )
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        words = value
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                words = shlex.split(value)
+            except ValueError as exc:  # "No closing quotation"
+                strict_yaml.invalid(f"cannot split the command into words: {exc}")
+        elif not isinstance(value, list | tuple):
+            strict_yaml.invalid("expected a list of words, e.g. [python, -m, mypackage.agent]")
+        if not words:
+            strict_yaml.invalid("give the program to run, e.g. [python, -m, mypackage.agent]")
+        for index, word in enumerate(words):
+            if word == "" or (isinstance(word, str) and "\x00" in word):
+                strict_yaml.invalid(f"word {index} is empty or holds a NUL character")
+        return words
 
     @model_validator(mode="after")
     def _check_channels(self) -> Self:

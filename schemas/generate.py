@@ -9,9 +9,10 @@ so regenerate after changing a model and commit the result::
 Files are named after the wire: the JSON-RPC frames (``jsonrpc.request.json``, ...), each bus
 method's params and result (``initialize.params.json``, ``sendMessage.result.json``), the payload
 envelope (``envelope.json``), the content of each presence event (``peer_joined.json``), the
-content of each BCP message type (``bcp_query.json``), and the frontmatter of an agent
-definition (``agent_definition.json``). The output is deterministic (sorted keys, two-space
-indent, a trailing newline), so ``--check`` compares text.
+content of each BCP message type (``bcp_query.json``) and of each chat type
+(``spawn_request.json``), and the frontmatter of an agent definition (``agent_definition.json``).
+The output is deterministic (sorted keys, two-space indent, a trailing newline), so ``--check``
+compares text.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
-from schemas import bcp, bus, jsonrpc
+from schemas import bcp, bus, chat, jsonrpc
 from schemas.agents import AgentDefinition
 
 __all__ = ["DEFAULT_DIRECTORY", "MODELS", "check", "render", "write"]
@@ -59,6 +60,9 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     **bus.PRESENCE_MODELS,
     # The content of each BCP message type.
     **bcp.CONTENT_MODELS,
+    # The content of each chat and agent type of the bootstrap flow (what the reference peers
+    # send; the bus checks only their envelope).
+    **chat.CONTENT_MODELS,
     # Agent definitions: the YAML frontmatter of agents/*.md.
     "agent_definition": AgentDefinition,
 }

@@ -98,9 +98,13 @@ def changed(
 
 
 def test_reference_agents_load_cleanly():
-    """agents/main.md and agents/researcher.md load and agree with each other."""
+    """agents/main.md and agents/researcher.md load and agree with each other; echo.md, the
+    bootstrap flow's agent, loads beside them."""
     agents = load_agents(AGENTS_DIR)
-    assert set(agents) == {"main", "researcher"}
+    assert set(agents) == {"echo", "main", "researcher"}
+    assert agents["echo"].command == ("python", "-m", "peers.examples.echo")
+    assert agents["echo"].effective_taint == "none" and not agents["echo"].bcp_channels
+    assert agents["main"].command is None
     assert agents["main"].effective_taint == "none"
     assert agents["researcher"].effective_taint == "high"
     assert agents["main"].body.startswith("# main")
@@ -162,6 +166,39 @@ def test_seed_fields_are_optional_and_kept():
     agent = parse_agent(document(data), source="reader.md")
     assert agent.network == "outbound"
     assert agent.cron_schedules[0].schedule == "0 */2 * * *"
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        (["python", "-m", "pkg.agent"], ("python", "-m", "pkg.agent")),
+        ("node agent.mjs --name 'my agent'", ("node", "agent.mjs", "--name", "my agent")),
+        (None, None),
+    ],
+)
+def test_command_is_a_list_or_a_string_split_like_a_shell(command, words):
+    """`command:` is a YAML list of words, or one string split as a shell would split it."""
+    definition = parse_agent(document({"name": "a", "command": command}), source="a.md")
+    assert definition.command == words
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        ([], "a.md: command: give the program to run, e.g. [python, -m, mypackage.agent]"),
+        ("  ", "a.md: command: give the program to run, e.g. [python, -m, mypackage.agent]"),
+        ("run 'x", "a.md: command: cannot split the command into words: No closing quotation"),
+        (["run", ""], "a.md: command: word 1 is empty or holds a NUL character"),
+        (["run\x00"], "a.md: command: word 0 is empty or holds a NUL character"),
+        (3, "a.md: command: expected a list of words, e.g. [python, -m, mypackage.agent]"),
+        (["run", 3], "a.md: command[1]: expected a string, got 3"),
+        (["x"] * 257, "a.md: command: "),
+    ],
+)
+def test_a_bad_command_is_refused_in_words_an_operator_can_act_on(command, message):
+    """An empty, unsplittable or mistyped `command:` is an error naming the file and the word."""
+    error = parse_error({"name": "a", "command": command}, source="a.md")
+    assert str(error).startswith(message)
 
 
 def test_taint_defaults_by_role():
