@@ -1,7 +1,8 @@
 """``python -m bench SCENARIO [--quick] [--json OUT]``: run a benchmark and print its table.
 
 Scenarios: ``delivery`` (1 and 2: the bus and the baseline relay, interleaved), ``bcp`` (3),
-``fanout`` (4), ``connections`` (5), ``log`` (6), ``all`` of those, or ``soak`` (7, ten minutes
+``fanout`` (4), ``connections`` (5), ``log`` (6), ``http`` (8: HTTP POST against WebSocket
+sendMessage), ``all`` of those, or ``soak`` (7, ten minutes
 unless ``--duration`` says otherwise, so it runs only when named); the numbers work too.
 ``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from .common import machine, machine_line, raise_fd_limit
 
-SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log")
+SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log", "http")
 LONG_SCENARIOS = ("soak",)
 """Run only when named: too long for ``all``."""
 _ALIASES = {
@@ -33,6 +34,7 @@ _ALIASES = {
     "5": "connections",
     "6": "log",
     "7": "soak",
+    "8": "http",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.
@@ -46,6 +48,7 @@ ROLES = {
     "log": "bench.log:writer",
     "soakers": "bench.soak:soakers",
     "misbehavers": "bench.soak:misbehavers",
+    "http_publisher": "bench.http:publisher",
 }
 
 

@@ -297,6 +297,8 @@ class Server:
 
     child: Child
     url: str
+    http_url: str | None = None
+    """The bus's HTTP binding, when it was started with one."""
 
     @property
     def pid(self) -> int:
@@ -321,8 +323,10 @@ async def running_bus(
     policy: Path | None = None,
     agents_dir: Path | None = None,
     loop: str = "asyncio",
+    http: bool = False,
 ) -> AsyncIterator[Server]:
-    """Run ``bcpbus serve`` on 127.0.0.1 port 0 with its log and peers file in ``directory``.
+    """Run ``bcpbus serve`` on 127.0.0.1 port 0 with its log and peers file in ``directory``;
+    ``http`` adds the HTTP binding on a free port (``Server.http_url``).
 
     The peers file is ``directory/peers.yaml``: write it with :func:`make_peers` first. The bus
     runs with its default limits and audit log; SIGTERM at the end flushes the log.
@@ -349,10 +353,18 @@ async def running_bus(
         argv += ["--policy", str(policy)]
     if not gateway:
         argv.append("--no-gateway")
+    if http:
+        argv += ["--http-port", "0"]
     child = await spawn("bus", argv, directory)
     try:
         url = await _listening(child)
-        yield Server(child, url)
+        http_url = None
+        if http:
+            assert child.process.stdout is not None
+            async with asyncio.timeout(START_TIMEOUT):
+                line = (await child.process.stdout.readline()).decode().strip()
+            http_url = line.removeprefix("http on ")
+        yield Server(child, url, http_url)
     finally:
         code = await child.stop(terminate=True)
         if code not in (0, -signal.SIGTERM):

@@ -74,6 +74,7 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -96,6 +97,7 @@ logger = logging.getLogger("bus.activity")
 EVENTS: frozenset[str] = frozenset(
     {
         "bus_start",  # the bus listens; payload: server_id, url, log_content (full | digest)
+        "http_start",  # the HTTP binding listens (bus.http); payload: url
         # The bus, per message: sendMessage received (payload: the envelope, or with
         # log_content digest its type and sha256), delivery to one target started and
         # finished (status = outcome), sendMessage answered.
@@ -121,6 +123,11 @@ EVENTS: frozenset[str] = frozenset(
         "subscribe",  # topic = the pattern
         "unsubscribe",  # topic = the pattern
         "shutdown",  # the bus is closing
+        # Webhook peers (bus.webhooks): a POST that will be retried (status = why: timeout,
+        # connect_error, http_<status>; payload: attempt, final), and a delivery that failed
+        # after its last attempt (status = reason; payload: attempts, sender).
+        "webhook_retry",
+        "delivery_failed",
         # The log itself.
         "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)
         # The gateway (actor "system:gateway"). The payload carries query_id or subscription_id
@@ -277,6 +284,11 @@ class ActivityLog:
         """Rows committed so far by this instance, ``row_unwritable`` replacements included."""
         self.rows_unwritable = 0
         """Rows replaced by a ``row_unwritable`` row so far."""
+        self.on_record: Callable[[str, str | None, str | None, Any], None] | None = None
+        """Told ``(event, topic, status, payload)`` of every row recorded, as it is recorded
+        (:mod:`bus.metrics` counts messages, errors and bits charged this way)."""
+        self.on_commit: Callable[[float], None] | None = None
+        """Told how many seconds each :meth:`commit` that had to wait waited."""
 
         # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
         # only once committed, so a failed batch is retried with the next one, in order.
@@ -420,6 +432,8 @@ class ActivityLog:
             )
         )
         self._rows_recorded += 1
+        if self.on_record is not None:
+            self.on_record(event, topic, status, payload)
         if self._linger is None and self._writer is not None:
             self._linger = asyncio.get_running_loop().call_later(LINGER, self._wakeup.set)
 
@@ -445,10 +459,19 @@ class ActivityLog:
             raise AuditUnavailable(self._unavailable)
         if self._writer.done():
             raise AuditUnavailable("activity log is closed")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         self._waiters.append((target, future))
         self._wakeup.set()
-        await future
+        observe = self.on_commit
+        if observe is None:
+            await future
+            return
+        started = loop.time()
+        try:
+            await future
+        finally:
+            observe(loop.time() - started)
 
     async def write(self, event: str, **fields: Any) -> None:
         """:meth:`record` one row and :meth:`commit` it; the arguments are :meth:`record`'s.

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl as _ssl
 from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
 
 from .activity import ActivityLog
-from .config import Limits, LogContent
+from .config import HttpSettings, Limits, LogContent
 from .credentials import Credentials
 from .identities import PeerIdentity
 from .policy import Policy
 from .server import Bus
+
+if TYPE_CHECKING:
+    from .http import HttpBinding
 
 __all__ = ["running"]
 
@@ -40,16 +45,22 @@ async def running(
     log_content: LogContent = "full",
     host: str = "127.0.0.1",
     port: int = 0,
+    ssl: _ssl.SSLContext | None = None,
+    http: HttpSettings | None = None,
 ) -> AsyncIterator[Bus]:
     """Open the activity log at ``db`` and start a bus on ``host:port`` (0: a free port).
 
     Args:
         policy: the authorization policy; None for the built-in one.
         log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
+        ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`).
+        http: the HTTP binding (:mod:`bus.http`), served when its ``port`` is set; the bus's
+            :attr:`~bus.server.Bus.http` is then the running binding.
 
     Raises:
         sqlite3.Error: the log cannot be opened at ``db``.
-        OSError: ``host:port`` cannot be listened on.
+        OSError: ``host:port`` (or the HTTP port) cannot be listened on.
+        ImportError: ``http.port`` is set and the ``http`` extra is not installed.
     """
     async with ActivityLog(db) as log:
         async with Bus(
@@ -61,5 +72,23 @@ async def running(
             server_id=server_id,
             log_content=log_content,
         ) as bus:
-            await bus.start(host, port)
-            yield bus
+            await bus.start(host, port, ssl=ssl)
+            if http is None or http.port is None:
+                yield bus
+                return
+            async with _http_binding(bus, http, host) as binding:
+                bus.http = binding
+                yield bus
+
+
+@contextlib.asynccontextmanager
+async def _http_binding(bus: Bus, settings: HttpSettings, host: str) -> AsyncIterator[HttpBinding]:
+    try:
+        from .http import HttpBinding  # noqa: F811 - the extra is optional: imported on use
+    except ImportError as exc:
+        raise ImportError(
+            f"the HTTP binding needs the http extra ({exc.name} is missing): "
+            "pip install 'bcpbus[http]'"
+        ) from exc
+    async with HttpBinding(bus, settings, host=host) as binding:
+        yield binding

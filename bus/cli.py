@@ -17,22 +17,38 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sqlite3
+import ssl
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from schemas.agents import load_agents
+
 from . import __version__, audit
 from .assemble import running
 from .config import ConfigError, ServeConfig
-from .credentials import Credentials, CredentialsError
-from .identities import default_agents_dir, load_identities
+from .credentials import Credentials, CredentialsError, validate_webhook_url
+from .errors import BusError
+from .identities import PeerIdentity, default_agents_dir, load_identities
 from .policy import Policy, PolicyError
+from .reload import BusFiles, Reloader
 from .server import Bus
+from .starter import write_starter
+from .startup import (
+    StartupError,
+    check_db,
+    check_port,
+    explain_bind,
+    explain_db,
+    summary,
+)
+from .tls import server_context
 
-__all__ = ["Beside", "Commands", "RunBeside", "main", "serve"]
+__all__ = ["Beside", "Commands", "RunBeside", "actions_of", "main", "serve"]
 
 logger = logging.getLogger("bus.cli")
 
@@ -41,8 +57,9 @@ Command = Callable[[argparse.Namespace], int]
 Commands: TypeAlias = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 """Adds more commands to the ``bcpbus`` parser's subparsers."""
 
-RunBeside: TypeAlias = Callable[[Bus], AbstractAsyncContextManager[object]]
-"""Runs something beside a started bus for the duration of an ``async with`` block."""
+RunBeside: TypeAlias = Callable[[Bus, Reloader], AbstractAsyncContextManager[object]]
+"""Runs something beside a started bus for the duration of an ``async with`` block; what it
+reads from files it adds to the reloader (:mod:`bus.reload`)."""
 
 Beside: TypeAlias = Callable[[ServeConfig], RunBeside | None]
 """Given the serve config, what ``serve`` runs beside the bus (the BCP gateway), or None.
@@ -75,10 +92,18 @@ def main(
     try:
         return command(args)
     except (ConfigError, PolicyError, CredentialsError, OSError, ValueError) as exc:
-        print(f"bcpbus: error: {exc}", file=sys.stderr)
+        print(f"bcpbus: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (BusError, sqlite3.Error) as exc:
+        print(f"bcpbus: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # pragma: no cover - interactive only
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (a YAML error quotes the file over several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _parser(extend: Commands | None, beside: Beside | None) -> argparse.ArgumentParser:
@@ -98,6 +123,7 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     parser.set_defaults(command=usage)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_serve(sub, beside)
+    _add_init(sub)
     _add_peers(sub)
     _add_audit(sub)
     if extend is not None:
@@ -105,15 +131,39 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     return parser
 
 
+def actions_of(parser: argparse.ArgumentParser) -> Any:
+    """The subparsers of ``parser`` (``bcpbus peers``' actions), to add more to them."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise LookupError(f"{parser.prog} has no subcommands")
+
+
 def _add_serve(sub: Any, beside: Beside | None) -> None:
-    serve = sub.add_parser("serve", help="run the bus (and the BCP gateway)")
+    serve = sub.add_parser(
+        "serve",
+        help="run the bus (and the BCP gateway)",
+        description="Run the bus, and the BCP gateway beside it, until SIGINT or SIGTERM. "
+        "SIGHUP, or a change to the peers file, the policy or the agent definitions, reloads "
+        "them without a restart.",
+    )
     serve.add_argument("--config", type=Path, help="YAML config file (see README)")
     serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port; 0 picks a free one (default 8765)")
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="also serve the HTTP binding (POST /v1/messages, webhooks, /metrics) on this port; "
+        "0 picks a free one (needs pip install 'bcpbus[http]')",
+    )
     serve.add_argument("--db", type=Path, help="SQLite activity log (default ./bcpbus.db)")
     serve.add_argument("--peers-file", type=Path, help="credentials (default ./bcpbus-peers.yaml)")
     serve.add_argument("--policy", type=Path, help="authorization policy YAML (default: built in)")
-    serve.add_argument("--agents-dir", type=Path, help="agent definitions (default ./agents)")
+    serve.add_argument(
+        "--agents-dir",
+        type=Path,
+        help="agent definitions (default ./agents, else the packaged reference agents)",
+    )
     serve.add_argument(
         "--log-content",
         choices=("full", "digest"),
@@ -121,6 +171,14 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         "its type and SHA-256 (digest)",
     )
     serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
+    serve.add_argument(
+        "--certfile",
+        type=Path,
+        help="TLS certificate chain (PEM): serve wss:// instead of ws:// (with --keyfile)",
+    )
+    serve.add_argument(
+        "--keyfile", type=Path, help="the TLS certificate's private key (PEM; with --certfile)"
+    )
     serve.add_argument(
         "--loop",
         choices=("auto", "asyncio", "uvloop"),
@@ -130,22 +188,78 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
     serve.set_defaults(command=_serve, beside=beside)
 
 
+def _add_init(sub: Any) -> None:
+    init = sub.add_parser(
+        "init",
+        help="write a starter directory: agents/, policy, peers file and config",
+        description="Write DIR/agents/ (the reference agents), DIR/policy.yaml (the built-in "
+        "policy), an empty DIR/bcpbus-peers.yaml and DIR/bcpbus.yaml pointing at them; then "
+        "run `bcpbus serve --config DIR/bcpbus.yaml`. Existing files are never overwritten.",
+    )
+    init.add_argument("directory", metavar="DIR", type=Path, help="where to write (created)")
+    init.set_defaults(command=_init)
+
+
 def _add_peers(sub: Any) -> None:
-    peers = sub.add_parser("peers", help="manage peer credentials")
-    peers.add_argument("--peers-file", type=Path, default=Path("bcpbus-peers.yaml"))
+    peers = sub.add_parser(
+        "peers",
+        help="manage peer credentials; list the peers online",
+        description="Create, rotate, list and remove the tokens peers connect with. A running "
+        "bus reads the peers file again within a second of a change.",
+    )
+    peers.add_argument(
+        "--peers-file",
+        type=Path,
+        default=Path("bcpbus-peers.yaml"),
+        help="the peers file (default ./bcpbus-peers.yaml)",
+    )
     peers_sub = peers.add_subparsers(title="actions", metavar="ACTION", required=True)
-    add = peers_sub.add_parser("add", help="create a token for CLIENT_ID, print it once")
-    add.add_argument("client_id", metavar="CLIENT_ID")
-    add.add_argument("--role", action="append", default=[], help="a policy role (repeatable)")
+    add = peers_sub.add_parser(
+        "add", help="create a token for a new CLIENT_ID, print it once (--rotate: replace one)"
+    )
+    add.add_argument("client_id", metavar="CLIENT_ID", help="prefix:name, e.g. agent:w1")
+    _role_options(add)
     add.add_argument(
-        "--policy", type=Path, help="check the roles against this policy (default: built in)"
+        "--rotate",
+        action="store_true",
+        help="replace the token of an existing CLIENT_ID (its connection is closed, 4005)",
+    )
+    add.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="a peer the bus reaches over HTTP: its deliveries are POSTed to URL, signed with a "
+        "secret printed on the second line",
+    )
+    add.add_argument(
+        "--subscribe",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --webhook: a topic pattern it is subscribed to when the bus starts "
+        "(repeatable; its own clientId always is)",
     )
     add.set_defaults(command=_peers_add)
+    rotate = peers_sub.add_parser(
+        "rotate", help="give CLIENT_ID a new token, print it once; the old one stops working"
+    )
+    rotate.add_argument("client_id", metavar="CLIENT_ID", help="an existing clientId")
+    rotate.set_defaults(command=_peers_rotate)
     lst = peers_sub.add_parser("list", help="list clientIds and roles (never tokens)")
     lst.set_defaults(command=_peers_list)
-    rm = peers_sub.add_parser("remove", help="delete CLIENT_ID's credential")
-    rm.add_argument("client_id", metavar="CLIENT_ID")
+    rm = peers_sub.add_parser(
+        "remove", help="delete CLIENT_ID's credential (its connection is closed, 4005)"
+    )
+    rm.add_argument("client_id", metavar="CLIENT_ID", help="an existing clientId")
     rm.set_defaults(command=_peers_remove)
+
+
+def _role_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--role", action="append", default=[], help="a policy role to assign (repeatable)"
+    )
+    parser.add_argument(
+        "--policy", type=Path, help="check the roles against this policy (default: built in)"
+    )
 
 
 def _add_audit(sub: Any) -> None:
@@ -181,11 +295,15 @@ def _serve(args: argparse.Namespace) -> int:
             "peers_file": args.peers_file,
             "policy": args.policy,
             "agents_dir": args.agents_dir,
+            "certfile": args.certfile,
+            "keyfile": args.keyfile,
             "log_content": args.log_content,
         }.items()
         if value is not None
     }
     config = replace(config, **overrides)
+    if args.http_port is not None:
+        config = replace(config, http=replace(config.http, port=args.http_port))
     beside: Beside | None = args.beside
     if args.no_gateway:
         config = replace(config, gateway={**config.gateway, "enabled": False})
@@ -203,20 +321,27 @@ def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
     """Run ``coro`` on ``loop``: ``auto`` is uvloop when installed (the ``speed`` extra).
 
     Raises:
-        ImportError: ``uvloop`` was asked for and is not installed; ``pip install
-            'bcpbus[speed]'``.
+        StartupError: ``uvloop`` was asked for and is not installed.
     """
-    if loop == "asyncio":
-        return asyncio.run(coro)
-    try:
-        import uvloop
-    except ImportError:
-        if loop == "uvloop":
-            coro.close()
-            raise ImportError("--loop uvloop needs uvloop: pip install 'bcpbus[speed]'") from None
-        return asyncio.run(coro)
-    result: int = uvloop.run(coro)
-    return result
+    if loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                coro.close()
+                raise StartupError(
+                    "--loop uvloop: uvloop is not installed: pip install 'bcpbus[speed]', or "
+                    "give --loop asyncio"
+                ) from None
+        else:
+            result: int = uvloop.run(coro)
+            return result
+    # Outside the except block: an error of the bus's own is not chained to the ImportError.
+    return asyncio.run(coro)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 async def serve(
@@ -224,43 +349,120 @@ async def serve(
     *,
     ready: Callable[[Bus], None] | None = None,
     beside: Beside | None = None,
+    say: Callable[[str], None] = _stderr,
 ) -> int:
     """Run the bus, and what ``beside`` gives, until SIGINT or SIGTERM; flush the activity log
     before returning 0.
 
-    The first line on stdout is ``listening on ws://HOST:PORT``, printed when the bus and what
-    runs beside it (the gateway) are ready.
+    The first line on stdout is ``listening on ws://HOST:PORT`` (``wss://`` with TLS), printed
+    when the bus and what runs beside it (the gateway) are ready (with the HTTP binding,
+    ``http on http://HOST:PORT`` follows it); the start-up summary comes
+    before it, on stderr (through ``say``). SIGHUP, or a change to the peers file, the policy
+    or the agent definitions, reloads them (:mod:`bus.reload`).
 
     Raises:
+        StartupError: the port, the database path or the TLS files cannot be used; the
+            message is one line naming the option.
         ConfigError: ``beside`` refused a section of the config.
     """
     agents_dir = config.agents_dir or default_agents_dir()
     config = replace(config, agents_dir=agents_dir)
+    check_port(config.port)
+    check_db(config.db)
+    tls = server_context(config.certfile, config.keyfile)
     run_beside = beside(config) if beside is not None else None
     policy = Policy.load(config.policy) if config.policy else Policy.default()
     credentials = Credentials.load(config.peers_file)
+    agents = load_agents(agents_dir) if agents_dir is not None and agents_dir.is_dir() else {}
+    hooks = [r.client_id for r in credentials.records() if r.webhook is not None]
+    if hooks and config.http.port is None:
+        print(
+            f"bcpbus: note: {len(hooks)} webhook peer(s) ({', '.join(hooks[:3])}) stay offline: "
+            "the bus reaches webhooks only with the HTTP binding on (--http-port)",
+            file=sys.stderr,
+        )
     identities = load_identities(agents_dir) if agents_dir is not None else {}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(
-        config.db,
-        credentials=credentials,
-        policy=policy,
-        identities=identities,
-        limits=config.limits,
-        server_id=config.server_id,
-        log_content=config.log_content,
-        host=config.host,
-        port=config.port,
-    ) as bus:
-        async with run_beside(bus) if run_beside else contextlib.nullcontext():
-            # Printed once the gateway is subscribed too: "listening" means ready for BCP.
-            print(f"listening on {bus.url}", flush=True)
-            if ready is not None:
-                ready(bus)
-            await stop.wait()
+    async with contextlib.AsyncExitStack() as stack:
+        bus = await _start(stack, config, credentials, policy, identities, tls)
+        reloader = Reloader(bus.log, say=say)
+        reloader.add(
+            BusFiles(bus, peers_file=config.peers_file, policy=config.policy, agents_dir=agents_dir)
+        )
+        if run_beside is not None:
+            await stack.enter_async_context(run_beside(bus, reloader))
+        loop.add_signal_handler(signal.SIGHUP, reloader.trigger)
+        await stack.enter_async_context(reloader)
+        for line in summary(
+            policy=str(config.policy or "built in (bus/default_policy.yaml)"),
+            roles=len(policy.roles),
+            peers_file=config.peers_file,
+            peers=len(Credentials.load(config.peers_file)),
+            agents_dir=agents_dir,
+            agents=agents,
+            gateway=run_beside is not None,
+            db=config.db,
+            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+        ):
+            say(f"bcpbus: {line}")
+        # Printed once the gateway is subscribed too: "listening" means ready for BCP.
+        print(f"listening on {bus.url}", flush=True)
+        if bus.http is not None:
+            print(f"http on {bus.http.url}", flush=True)
+        if ready is not None:
+            ready(bus)
+        await stop.wait()
+    return 0
+
+
+async def _start(
+    stack: contextlib.AsyncExitStack,
+    config: ServeConfig,
+    credentials: Credentials,
+    policy: Policy,
+    identities: Mapping[str, PeerIdentity],
+    tls: ssl.SSLContext | None,
+) -> Bus:
+    """Open the log and start the bus on ``stack``; say in one line what stops either."""
+    try:
+        return await stack.enter_async_context(
+            running(
+                config.db,
+                credentials=credentials,
+                policy=policy,
+                identities=identities,
+                limits=config.limits,
+                server_id=config.server_id,
+                log_content=config.log_content,
+                host=config.host,
+                port=config.port,
+                ssl=tls,
+                http=config.http,
+            )
+        )
+    except sqlite3.Error as exc:
+        raise explain_db(exc, config.db) from exc
+    except OSError as exc:
+        if exc.filename is not None:  # the log's directory, not the socket
+            raise explain_db(sqlite3.OperationalError(exc.strerror), config.db) from exc
+        raise explain_bind(exc, config.host, config.port) from exc
+
+
+# init
+
+
+def _init(args: argparse.Namespace) -> int:
+    for line in write_starter(args.directory):
+        print(line)
+    print(
+        f"next: bcpbus serve --config {args.directory / 'bcpbus.yaml'}, and "
+        f"`bcpbus peers --peers-file {args.directory / 'bcpbus-peers.yaml'} add CLIENT_ID` for "
+        "each peer",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -269,33 +471,87 @@ async def serve(
 
 def _peers_add(args: argparse.Namespace) -> int:
     credentials = Credentials.load(args.peers_file)
+    if args.client_id in credentials and not args.rotate:
+        raise StartupError(
+            f"{args.client_id} already has a token in {args.peers_file}: give --rotate to "
+            f"replace it (`bcpbus peers rotate {args.client_id}`), or choose another clientId"
+        )
     roles = list(args.role)
     if roles:
         policy = Policy.load(args.policy) if args.policy else Policy.default()
         policy.roles_for(args.client_id, roles)  # unknown role -> PolicyError
+    elif args.client_id in credentials:
+        record = credentials.record(args.client_id)
+        roles = list(record.roles) if record is not None else []  # a rotation keeps the roles
+    if args.subscribe and not args.webhook:
+        raise ValueError("--subscribe is for webhook peers: give --webhook URL too")
+    if args.webhook:
+        validate_webhook_url(args.webhook)
+    return _issue(args, credentials, roles)
+
+
+def _peers_rotate(args: argparse.Namespace) -> int:
+    credentials = Credentials.load(args.peers_file)
+    record = credentials.record(args.client_id)
+    if record is None:
+        raise StartupError(
+            f"{args.client_id} has no token in {args.peers_file}: create one with "
+            f"`bcpbus peers add {args.client_id}`"
+        )
+    return _issue(args, credentials, list(record.roles))
+
+
+def _issue(args: argparse.Namespace, credentials: Credentials, roles: list[str]) -> int:
+    rotated = args.client_id in credentials
     token = credentials.add(args.client_id, roles)
+    secret = None
+    webhook = getattr(args, "webhook", None)  # `peers rotate` keeps the webhook as it is
+    if webhook:
+        secret = credentials.set_webhook(args.client_id, webhook, args.subscribe)
     credentials.save(args.peers_file)
     print(token)
+    if secret is not None:
+        print(secret)
+        print(
+            f"the second line is the webhook secret: {webhook} checks X-Bcpbus-Signature "
+            "with it (docs/http.md); restart the bus to reach the new webhook",
+            file=sys.stderr,
+        )
+    what = "replaced the token of" if rotated else "stored the hash for"
     print(
-        f"stored the hash for {args.client_id} in {args.peers_file}; the token above is not "
-        "kept anywhere, copy it now",
+        f"{what} {args.client_id} in {args.peers_file}; the token above is not kept anywhere, "
+        "copy it now",
         file=sys.stderr,
     )
     return 0
 
 
 def _peers_list(args: argparse.Namespace) -> int:
-    for record in Credentials.load(args.peers_file).records():
-        print(f"{record.client_id}\t{','.join(record.roles) or '-'}")
+    if not args.peers_file.exists():
+        raise StartupError(
+            f"--peers-file {args.peers_file} does not exist: add a peer with `bcpbus peers add "
+            "CLIENT_ID`, or give the file `bcpbus serve` reads"
+        )
+    records = Credentials.load(args.peers_file).records()
+    if not records:
+        print(f"bcpbus: {args.peers_file} has no peers", file=sys.stderr)
+    for record in records:
+        webhook = f"\t{record.webhook.url}" if record.webhook is not None else ""
+        print(f"{record.client_id}\t{','.join(record.roles) or '-'}{webhook}")
     return 0
 
 
 def _peers_remove(args: argparse.Namespace) -> int:
     credentials = Credentials.load(args.peers_file)
     if not credentials.remove(args.client_id):
-        print(f"bcpbus: error: no credential for {args.client_id}", file=sys.stderr)
+        print(
+            f"bcpbus: error: {args.client_id} has no token in {args.peers_file}: see "
+            "`bcpbus peers list`",
+            file=sys.stderr,
+        )
         return 1
     credentials.save(args.peers_file)
+    print(f"removed {args.client_id} from {args.peers_file}", file=sys.stderr)
     return 0
 
 

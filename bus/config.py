@@ -36,8 +36,14 @@ __all__ = [
     "DEFAULT_PROCESS_TIMEOUT",
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
+    "DEFAULT_HTTP_MAX_CONNECTIONS",
+    "DEFAULT_HTTP_MAX_REQUESTS",
+    "DEFAULT_WEBHOOK_ATTEMPTS",
+    "DEFAULT_WEBHOOK_BACKOFF",
+    "DEFAULT_WEBHOOK_TIMEOUT",
     "ConfigError",
     "Count",
+    "HttpSettings",
     "Limits",
     "Seconds",
     "ServeConfig",
@@ -60,6 +66,12 @@ DEFAULT_SLOW_CONSUMER_TIMEOUT = 10.0
 DEFAULT_DEDUP_WINDOW = 300.0
 DEFAULT_DEDUP_MAX_IDS = 100_000
 DEFAULT_SHUTDOWN_GRACE = 10.0
+
+DEFAULT_WEBHOOK_TIMEOUT = 5.0
+DEFAULT_WEBHOOK_ATTEMPTS = 4
+DEFAULT_WEBHOOK_BACKOFF = 0.5
+DEFAULT_HTTP_MAX_REQUESTS = 1_000
+DEFAULT_HTTP_MAX_CONNECTIONS = 1_000
 
 _T = TypeVar("_T")
 
@@ -127,6 +139,39 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class HttpSettings:
+    """The HTTP binding (:mod:`bus.http`): where it listens and how webhooks are called.
+
+    The config file's ``http:`` section; ``bcpbus serve --http-port`` sets ``port``.
+
+    .. versionadded:: 0.2
+    """
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    port: Annotated[StrictInt, Field(ge=0, le=65535)] | None = None
+    """The HTTP port, beside the WebSocket one; 0 picks a free one; None serves no HTTP."""
+    host: StrictStr | None = None
+    """The interface; None is the WebSocket's ``host``."""
+    # Limits
+    max_connections: Count | None = DEFAULT_HTTP_MAX_CONNECTIONS
+    """Open HTTP connections (idle keep-alive ones included) and requests being handled, each
+    counted by the server; past it a request is answered 503 at once."""
+    max_requests: Count | None = DEFAULT_HTTP_MAX_REQUESTS
+    """Messages posted over HTTP being accepted or still being delivered; one more is refused
+    with 429 (-32005) and a ``limit_exceeded`` row."""
+    # Webhooks
+    webhook_timeout: Seconds = DEFAULT_WEBHOOK_TIMEOUT
+    """Seconds one webhook POST may take, connecting included."""
+    webhook_attempts: Annotated[StrictInt, Field(ge=1)] = DEFAULT_WEBHOOK_ATTEMPTS
+    """POSTs of one delivery at most: the first and its retries. All of them fit in the
+    ``process_timeout`` of the delivery; a retry that would not is not made."""
+    webhook_backoff: Seconds = DEFAULT_WEBHOOK_BACKOFF
+    """Seconds before the first retry; each further one waits twice as long (up to 8x), each
+    spread by up to a fifth so that webhooks are not retried in lockstep."""
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """Everything ``bcpbus serve`` needs; every field has a default that works with no setup."""
 
@@ -138,11 +183,17 @@ class ServeConfig:
     """None means the packaged default policy."""
     agents_dir: Path | None = None
     """None means ``./agents`` if it exists, else the packaged reference agents."""
+    certfile: Path | None = None
+    """TLS certificate chain (PEM): with :attr:`keyfile`, the bus serves ``wss://``."""
+    keyfile: Path | None = None
+    """The private key of :attr:`certfile` (PEM)."""
     server_id: str | None = None
     log_content: LogContent = "full"
     """What ``send_start`` rows keep of each envelope: ``full`` (all of it) or ``digest`` (its
     type and the SHA-256 of its canonical JSON, for deployments that must not keep content)."""
     limits: Limits = field(default_factory=Limits)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    """The HTTP binding; off unless ``http.port`` is set."""
     gateway: Mapping[str, Any] = field(default_factory=dict)
     """The ``gateway:`` section as written: the bus does not run the gateway, so the peers side
     checks it (:meth:`peers.gateway.settings.GatewaySettings.from_mapping`)."""
@@ -189,15 +240,18 @@ class _ConfigFile(BaseModel):
     peers_file: StrictStr = str(ServeConfig.peers_file)
     policy: StrictStr | None = None
     agents_dir: StrictStr | None = None
+    certfile: StrictStr | None = None
+    keyfile: StrictStr | None = None
     server_id: StrictStr | None = None
     log_content: LogContent = ServeConfig.log_content
     limits: Limits = Field(default_factory=Limits)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     gateway: dict[StrictStr, Any] = Field(default_factory=dict)
 
     def to_config(self, *, base: Path, source: str) -> ServeConfig:
         """Return the defaults changed by the keys the file sets, its paths made absolute."""
         changes = {key: getattr(self, key) for key in self.model_fields_set}
-        for key in ("db", "peers_file", "policy", "agents_dir"):
+        for key in ("db", "peers_file", "policy", "agents_dir", "certfile", "keyfile"):
             if changes.get(key) is not None:
                 changes[key] = base / changes[key]
         return replace(ServeConfig(), source=source, **changes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from websockets.exceptions import ConnectionClosed
 
@@ -31,9 +31,30 @@ from .protocol import ErrorResponse, Notification, Request, Response, Session
 if TYPE_CHECKING:
     from .local import Socket
 
-__all__ = ["ByteBudget", "Connection", "Handler", "PeerGone"]
+__all__ = ["ByteBudget", "Connection", "Handler", "Link", "PeerGone"]
 
 logger = logging.getLogger("bus.connection")
+
+
+class Link(Protocol):
+    """What the bus needs of a peer it delivers to: a :class:`Connection` (WebSocket or
+    in-process), or a peer it reaches another way, such as a webhook (:mod:`bus.webhooks`)."""
+
+    inflight: asyncio.Semaphore | None
+    """Bounds the ``processMessage`` calls awaiting this peer at once; None for no bound."""
+
+    @property
+    def name(self) -> str: ...
+
+    def write_buffer_size(self) -> int: ...
+
+    async def call(self, method: str, params: Any) -> Any: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+    def __hash__(self) -> int: ...
 
 
 Handler = Callable[["Connection", Request], Awaitable[Any]]
@@ -243,6 +264,11 @@ class Connection:
     def requests_in_flight(self) -> int:
         """Requests from this peer being handled now."""
         return self._requests
+
+    @property
+    def deliveries_in_flight(self) -> int:
+        """``processMessage`` calls sent to this peer and not answered yet."""
+        return len(self._pending)
 
     def abandon_requests(self, error: BusError) -> None:
         """Stop handling this peer's requests in flight and answer each with ``error``."""

@@ -11,6 +11,21 @@ a peer write it back. Tokens are never stored, only their hashes:
         roles: [controller]
         token_hash: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
+A peer the bus reaches over HTTP rather than a socket has a ``webhook`` too (``bcpbus peers add
+ID --webhook URL``): the URL its ``processMessage`` calls are POSTed to, the secret they are
+signed with, and the patterns it is subscribed to from the start (see :mod:`bus.webhooks`). The
+secret is stored as it is, since the bus needs it to sign: the file is written 0600.
+
+.. code-block:: yaml
+
+      "agent:lambda":
+        roles: []
+        token_hash: "sha256:..."
+        webhook:
+          url: "https://example.com/bcpbus"
+          secret: "whsec_..."
+          subscriptions: ["agent:lambda", "system:presence"]
+
 Typical use::
 
     credentials = Credentials.load(path)        # a missing file is an empty set of peers
@@ -28,8 +43,9 @@ import os
 import re
 import secrets
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, ClassVar, Final
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -43,7 +59,10 @@ __all__ = [
     "Credentials",
     "CredentialsError",
     "PeerRecord",
+    "WEBHOOK_SECRET_PREFIX",
+    "Webhook",
     "hash_token",
+    "validate_webhook_url",
     "validate_client_id",
 ]
 
@@ -57,12 +76,28 @@ _ROLE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")  # as role names in the policy
 _TOKEN_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 _HEADER = (
     "# bcpbus peers file: clientIds allowed to connect, their roles and token hashes.\n"
-    "# Only hashes are stored; a lost token cannot be recovered, only replaced.\n"
+    "# Only hashes of tokens are stored; a lost token cannot be recovered, only replaced.\n"
+    "# A webhook secret is stored as it is: the bus signs with it. Keep this file 0600.\n"
 )
 
 
 class CredentialsError(ValueError):
     """The peers file or an argument is malformed; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """Where and how the bus reaches a peer over HTTP (:mod:`bus.webhooks`).
+
+    .. versionadded:: 0.2
+    """
+
+    url: str
+    """Its ``processMessage`` calls are POSTed here."""
+    secret: str = field(repr=False)
+    """The HMAC-SHA256 key of ``X-Bcpbus-Signature``; the peer holds it too."""
+    subscriptions: tuple[str, ...] = ()
+    """Patterns it is subscribed to when the bus starts, beside its own clientId."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +107,8 @@ class PeerRecord:
     client_id: str
     roles: tuple[str, ...]
     token_hash: str
+    webhook: Webhook | None = None
+    """Set for a peer the bus reaches over HTTP."""
 
 
 def hash_token(token: str) -> str:
@@ -85,6 +122,27 @@ def hash_token(token: str) -> str:
     # surrogatepass: a JSON string can carry a lone surrogate; it must hash, not crash.
     digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
     return f"sha256:{digest}"
+
+
+def validate_webhook_url(url: str) -> str:
+    """Return ``url`` if the bus can POST to it: ``http://`` or ``https://`` with a host.
+
+    Raises:
+        CredentialsError: it cannot; the message says what a webhook URL looks like.
+    """
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or len(url) > 2048
+        or any(ch.isspace() for ch in url)
+    ):
+        raise CredentialsError(
+            f"invalid webhook URL {url!r}: expected http:// or https:// with a host, e.g. "
+            "https://example.com/bcpbus"
+        )
+    return url
 
 
 def validate_client_id(client_id: str) -> str:
@@ -106,6 +164,8 @@ def validate_client_id(client_id: str) -> str:
 # known one and response times don't reveal which ids exist.
 TOKEN_PREFIX: Final = "bcpbus_"
 """Every token :meth:`Credentials.add` makes starts with this."""
+WEBHOOK_SECRET_PREFIX: Final = "whsec_"
+"""Every webhook secret :meth:`Credentials.set_webhook` makes starts with this."""
 
 _DUMMY_HASH: Final = hash_token(secrets.token_urlsafe(32))
 
@@ -115,6 +175,8 @@ class Credentials:
 
     def __init__(self) -> None:
         self._records: dict[str, PeerRecord] = {}
+        # token hash -> clientId, for requests that carry only a token (HTTP, bus.http).
+        self._by_hash: dict[str, str] = {}
         # Ids added with add_ephemeral: verified like the others, never saved.
         self._ephemeral: set[str] = set()
 
@@ -144,7 +206,7 @@ class Credentials:
             logger.warning("%s is readable by other users; run: chmod 600 %s", source, source)
         credentials = cls()
         for record in _parse(text, source):
-            credentials._records[record.client_id] = record
+            credentials._store(record)
         return credentials
 
     def verify(self, client_id: str, token: str | None) -> PeerRecord | None:
@@ -161,6 +223,40 @@ class Credentials:
         if not matched or record is None or not token:
             return None
         return record
+
+    def identify(self, token: str | None) -> PeerRecord | None:
+        """Return the record of the peer ``token`` belongs to, else None.
+
+        For requests that carry a token but no clientId (``Authorization: Bearer`` over HTTP).
+        The lookup is by the token's SHA-256: tokens are 256-bit random values, so what the
+        lookup's timing could tell about the hash of a guess helps nobody find a token; the
+        match itself is then checked in constant time, as :meth:`verify` does.
+        """
+        if not token:
+            return None
+        presented = hash_token(token)
+        client_id = self._by_hash.get(presented)
+        record = self._records.get(client_id) if client_id is not None else None
+        if record is None or not hmac.compare_digest(presented, record.token_hash):
+            return None
+        return record
+
+    def set_webhook(self, client_id: str, url: str, subscriptions: Sequence[str] = ()) -> str:
+        """Make ``client_id`` a peer the bus reaches at ``url``; return its new webhook secret.
+
+        The secret signs every POST (``X-Bcpbus-Signature``); give it to the webhook's owner
+        with the token. Call :meth:`save` to persist.
+
+        Raises:
+            KeyError: ``client_id`` has no record; :meth:`add` it first.
+            CredentialsError: ``url`` is not an http(s) URL, or a pattern is not a string.
+        """
+        record = self._records[client_id]
+        validate_webhook_url(url)
+        patterns = tuple(_check_pattern(p) for p in subscriptions)
+        secret = WEBHOOK_SECRET_PREFIX + secrets.token_urlsafe(32)
+        self._store(replace(record, webhook=Webhook(url, secret, patterns)))
+        return secret
 
     def add(self, client_id: str, roles: Sequence[str]) -> str:
         """Create a token for ``client_id`` and return it; only its hash is kept.
@@ -186,10 +282,30 @@ class Credentials:
         self._ephemeral.add(client_id)
         return token
 
+    def reloaded(self, path: str | os.PathLike[str]) -> Credentials:
+        """Read the peers file again, keeping this object's ephemeral peers (its gateway).
+
+        Raises:
+            CredentialsError: as :meth:`load`; keep using this object.
+        """
+        fresh = Credentials.load(path)
+        for client_id in self._ephemeral:
+            fresh._records[client_id] = self._records[client_id]
+            fresh._ephemeral.add(client_id)
+        return fresh
+
+    def record(self, client_id: str) -> PeerRecord | None:
+        """Return ``client_id``'s record, or None if it has none."""
+        return self._records.get(client_id)
+
     def remove(self, client_id: str) -> bool:
         """Forget ``client_id``; return False if it was not there. Call :meth:`save` to persist."""
         self._ephemeral.discard(client_id)
-        return self._records.pop(client_id, None) is not None
+        record = self._records.pop(client_id, None)
+        if record is None:
+            return False
+        self._by_hash.pop(record.token_hash, None)
+        return True
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the non-ephemeral peers to ``path`` atomically, readable by the owner only.
@@ -201,7 +317,7 @@ class Credentials:
             OSError: the file could not be written; the old file is left as it was.
         """
         peers = {
-            r.client_id: {"roles": list(r.roles), "token_hash": r.token_hash}
+            r.client_id: _peer_entry(r)
             for r in self.records()
             if r.client_id not in self._ephemeral
         }
@@ -249,8 +365,36 @@ class Credentials:
         # The prefix makes a leaked token recognizable (secret scanners match it) and keeps it
         # from starting with "-", which a command line would read as an option.
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        self._records[client_id] = PeerRecord(client_id, tuple(roles), hash_token(token))
+        self._store(PeerRecord(client_id, tuple(roles), hash_token(token)))
         return token
+
+    def _store(self, record: PeerRecord) -> None:
+        old = self._records.get(record.client_id)
+        if old is not None:
+            self._by_hash.pop(old.token_hash, None)
+        self._records[record.client_id] = record
+        self._by_hash[record.token_hash] = record.client_id
+
+
+def _peer_entry(record: PeerRecord) -> dict[str, Any]:
+    entry: dict[str, Any] = {"roles": list(record.roles), "token_hash": record.token_hash}
+    if record.webhook is not None:
+        entry["webhook"] = {
+            "url": record.webhook.url,
+            "secret": record.webhook.secret,
+            "subscriptions": list(record.webhook.subscriptions),
+        }
+    return entry
+
+
+def _check_pattern(pattern: Any) -> str:
+    # The bus checks each pattern against the topic grammar and the policy when it subscribes
+    # the peer (and logs a refusal); here only the type, so the file stays readable.
+    if not isinstance(pattern, str) or not 0 < len(pattern) <= 256:
+        raise CredentialsError(
+            f"invalid subscription pattern {pattern!r}: expected a topic pattern"
+        )
+    return pattern
 
 
 def _check_role(role: Any) -> None:
@@ -299,6 +443,37 @@ def _missing() -> Any:
     return Field(default=None, validate_default=True)
 
 
+def _webhook_url(value: Any) -> Any:
+    try:
+        return validate_webhook_url(value)
+    except CredentialsError as exc:
+        strict_yaml.invalid(str(exc))
+
+
+def _webhook_secret(value: Any) -> Any:
+    if not isinstance(value, str) or len(value) < 16:
+        strict_yaml.invalid("expected the webhook secret `bcpbus peers add --webhook` printed")
+    return value
+
+
+def _pattern(value: Any) -> Any:
+    try:
+        return _check_pattern(value)
+    except CredentialsError as exc:
+        strict_yaml.invalid(str(exc))
+
+
+class _WebhookFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: Annotated[str, BeforeValidator(_webhook_url)] = _missing()
+    secret: Annotated[str, BeforeValidator(_webhook_secret)] = _missing()
+    subscriptions: Annotated[
+        tuple[Annotated[str, BeforeValidator(_pattern)], ...],
+        _expect(list, "expected a list of topic patterns ([] for none)"),
+    ] = ()
+
+
 class _PeerFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -307,6 +482,7 @@ class _PeerFile(BaseModel):
         _expect(list, "expected a list of role names ([] for none)"),
     ] = _missing()
     token_hash: Annotated[str, BeforeValidator(_token_hash)] = _missing()
+    webhook: _WebhookFile | None = None
 
 
 class _PeersFile(strict_yaml.VersionedFile):
@@ -323,4 +499,6 @@ def _parse(text: str, source: str) -> Iterator[PeerRecord]:
     except strict_yaml.LoadError as exc:
         raise CredentialsError(str(exc)) from exc
     for client_id, peer in shape.peers.items():
-        yield PeerRecord(client_id, peer.roles, peer.token_hash)
+        hook = peer.webhook
+        webhook = Webhook(hook.url, hook.secret, hook.subscriptions) if hook is not None else None
+        yield PeerRecord(client_id, peer.roles, peer.token_hash, webhook)

@@ -39,6 +39,7 @@ __all__ = [
     "CLOSE_UNSUPPORTED_DATA",
     "CLOSE_INITIALIZE_TIMEOUT",
     "CLOSE_REPLACED",
+    "CLOSE_REVOKED",
     "CLOSE_GOING_AWAY",
     "CLOSE_POLICY_VIOLATION",
     "AlreadyInitialized",
@@ -260,6 +261,7 @@ CLOSE_REPLACED = 4001
 CLOSE_INITIALIZE_TIMEOUT = 4002
 CLOSE_AUTH_FAILED = 4003
 CLOSE_SLOW_CONSUMER = 4004
+CLOSE_REVOKED = 4005
 
 CLOSE_CODES: dict[int, str] = {
     1001: "the bus is shutting down",
@@ -272,4 +274,6 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_AUTH_FAILED: "authentication failed",
     CLOSE_SLOW_CONSUMER: "slow consumer: the bus could not write to the peer for "
     "slow_consumer_timeout seconds",
+    CLOSE_REVOKED: "revoked: a reload removed or rotated this clientId's token, or the policy "
+    "no longer admits its roles; reconnect with a valid token",
 }

@@ -14,7 +14,13 @@ from pathlib import Path
 from schemas.agents import load_agents
 from schemas.common import TaintLevel, agent_id
 
-__all__ = ["SCREENER_ROLE", "PeerIdentity", "default_agents_dir", "load_identities"]
+__all__ = [
+    "SCREENER_ROLE",
+    "PeerIdentity",
+    "default_agents_dir",
+    "load_identities",
+    "reference_agents",
+]
 
 SCREENER_ROLE = "screener"
 """The policy role of the peers channels name in ``screeners``."""
@@ -46,8 +52,23 @@ def load_identities(directory: str | Path) -> dict[str, PeerIdentity]:
 
 
 def default_agents_dir() -> Path | None:
-    """``./agents`` if it exists, else the reference agents beside the installed package."""
-    for candidate in (Path("agents"), Path(__file__).resolve().parent.parent / "agents"):
+    """``./agents`` if it exists, else the packaged reference agents: installed as
+    ``peers/reference_agents`` by ``pip install .``, ``agents/`` in a source checkout."""
+    root = Path(__file__).resolve().parent.parent
+    for candidate in (Path("agents"), *reference_agents_dirs(root)):
         if candidate.is_dir():
             return candidate
     return None
+
+
+def reference_agents() -> Path | None:
+    """The packaged reference agents (never ``./agents``), or None if they are not installed."""
+    for candidate in reference_agents_dirs(Path(__file__).resolve().parent.parent):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def reference_agents_dirs(root: Path) -> tuple[Path, Path]:
+    """Where the reference agents may be, under the directory that holds the ``bus`` package."""
+    return root / "peers" / "reference_agents", root / "agents"

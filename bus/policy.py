@@ -19,6 +19,7 @@ so a typo fails loudly instead of silently widening or narrowing a grant):
         members: ["agent:*"]           # clientIds that hold the role: exact, or `prefix:*`
         taint: high                    # optional: none | low | medium | high
         declassifier: false            # optional: true only for the gateway's role
+        admin: false                   # optional: may ask the bus who is connected (listPeers)
         send:                          # optional: rules, each a list of types and of topics
           - types: [bcp_response]
             topics: ["bcp:*:{name}"]
@@ -143,6 +144,8 @@ class Role:
     subscribe: tuple[str, ...] = ()
     taint: TaintLevel | None = None
     declassifier: bool = False
+    admin: bool = False
+    """Holders may call the bus's operator methods (``listPeers``)."""
     description: str = ""
 
 
@@ -159,6 +162,8 @@ class Grants:
     roles: frozenset[str] = frozenset()
     taint: TaintLevel = "none"
     declassifier: bool = False
+    admin: bool = False
+    """May call the bus's operator methods (``listPeers``)."""
     send_patterns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Message type -> topic patterns it may be sent to."""
     subscribe_patterns: tuple[str, ...] = ()
@@ -373,6 +378,7 @@ class Policy:
             roles=frozenset(role.name for role in held),
             taint=max(levels, key=taint_rank),
             declassifier=any(role.declassifier for role in held),
+            admin=any(role.admin for role in held),
             send_patterns={t: tuple(ps) for t, ps in send.items()},
             subscribe_patterns=tuple(subscribe),
         )
@@ -572,6 +578,7 @@ class _RoleFile(BaseModel):
     members: tuple[StrictStr, ...] = ()
     taint: TaintLevel | None = None
     declassifier: StrictBool = False
+    admin: StrictBool = False
     send: tuple[_SendRuleFile, ...] = ()
     subscribe: tuple[StrictStr, ...] = ()
 
@@ -583,6 +590,7 @@ class _RoleFile(BaseModel):
             subscribe=self.subscribe,
             taint=self.taint,
             declassifier=self.declassifier,
+            admin=self.admin,
             description=self.description,
         )
 

@@ -37,6 +37,8 @@ class Route(Generic[K]):
     client_id: str
     grants: Grants
     patterns: set[str] = field(default_factory=set)
+    credential: str | None = None
+    """The token hash it authenticated with: a reload that changes it closes the peer."""
 
 
 class Router(Generic[K]):
@@ -63,13 +65,19 @@ class Router(Generic[K]):
         """The route of ``handle``; None before it joined, after it left or was replaced."""
         return self._routes.get(handle)
 
+    def route_of(self, client_id: str) -> Route[K] | None:
+        """The route of the peer authenticated as ``client_id``; None if it has none."""
+        return self._by_id.get(client_id)
+
     def routes(self) -> Iterator[Route[K]]:
         """Every authenticated peer's route."""
         return iter(self._by_id.values())
 
     # Membership
 
-    def join(self, handle: K, client_id: str, grants: Grants) -> K | None:
+    def join(
+        self, handle: K, client_id: str, grants: Grants, *, credential: str | None = None
+    ) -> K | None:
         """Register ``handle`` as ``client_id``; return the handle it takes over, if any.
 
         The replaced handle is forgotten with all its subscriptions: close it, and expect
@@ -78,7 +86,7 @@ class Router(Generic[K]):
         old = self._by_id.get(client_id)
         if old is not None:
             self._drop(old)
-        route = Route(handle, client_id, grants)
+        route = Route(handle, client_id, grants, credential=credential)
         self._routes[handle] = route
         self._by_id[client_id] = route
         return old.handle if old is not None else None

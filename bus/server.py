@@ -18,9 +18,10 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Iterable, Mapping
+import ssl as _ssl
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -28,6 +29,7 @@ from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 
 from schemas.bus import (
     InitializeParams,
+    ListPeersResult,
     PeerJoined,
     PeerLeft,
     SubscribeParams,
@@ -37,7 +39,7 @@ from schemas.common import timestamp
 from . import __version__, _json
 from .activity import ActivityLog, canonical_sha256
 from .config import Limits, LogContent
-from .connection import ByteBudget, Connection, PeerGone
+from .connection import ByteBudget, Connection, Link, PeerGone
 from .credentials import Credentials, PeerRecord
 from .errors import (
     CLOSE_AUTH_FAILED,
@@ -45,6 +47,7 @@ from .errors import (
     CLOSE_INITIALIZE_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
     CLOSE_REPLACED,
+    CLOSE_REVOKED,
     CLOSE_SLOW_CONSUMER,
     CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
@@ -65,9 +68,13 @@ from .policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
 from .recent import RecentIds
+from .rights import Regrant, Revoke, review
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
 from .watch import Anonymous, SlowConsumers
+
+if TYPE_CHECKING:
+    from .http import HttpBinding
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
@@ -125,7 +132,7 @@ class Bus:
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
-        self._router: Router[Connection] = Router()
+        self._router: Router[Link] = Router()
         self._errors_before_init: dict[Connection, int] = {}
         self._slow: SlowConsumers[Connection] | None = (
             SlowConsumers(self.limits.slow_consumer_timeout)
@@ -133,21 +140,34 @@ class Bus:
             else None
         )
         self._server: Server | None = None
+        self._scheme = "ws"
         self._closing = False
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
+        self.http: HttpBinding | None = None
+        """The running HTTP binding (:class:`bus.http.HttpBinding`) when the bus was assembled
+        with one (:func:`bus.assemble.running`), else None."""
+        self.on_delivered: Callable[[str, float], None] | None = None
+        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
+        ``processMessage`` call took; :mod:`bus.metrics` sets it."""
         self._methods = {
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
             "sendMessage": self._send_message,
             "ping": self._ping,
+            "listPeers": self._list_peers,
         }
+        self._since: dict[Link, str] = {}
 
     # Lifecycle
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        """Listen on ``host:port`` (0 picks a free port; read it back from :attr:`port`)."""
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, ssl: _ssl.SSLContext | None = None
+    ) -> None:
+        """Listen on ``host:port`` (0 picks a free port; read it back from :attr:`port`); with
+        ``ssl``, serve ``wss://``."""
         limits = self.limits
+        self._scheme = "wss" if ssl is not None else "ws"
         self._server = await serve(
             self._handle_connection,
             host,
@@ -156,6 +176,7 @@ class Bus:
             max_size=limits.max_frame_bytes,
             open_timeout=limits.handshake_timeout,
             compression=None,
+            ssl=ssl,
         )
         self.log.record(
             "bus_start",
@@ -168,9 +189,24 @@ class Bus:
         logger.info("listening on %s", self.url)
 
     @property
-    def peers(self) -> Mapping[str, Connection]:
+    def peers(self) -> Mapping[str, Link]:
         """The authenticated connections by clientId (a read-only snapshot)."""
         return self._router.peers
+
+    @property
+    def methods(self) -> list[str]:
+        """The JSON-RPC methods peers may call, ``initialize`` first."""
+        return ["initialize", *self._methods]
+
+    @property
+    def byte_budget(self) -> ByteBudget:
+        """The bytes of requests being handled, for the whole bus (``max_inflight_bytes``);
+        a transport charges each request body to it while the request is handled."""
+        return self._budget
+
+    def routes(self) -> Iterable[Route[Link]]:
+        """Every authenticated peer's route: its link, clientId, grants and patterns."""
+        return self._router.routes()
 
     @property
     def port(self) -> int:
@@ -189,8 +225,8 @@ class Bus:
 
     @property
     def url(self) -> str:
-        """``ws://host:port`` of the listening socket."""
-        return f"ws://{self.host}:{self.port}"
+        """``ws://host:port`` of the listening socket (``wss://`` with TLS)."""
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     async def close(self) -> None:
         """Stop accepting, close every connection (1001), wait for their handlers. Idempotent.
@@ -270,6 +306,130 @@ class Bus:
         link.add_done_callback(self._local_links.discard)
         return peer_end
 
+    # Peers that are not on a socket (bus.http, bus.webhooks)
+
+    async def route_for_token(
+        self, token: str | None, request: Request, *, address: str
+    ) -> Route[Link]:
+        """The route a request that arrived without a socket (HTTP) acts through.
+
+        The peer is the one ``token`` belongs to (the same credentials as ``initialize``). If it
+        is online (a socket or a webhook) its route is returned, so it never gets its own
+        messages; otherwise a route of its own kind that nothing is delivered to, with the
+        grants the policy gives it now. Pass the route to :meth:`handle`.
+
+        Raises:
+            AuthenticationFailed: no peer has this token, or the policy refuses its roles; the
+                row is logged (``actor`` is ``address``) and committed first.
+            ShuttingDown: the bus is closing.
+        """
+        if self._closing:
+            raise ShuttingDown()
+        record = self.credentials.identify(token)
+        if record is None:
+            self.log.record(
+                "auth_failed",
+                rpc_id=_rpc_id(request),
+                actor=address,
+                status="refused",
+                error="unknown token" if token else "no credential",
+            )
+            with contextlib.suppress(BusError):
+                await self.log.commit()
+            raise AuthenticationFailed(
+                "Authentication failed: send Authorization: Bearer with the token "
+                "`bcpbus peers add` printed"
+            )
+        route = self._router.route_of(record.client_id)
+        if route is not None:
+            return route
+        _, grants = self._grants_for(None, request, record.client_id, record.roles)
+        return Route(_Detached(record.client_id), record.client_id, grants)
+
+    async def handle(
+        self,
+        route: Route[Link],
+        request: Request,
+        *,
+        accepted: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Any:
+        """Carry out ``request`` for ``route``'s peer as if it came on its socket: the same
+        checks, limits and rows; an error answer gets its ``rpc_error`` row.
+
+        Args:
+            accepted: for ``sendMessage``, called with ``{messageId}`` once the message is
+                accepted (authorized, its rows committed) and before it is delivered, so a
+                caller can answer at once and let delivery go on.
+
+        Raises:
+            BusError: the JSON-RPC error to answer with.
+        """
+        try:
+            if self._closing:
+                raise ShuttingDown()
+            if request.method == "sendMessage":
+                return await self._send_message(route, request, accepted)
+            method = self._methods.get(request.method)
+            if method is None:
+                raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
+            if self._router.route(route.handle) is not route and request.method != "ping":
+                raise NotInitialized(
+                    f"{route.client_id} is not online, so nothing could be delivered to it: "
+                    "give it a webhook (bcpbus peers add ID --webhook URL) or connect it over "
+                    "WebSocket to subscribe"
+                )
+            return await method(route, request)
+        except BusError as exc:
+            await self.record_error(route.client_id, request, exc)
+            raise
+
+    async def attach(
+        self, link: Link, client_id: str, roles: Iterable[str], patterns: Iterable[str] = ()
+    ) -> Route[Link]:
+        """Join a peer the bus reaches through ``link`` rather than a socket (a webhook).
+
+        It is authorized, subscribed to its own clientId and to ``patterns``, logged and
+        announced as a WebSocket peer's ``initialize`` is; a pattern the policy refuses is
+        left out, with its rows. Call :meth:`detach` when it leaves.
+
+        Raises:
+            AuthenticationFailed: the policy refuses its roles; the row says why.
+        """
+        roles, grants = self._grants_for(None, None, client_id, roles)
+        replaced = self._router.join(link, client_id, grants)
+        if replaced is not None:
+            self._take_over(replaced, client_id)
+        if grants.may_subscribe(client_id):
+            self._router.subscribe(link, client_id)
+        route = self._router.route(link)
+        assert route is not None
+        self._since[link] = timestamp()
+        self.log.record(
+            "initialize",
+            actor=client_id,
+            status="ok",
+            payload={"roles": sorted(roles), "taint": grants.taint, "link": link.name},
+        )
+        self._presence.announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
+        for pattern in patterns:
+            request = Request(None, "subscribe", {"topic": pattern})
+            try:
+                await self.handle(route, request)
+            except BusError as exc:
+                logger.warning("%s: not subscribed to %r: %s", client_id, pattern, exc)
+        return route
+
+    def detach(self, link: Link, reason: str = "detached") -> None:
+        """Forget a peer :meth:`attach` joined; logged and announced as a disconnect."""
+        route = self._router.leave(link)
+        self._since.pop(link, None)
+        if route is None:
+            return
+        self.log.record("disconnect", actor=route.client_id, status=reason)
+        self._presence.announce(
+            "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
+        )
+
     def _process_request(self, ws: ServerConnection, request: HTTPRequest) -> HTTPResponse | None:
         if request.path == "/healthz":
             return ws.respond(HTTPStatus.OK, "ok\n")
@@ -315,6 +475,7 @@ class Bus:
                 self._anonymous.closed(address)
             self._connections.discard(conn)
             self._errors_before_init.pop(conn, None)
+            self._since.pop(conn, None)
             if self._slow is not None:
                 self._slow.forget(conn)
             self._forget(conn)
@@ -357,19 +518,24 @@ class Bus:
                 raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
             return await method(route, request)
         except BusError as exc:
-            # Every error answer has its row, committed before the peer reads the answer.
-            self.log.record(
-                "rpc_error",
-                rpc_id=_rpc_id(request),
-                actor=conn.name,
-                status=str(exc.code),
-                payload={"method": request.method[:64]},
-                error=exc.message,
-            )
-            with contextlib.suppress(BusError):
-                await self.log.commit()
+            await self.record_error(conn.name, request, exc)
             self._count_anonymous_error(conn)
             raise
+
+    async def record_error(self, actor: str, request: Request, exc: BusError) -> None:
+        """Log the ``rpc_error`` row of an error answer and commit it, before the peer reads
+        the answer. :meth:`handle` does it for what it answers; a transport calls it for the
+        errors it answers on its own (a malformed HTTP body)."""
+        self.log.record(
+            "rpc_error",
+            rpc_id=_rpc_id(request),
+            actor=actor,
+            status=str(exc.code),
+            payload={"method": request.method[:64]},
+            error=exc.message,
+        )
+        with contextlib.suppress(BusError):
+            await self.log.commit()
 
     def _protocol_error(self, conn: Connection, error: BusError) -> None:
         self.log.record("rpc_error", actor=conn.name, status=str(error.code), error=error.message)
@@ -398,9 +564,11 @@ class Bus:
         client_id = params.client_id
         token = params.auth.token if params.auth is not None else _bearer(conn.ws)
         record = await self._authenticate(conn, request, client_id, token)
+        self._check_not_attached(conn, request, client_id)
         self._check_capacity(conn, request, client_id)
         roles, grants = self._grants_for(conn, request, client_id, record.roles)
-        replaced = self._router.join(conn, client_id, grants)
+        replaced = self._router.join(conn, client_id, grants, credential=record.token_hash)
+        self._since[conn] = timestamp()
         if replaced is not None:
             self._take_over(replaced, client_id)
         self._anonymous.closed(_address(conn.ws))
@@ -451,6 +619,22 @@ class Bus:
         conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
         raise AuthenticationFailed()
 
+    def _check_not_attached(self, conn: Connection, request: Request, client_id: str) -> None:
+        """Refuse a socket for a peer the bus reaches another way (its webhook).
+
+        Raises:
+            AuthenticationFailed: ``client_id`` is attached; the connection closes (4003).
+        """
+        route = self._router.route_of(client_id)
+        if route is None or isinstance(route.handle, Connection):
+            return
+        self.log.record("auth_failed", rpc_id=_rpc_id(request), actor=client_id, status="webhook")
+        conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
+        raise AuthenticationFailed(
+            f"Authentication failed: {client_id} is a webhook peer, which the bus reaches at "
+            "its URL; it cannot also connect over WebSocket (re-add it without --webhook)"
+        )
+
     def _check_capacity(self, conn: Connection, request: Request, client_id: str) -> None:
         """Refuse one peer more than ``max_connections`` (a takeover is not one more).
 
@@ -467,7 +651,11 @@ class Bus:
         raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
 
     def _grants_for(
-        self, conn: Connection, request: Request, client_id: str, credential_roles: Iterable[str]
+        self,
+        conn: Connection | None,
+        request: Request | None,
+        client_id: str,
+        credential_roles: Iterable[str],
     ) -> tuple[frozenset[str], Grants]:
         """The roles and grants the policy gives ``client_id``.
 
@@ -482,22 +670,23 @@ class Bus:
         except (PolicyError, ValueError) as exc:
             self.log.record(
                 "auth_failed",
-                rpc_id=_rpc_id(request),
+                rpc_id=_rpc_id(request) if request is not None else None,
                 actor=client_id,
                 status="policy",
                 error=str(exc),
             )
-            conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
+            if conn is not None:
+                conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
             raise AuthenticationFailed(
                 "Authentication failed: this clientId's roles are not allowed by the policy"
             ) from None
 
-    def _take_over(self, old: Connection, client_id: str) -> None:
+    def _take_over(self, old: Link, client_id: str) -> None:
         self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))
         self._presence.announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
-    async def _subscribe(self, route: Route[Connection], request: Request) -> Any:
+    async def _subscribe(self, route: Route[Link], request: Request) -> Any:
         pattern = validate_pattern(parse(SubscribeParams, request.params).topic)
         if not route.grants.may_subscribe(pattern):
             self._refuse(route, request, "subscribe_denied", topic=pattern)
@@ -519,7 +708,7 @@ class Bus:
             )
         return {"success": True}
 
-    async def _unsubscribe(self, route: Route[Connection], request: Request) -> Any:
+    async def _unsubscribe(self, route: Route[Link], request: Request) -> Any:
         pattern = parse(SubscribeParams, request.params).topic
         if not self._router.unsubscribe(route.handle, pattern):
             raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
@@ -528,12 +717,65 @@ class Bus:
         )
         return {"success": True}
 
-    async def _ping(self, route: Route[Connection], request: Request) -> Any:
+    async def _ping(self, route: Route[Link], request: Request) -> Any:
         return {"pong": True, "serverTime": timestamp()}
+
+    async def _list_peers(self, route: Route[Link], request: Request) -> Any:
+        if not route.grants.admin:
+            self._refuse(route, request, "admin_denied")
+            raise Forbidden(
+                f"{route.client_id} may not call listPeers: it is for roles with `admin: true` "
+                "in the policy (the default policy's operator role, operator:*)"
+            )
+        return peer_list(self._router.routes(), self._since).model_dump(by_alias=True)
+
+    # Reloading
+
+    def reconfigure(
+        self,
+        *,
+        credentials: Credentials,
+        policy: Policy,
+        identities: Mapping[str, PeerIdentity],
+    ) -> tuple[int, int]:
+        """Put a new configuration in force at once, for new and connected peers alike.
+
+        Each connected peer is reviewed as if it initialized again with the token it used
+        (:func:`bus.rights.review`): one whose token was removed or rotated, or whose roles the
+        policy now refuses, is closed with 4005 (``CLOSE_REVOKED``); the others get their new
+        grants and lose the subscriptions those no longer allow. Nothing here awaits, so no
+        request is handled under half of the change.
+
+        Returns:
+            How many peers were closed, and how many subscriptions were dropped.
+        """
+        self.credentials, self.policy, self.identities = credentials, policy, dict(identities)
+        revoked = dropped = 0
+        for change in review(list(self._router.routes()), credentials, policy, self.identities):
+            match change:
+                case Revoke(route=route):
+                    self._revoke(route, change.reason, change.detail)
+                    revoked += 1
+                case Regrant(route=route, grants=grants):
+                    route.grants = grants
+                    for pattern in change.dropped:
+                        self._router.unsubscribe(route.handle, pattern)
+                        self.log.record(
+                            "unsubscribe", actor=route.client_id, topic=pattern, status="revoked"
+                        )
+                    dropped += len(change.dropped)
+        return revoked, dropped
+
+    def _revoke(self, route: Route[Connection], reason: str, detail: str) -> None:
+        self._router.leave(route.handle)  # from now on it receives nothing and may do nothing
+        self.log.record("revoked", actor=route.client_id, status=reason, error=detail)
+        self._presence.announce("peer_left", PeerLeft(client_id=route.client_id, reason="revoked"))
+        conn = route.handle
+        conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
 
     def _refuse(
         self,
-        route: Route[Connection],
+        route: Route[Link],
         request: Request,
         reason: str,
         *,
@@ -552,7 +794,12 @@ class Bus:
 
     # Publishing
 
-    async def _send_message(self, route: Route[Connection], request: Request) -> Any:
+    async def _send_message(
+        self,
+        route: Route[Link],
+        request: Request,
+        accepted: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Any:
         fields = read_send_message(request.params)
         topic = validate_topic(fields.topic)
         self._authorize_send(route, request, fields, topic)
@@ -579,6 +826,8 @@ class Bus:
             if self._recent is not None:
                 self._recent.release(key)  # nothing was delivered: a retry may go through
             raise
+        if accepted is not None:
+            accepted({"messageId": fields.message_id})
         delivered = await self._fan_out(
             targets,
             topic,
@@ -590,7 +839,7 @@ class Bus:
         return {"accepted": True, "messageId": fields.message_id, "deliveredTo": delivered}
 
     def _authorize_send(
-        self, route: Route[Connection], request: Request, fields: SendFields, topic: str
+        self, route: Route[Link], request: Request, fields: SendFields, topic: str
     ) -> None:
         """Refuse (with a row) a ``from`` that is not the sender, or a type the policy denies.
 
@@ -617,7 +866,7 @@ class Bus:
         message_id: str,
         message_type: str,
         *,
-        sender: Route[Connection] | None,
+        sender: Route[Link] | None,
         rpc_id: str | None = None,
     ) -> int:
         """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
@@ -651,9 +900,9 @@ class Bus:
         message_id: str,
         message_type: str,
         *,
-        sender: Route[Connection] | None,
+        sender: Route[Link] | None,
         rpc_id: str | None,
-    ) -> list[Route[Connection]]:
+    ) -> list[Route[Link]]:
         """Record the message and its targets, commit the rows, and return the targets.
 
         Raises:
@@ -670,7 +919,7 @@ class Bus:
             topic=topic,
             payload_json=_content(payload, message_type, self.log_content),
         )
-        targets: list[Route[Connection]] = []
+        targets: list[Route[Link]] = []
         for target in self._router.targets(topic, sender=sender.handle if sender else None):
             if grants is not None and not may_flow(grants, target.grants, message_type):
                 # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
@@ -693,7 +942,7 @@ class Bus:
 
     async def _fan_out(
         self,
-        targets: list[Route[Connection]],
+        targets: list[Route[Link]],
         topic: str,
         payload: dict[str, Any],
         message_id: str,
@@ -724,11 +973,12 @@ class Bus:
         return delivered
 
     async def _deliver(
-        self, route: Route[Connection], params: dict[str, Any], message_id: str, topic: str
+        self, route: Route[Link], params: dict[str, Any], message_id: str, topic: str
     ) -> bool:
         status, error = "processed", None
         limit = self.limits.max_write_buffer
         target = route.handle
+        started = _clock()
         try:
             if limit is not None and target.write_buffer_size() > limit:
                 # A peer that does not read gets nothing more written: fail fast, hold nothing.
@@ -750,6 +1000,8 @@ class Bus:
             status, error = "slow_consumer", f"more than {limit} bytes unread"
         except BusError as exc:
             status, error = "error", str(exc)
+        if self.on_delivered is not None:
+            self.on_delivered(status, _clock() - started)
         self.log.record(
             "process_finish",
             message_id=message_id,
@@ -787,6 +1039,27 @@ class Bus:
                 )
                 logger.info("disconnecting slow consumer %s (%d bytes unread)", conn.name, size)
                 conn.spawn(conn.force_close(CLOSE_SLOW_CONSUMER, "slow consumer"))
+
+
+class _Detached:
+    """The link of a peer that sent a request over HTTP and is not online: it only sends, and
+    the bus has no way to deliver to it (it is in no routing table)."""
+
+    def __init__(self, client_id: str) -> None:
+        self.name = client_id
+        self.inflight: asyncio.Semaphore | None = None
+
+    def write_buffer_size(self) -> int:
+        return 0
+
+    async def call(self, method: str, params: Any) -> Any:
+        raise PeerGone(self.name)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(coro)  # pragma: no cover - never joined
+
+    async def close(self, code: int, reason: str) -> None:
+        return None
 
 
 class _SlowConsumer(Exception):
@@ -833,3 +1106,34 @@ def _reply_text(result: Any) -> str:
     if isinstance(result, dict):
         return f"{result.get('status', '')}: {result.get('message', '')}"[:200]
     return "malformed processMessage result"
+
+
+def peer_list(routes: Iterable[Route[Link]], since: Mapping[Link, str]) -> Any:
+    """The ``listPeers`` result: every authenticated peer, sorted by clientId.
+
+    A peer the bus reaches another way than a connection (a webhook) shows its link's name as
+    its address and no requests in flight.
+    """
+    peers = [
+        {
+            "clientId": route.client_id,
+            "roles": sorted(route.grants.roles),
+            "taint": route.grants.taint,
+            "since": since.get(route.handle) or timestamp(),
+            "address": _link_address(route.handle),
+            "subscriptions": sorted(route.patterns),
+            "inflight": _link_inflight(route.handle),
+        }
+        for route in sorted(routes, key=lambda r: r.client_id)
+    ]
+    return ListPeersResult.model_validate({"peers": peers})
+
+
+def _link_address(link: Link) -> str:
+    return _address(link.ws) if isinstance(link, Connection) else link.name
+
+
+def _link_inflight(link: Link) -> dict[str, int]:
+    if isinstance(link, Connection):
+        return {"requests": link.requests_in_flight, "deliveries": link.deliveries_in_flight}
+    return {"requests": 0, "deliveries": 0}

@@ -81,16 +81,16 @@ def add_approve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     lst.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     show = _action(actions, "show", "one approval, rendered for a person", _approve_show)
-    show.add_argument("approval_id", metavar="ID")
+    show.add_argument("approval_id", metavar="ID", help="the approval's id (see `list`)")
     show.add_argument("--json", action="store_true", help="the stored row as JSON")
 
     for name, text in (("approve", "deliver the response as it is"), ("reject", "refuse it")):
         decide = _action(actions, name, text, _approve_decide)
-        decide.add_argument("approval_id", metavar="ID")
+        decide.add_argument("approval_id", metavar="ID", help="the approval's id (see `list`)")
         decide.add_argument("--reason", help="why, for the audit trail")
 
     edit = _action(actions, "edit", "replace the response (validated again)", _approve_decide)
-    edit.add_argument("approval_id", metavar="ID")
+    edit.add_argument("approval_id", metavar="ID", help="the approval's id (see `list`)")
     edit.add_argument(
         "--response-json",
         required=True,
@@ -126,7 +126,13 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--as", dest="client_id", metavar="human:NAME", default=default(None), help="approver"
     )
     token = parser.add_mutually_exclusive_group()
-    token.add_argument("--token-file", type=Path, default=default(None), metavar="FILE")
+    token.add_argument(
+        "--token-file",
+        type=Path,
+        default=default(None),
+        metavar="FILE",
+        help="a file holding the approver's token",
+    )
     token.add_argument("--token", default=default(None), help=f"(or ${TOKEN_ENV})")
     parser.add_argument(
         "--db", type=Path, default=default(Path("bcpbus.db")), help="the gateway's database"

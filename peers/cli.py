@@ -1,10 +1,12 @@
 """The ``bcpbus`` command: the bus's commands, the peers' commands and the gateway beside the bus.
 
 This is the one place that sees every layer, so the command line is assembled here:
-:func:`bus.cli.main` brings ``serve``, ``peers`` and ``audit``; this module adds ``approve``
-(:mod:`peers.approver_cli`), ``gateway``, ``budget`` and ``demo`` (:mod:`peers.gateway.commands`)
-and gives ``serve`` the gateway to run beside the bus. Every import is at the top: a command
-that fails to import stops ``bcpbus`` with the error, it does not go missing.
+:func:`bus.cli.main` brings ``serve``, ``init``, ``peers`` and ``audit``; this module adds
+``approve`` (:mod:`peers.approver_cli`), ``gateway``, ``budget`` and ``demo``
+(:mod:`peers.gateway.commands`), ``pub``, ``sub``, ``req`` and ``peers online``
+(:mod:`peers.terminal`), and gives ``serve`` the gateway to run beside the bus. Every import
+is at the top: a command that fails to import stops ``bcpbus`` with the error, it does not go
+missing.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .gateway.runner import run_beside
 from .gateway.settings import GatewaySettings
 from .mcp.command import add_mcp
 from .system.cli import add_system
+from .terminal import add_online, add_terminal
 
 __all__ = ["add_commands", "gateway_beside", "main"]
 
@@ -42,6 +45,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     # The bootstrap flow's two ends (docs/bootstrap.md).
     add_system(sub)
     add_chat(sub)
+    add_terminal(sub)
+    add_online(bus_cli.actions_of(sub.choices["peers"]))
     # MCP hosts as peers (docs/mcp.md).
     add_mcp(sub)
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -115,6 +117,13 @@ class Peer:
             ``initialize``.
         connector: opens the connection instead of a WebSocket to ``url``; a peer in the bus's
             own process passes :meth:`bus.server.Bus.connect_local` (see :mod:`bus.local`).
+        cafile: for a ``wss://`` url, trust only the CA certificates in this PEM file (a private
+            CA, a self-signed bus); by default the system's.
+        ssl_context: for a ``wss://`` url, the TLS context to connect with (overrides
+            ``cafile``).
+
+    Raises:
+        InvalidURL: ``cafile`` cannot be loaded.
     """
 
     def __init__(
@@ -127,8 +136,11 @@ class Peer:
         request_timeout: float | None = 30.0,
         auth_header: bool = False,
         connector: Callable[[], Awaitable[Socket]] | None = None,
+        cafile: str | os.PathLike[str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        self._ssl = ssl_context or _tls(url, cafile)
         self.client_id = client_id
         self._token = token
         self.reconnect = reconnect
@@ -217,8 +229,16 @@ class Peer:
         # Translate the transport's exceptions into the SDK's, as httpx's
         # map_httpcore_exceptions does: callers catch PeerError, never a websockets class.
         try:
+            if self._ssl is None:  # ssl=None would turn TLS off, refused for wss://
+                return await connect(
+                    self.url, additional_headers=headers, compression=None, max_size=None
+                )
             return await connect(
-                self.url, additional_headers=headers, compression=None, max_size=None
+                self.url,
+                additional_headers=headers,
+                compression=None,
+                max_size=None,
+                ssl=self._ssl,
             )
         except InvalidURI as exc:
             raise InvalidURL(self.url, exc.msg) from exc
@@ -427,6 +447,16 @@ def _closed(message: str, ws: Socket, cause: ConnectionClosed | None) -> PeerClo
     closed = PeerClosed(message, code=ws.close_code, reason=getattr(ws, "close_reason", None) or "")
     closed.__cause__ = cause
     return closed
+
+
+def _tls(url: str, cafile: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
+    """The TLS context for ``url``: None for ``ws://`` or the system's CAs, else ``cafile``'s."""
+    if cafile is None or not url.startswith("wss://"):
+        return None
+    try:
+        return ssl.create_default_context(cafile=os.fspath(cafile))
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidURL(url, f"cannot load the CA file {os.fspath(cafile)}: {exc}") from exc
 
 
 def _time_out(future: asyncio.Future[Any]) -> None:

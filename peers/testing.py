@@ -24,7 +24,7 @@ from typing import Any
 
 from bus.activity import ActivityLog
 from bus.assemble import running
-from bus.config import Limits, LogContent
+from bus.config import HttpSettings, Limits, LogContent
 from bus.credentials import Credentials
 from bus.identities import PeerIdentity, default_agents_dir, load_identities
 from bus.policy import Policy
@@ -132,6 +132,31 @@ class BusHarness:
         """Create (or rotate) a credential for ``client_id`` and return its token."""
         return self.credentials.add_ephemeral(client_id, list(roles))
 
+    @property
+    def http_url(self) -> str:
+        """``http://host:port`` of the HTTP binding (``running_bus(..., http=...)``)."""
+        if self.bus.http is None:
+            raise RuntimeError("this bus has no HTTP binding: pass http=HttpSettings(port=0)")
+        return self.bus.http.url
+
+    async def webhook_peer(
+        self,
+        client_id: str,
+        url: str,
+        roles: Sequence[str] = (),
+        subscriptions: Sequence[str] = (),
+    ) -> tuple[str, str]:
+        """Create a webhook peer that the bus reaches at ``url`` and put it online now; return
+        its token and its webhook secret."""
+        if self.bus.http is None:
+            raise RuntimeError("this bus has no HTTP binding: pass http=HttpSettings(port=0)")
+        token = self.token(client_id, roles)
+        secret = self.credentials.set_webhook(client_id, url, subscriptions)
+        record = self.credentials.identify(token)
+        assert record is not None
+        await self.bus.http.webhooks.attach(record)
+        return token, secret
+
     def peer(self, client_id: str, roles: Sequence[str] = (), **kwargs: Any) -> Peer:
         """A :class:`Peer` with a fresh credential; use it with ``async with``."""
         return Peer(self.url, client_id, self.token(client_id, roles), **kwargs)
@@ -154,8 +179,12 @@ async def running_bus(
     identities: Mapping[str, PeerIdentity] | None = None,
     limits: Limits | None = None,
     log_content: LogContent = "full",
+    http: HttpSettings | None = None,
 ) -> AsyncIterator[BusHarness]:
-    """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit."""
+    """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit.
+
+    ``http=HttpSettings(port=0)`` serves the HTTP binding too (:attr:`BusHarness.http_url`).
+    """
     db = Path(directory) / "activity.db"
     credentials = Credentials.empty()
     async with running(
@@ -165,6 +194,7 @@ async def running_bus(
         identities=identities,
         limits=limits,
         log_content=log_content,
+        http=http,
     ) as bus:
         yield BusHarness(bus, bus.log, credentials, db)
 
@@ -193,6 +223,7 @@ async def running_bcp(
     settings: GatewaySettings | None = None,
     limits: Limits | None = None,
     local: bool = True,
+    http: HttpSettings | None = None,
 ) -> AsyncIterator[BcpHarness]:
     """Start a bus and a gateway for the agents in ``agents_dir`` (default: the reference pair).
 
@@ -202,7 +233,9 @@ async def running_bcp(
     agents = Path(agents_dir) if agents_dir is not None else default_agents_dir()
     if agents is None:
         raise FileNotFoundError("no agents directory")
-    async with running_bus(directory, identities=load_identities(agents), limits=limits) as h:
+    async with running_bus(
+        directory, identities=load_identities(agents), limits=limits, http=http
+    ) as h:
         token = h.token(GATEWAY_CLIENT_ID)
         connector = h.bus.connect_local if local else None
         async with running_gateway(

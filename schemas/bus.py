@@ -22,11 +22,16 @@ __all__ = [
     "Auth",
     "Capabilities",
     "ClientInfo",
+    "DELIVERY_STATUS_TYPE",
+    "DeliveryStatus",
     "Envelope",
     "InitializeParams",
     "InitializeResult",
     "LeaveReason",
+    "ListPeersResult",
     "PeerJoined",
+    "PeerInfo",
+    "PeerInflight",
     "PeerLeft",
     "PingResult",
     "PresenceType",
@@ -153,13 +158,41 @@ class PingResult(_Wire):
     server_time: AwareDatetime = Field(alias="serverTime")
 
 
+class PeerInflight(_Wire):
+    """What one peer has in progress: its requests being handled, deliveries awaiting it."""
+
+    requests: int = Field(ge=0)
+    deliveries: int = Field(ge=0)
+
+
+class PeerInfo(_Wire):
+    """One connected peer, as ``listPeers`` reports it."""
+
+    client_id: str = Field(alias="clientId", pattern=CLIENT_ID_PATTERN)
+    roles: list[Annotated[str, Field(pattern=ROLE_NAME_PATTERN)]]
+    taint: str
+    since: AwareDatetime
+    """When it completed ``initialize``."""
+    address: str
+    """Where it connects from (``in-process`` for a peer in the bus's own process)."""
+    subscriptions: list[str]
+    inflight: PeerInflight
+
+
+class ListPeersResult(_Wire):
+    """``listPeers`` (operators only): every authenticated peer, sorted by clientId."""
+
+    peers: list[PeerInfo]
+
+
 # Presence: what the bus publishes on system:presence, from system:bus.
 
 PresenceType = Literal["peer_joined", "peer_left"]
 """The ``type`` of every presence payload."""
 
-LeaveReason = Literal["disconnected", "replaced"]
-"""Why a peer left: its socket closed, or a newer connection for its clientId took over."""
+LeaveReason = Literal["disconnected", "replaced", "revoked"]
+"""Why a peer left: its socket closed, a newer connection for its clientId took over, or a
+reload revoked its token or its roles (close code 4005)."""
 
 
 class _Presence(_Wire):
@@ -190,12 +223,39 @@ class PeerJoined(_Presence):
 class PeerLeft(_Presence):
     """``peer_left`` (bus -> ``system:presence``): a peer's connection is gone.
 
-    ``reason`` is ``disconnected`` (its socket closed) or ``replaced`` (a newer connection for
-    the same clientId took over; a ``peer_joined`` for that connection follows).
+    ``reason`` is ``disconnected`` (its socket closed), ``replaced`` (a newer connection for
+    the same clientId took over; a ``peer_joined`` for that connection follows) or ``revoked``
+    (a reload removed or rotated its token, or the policy no longer admits its roles).
     """
 
     client_id: str = Field(alias="clientId", pattern=CLIENT_ID_PATTERN)
     reason: LeaveReason
+
+
+# Delivery status: what the bus sends a sender when it could not deliver to a webhook peer.
+
+DELIVERY_STATUS_TYPE = "delivery_status"
+"""The ``type`` of the bus's message about a delivery that failed for good."""
+
+
+class DeliveryStatus(_Presence):
+    """``delivery_status`` (bus -> the sender's own clientId): a message the bus accepted could
+    not be delivered to a webhook peer after every retry.
+
+    ``reason`` is the last attempt's outcome: ``timeout``, ``connect_error``, ``http_<status>``
+    (a status the webhook answered that is not a JSON-RPC answer), ``malformed_response``,
+    ``cancelled`` (``process_timeout`` or a shutdown ended the delivery between attempts).
+    The message is in the log under ``messageId`` with a ``delivery_failed`` row.
+    """
+
+    message_id: str = Field(alias="messageId", min_length=1, max_length=128)
+    topic: str = Field(min_length=1, max_length=256)
+    target: str = Field(pattern=CLIENT_ID_PATTERN)
+    status: Literal["failed"] = "failed"
+    reason: str = Field(max_length=64)
+    attempts: int = Field(ge=1)
+    error: str = Field(default="", max_length=500)
+    """What the last attempt got, for a person: the status line, the timeout, the exception."""
 
 
 PRESENCE_MODELS: dict[str, type[BaseModel]] = {

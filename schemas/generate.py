@@ -10,9 +10,10 @@ Files are named after the wire: the JSON-RPC frames (``jsonrpc.request.json``, .
 method's params and result (``initialize.params.json``, ``sendMessage.result.json``), the payload
 envelope (``envelope.json``), the content of each presence event (``peer_joined.json``), the
 content of each BCP message type (``bcp_query.json``) and of each chat type
-(``spawn_request.json``), and the frontmatter of an agent definition (``agent_definition.json``).
-The output is deterministic (sorted keys, two-space indent, a trailing newline), so ``--check``
-compares text.
+(``spawn_request.json``), the frontmatter of an agent definition (``agent_definition.json``), and
+the HTTP binding's bodies (``http.*.json``; the bus serves its OpenAPI document at
+``/openapi.json``). The output is deterministic (sorted keys, two-space indent, a trailing
+newline), so ``--check`` compares text.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
-from schemas import bcp, bus, chat, jsonrpc
+from schemas import bcp, bus, chat, http, jsonrpc
 from schemas.agents import AgentDefinition
 
 __all__ = ["DEFAULT_DIRECTORY", "MODELS", "check", "render", "write"]
@@ -52,12 +53,20 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "sendMessage.params": bus.SendMessageParams,
     "sendMessage.result": bus.SendMessageResult,
     "ping.result": bus.PingResult,
+    "listPeers.result": bus.ListPeersResult,
     "processMessage.params": bus.ProcessMessageParams,
     "processMessage.result": bus.ProcessMessageResult,
     # The payload of every sendMessage and processMessage.
     "envelope": bus.Envelope,
     # The content of each presence event the bus publishes on system:presence.
     **bus.PRESENCE_MODELS,
+    # The content of the bus's delivery_status message (a webhook delivery that failed).
+    bus.DELIVERY_STATUS_TYPE: bus.DeliveryStatus,
+    # The HTTP binding's bodies; the bus serves them together as /openapi.json.
+    "http.postMessage": http.PostMessage,
+    "http.accepted": http.Accepted,
+    "http.error": http.ErrorBody,
+    "http.discovery": http.Discovery,
     # The content of each BCP message type.
     **bcp.CONTENT_MODELS,
     # The content of each chat and agent type of the bootstrap flow (what the reference peers

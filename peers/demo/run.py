@@ -22,7 +22,7 @@ from typing import Any
 from bus import audit
 from bus.assemble import running
 from bus.credentials import Credentials
-from bus.identities import default_agents_dir, load_identities
+from bus.identities import load_identities, reference_agents
 from peers.approver import Approver, render_request
 from peers.bcp import Controller, QueryFailed, Reader
 from peers.client import Peer
@@ -139,9 +139,10 @@ class _Demo:
         self.pushes: asyncio.Queue[BcpResponseDelivery] = asyncio.Queue()
 
     async def run(self) -> int:
-        agents_dir = default_agents_dir()
+        # The reference agents, never ./agents: every step below is written for them.
+        agents_dir = reference_agents()
         if agents_dir is None:
-            self.out("bcpbus demo: the reference agents (agents/) are not installed")
+            self.out("bcpbus demo: the reference agents are not installed: reinstall bcpbus")
             return 1
         credentials = Credentials.empty()
         async with running(

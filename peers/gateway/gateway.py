@@ -126,6 +126,19 @@ class Gateway:
             assert isinstance(action, SetTimer)
             self._set_timer(action)
 
+    def use_channels(self, channels: Mapping[ChannelKey, Channel]) -> None:
+        """Put reloaded channels in force now; readers whose active subscriptions changed are
+        told again (``bcp_subscriptions_active``)."""
+        self.channels = dict(channels)
+        actions = self.core.use_channels(self.channels)
+        if actions:
+            self._spawn(self._carry_out(actions))
+
+    def reset_budget(self, channel: ChannelKey) -> None:
+        """Start a new budget session for ``channel``, as a restart after the reset row would."""
+        self.core.reset_budget(channel)
+        logger.info("budget reset for bcp:%s:%s", *channel)
+
     # Lifecycle
 
     async def start(self) -> None:

@@ -9,21 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from bus.activity import ActivityLog
 from bus.local import Socket
+from bus.reload import Reloader
 from bus.server import Bus
 from peers.client import Peer
 from schemas.agents import build_channels, load_agents
 from schemas.common import GATEWAY_CLIENT_ID
 
 from .gateway import Gateway
+from .reload import BudgetResets, GatewayChannels, last_row_id
 from .restore import create_views, restore
 from .settings import GatewaySettings
 
-__all__ = ["run_beside", "run_standalone", "running_gateway"]
+__all__ = ["run_beside", "run_standalone", "running_gateway", "watch"]
 
 
 @contextlib.asynccontextmanager
@@ -35,6 +38,7 @@ async def running_gateway(
     settings: GatewaySettings | None = None,
     *,
     connector: Callable[[], Awaitable[Socket]] | None = None,
+    cafile: Path | None = None,
 ) -> AsyncIterator[Gateway]:
     """Run a gateway connected to ``url`` (or through ``connector``, see
     :class:`peers.client.Peer`) for the duration of the ``async with`` block.
@@ -44,7 +48,7 @@ async def running_gateway(
         AuthenticationFailed: the bus refused the gateway's token.
     """
     channels = build_channels(load_agents(agents_dir))
-    peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector)
+    peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector, cafile=cafile)
     gateway = Gateway(peer, channels, log, settings=settings)
     await asyncio.to_thread(create_views, log.path)
     orphans = restore(gateway, log.path)
@@ -58,30 +62,67 @@ async def running_gateway(
 
 @contextlib.asynccontextmanager
 async def run_beside(
-    bus: Bus, *, agents_dir: Path, settings: GatewaySettings | None = None
+    bus: Bus,
+    reloader: Reloader | None = None,
+    *,
+    agents_dir: Path,
+    settings: GatewaySettings | None = None,
 ) -> AsyncIterator[Gateway]:
     """Run the gateway in the bus's process, sharing its activity log.
 
     It connects over an in-process link (:mod:`bus.local`), not a socket, and authenticates
     like any peer. Its credential is made for this run only and never written to the peers
-    file.
+    file. With a ``reloader``, its channels are reloaded with the bus's files and budget
+    resets take effect at once.
     """
     token = bus.credentials.add_ephemeral(GATEWAY_CLIENT_ID, [])
+    after = await asyncio.to_thread(last_row_id, Path(bus.log.path))
     async with running_gateway(
         bus.url, token, bus.log, agents_dir, settings, connector=bus.connect_local
     ) as gateway:
+        if reloader is not None:
+            watch(gateway, reloader, agents_dir, Path(bus.log.path), after)
         yield gateway
 
 
+def watch(gateway: Gateway, reloader: Reloader, agents_dir: Path, db: Path, after: int) -> None:
+    """Reload ``gateway``'s channels with ``reloader``'s other parts, and apply the budget
+    resets written to ``db`` after row ``after``."""
+    reloader.add(GatewayChannels(gateway, agents_dir))
+    reloader.polls.append(BudgetResets(gateway, db, after, say=reloader.say))
+
+
 async def run_standalone(
-    url: str, token: str, db: Path, agents_dir: Path, settings: GatewaySettings
+    url: str,
+    token: str,
+    db: Path,
+    agents_dir: Path,
+    settings: GatewaySettings,
+    *,
+    cafile: Path | None = None,
 ) -> int:
-    """Run the gateway as its own process until SIGINT or SIGTERM; return the exit code."""
+    """Run the gateway as its own process until SIGINT or SIGTERM; return the exit code.
+
+    SIGHUP, or a change to the agent definitions, reloads its channels; budget resets take
+    effect within a second.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with ActivityLog(db) as log, running_gateway(url, token, log, agents_dir, settings):
-        print(f"gateway connected to {url}", flush=True)
-        await stop.wait()
+    after = await asyncio.to_thread(last_row_id, db)
+    async with (
+        ActivityLog(db) as log,
+        running_gateway(url, token, log, agents_dir, settings, cafile=cafile) as g,
+    ):
+        reloader = Reloader(log, say=_stderr)
+        watch(g, reloader, agents_dir, db, after)
+        loop.add_signal_handler(signal.SIGHUP, reloader.trigger)
+        async with reloader:
+            print(f"gateway connected to {url}", flush=True)
+            await stop.wait()
     return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -71,7 +71,7 @@ def test_null_turns_a_limit_off(tmp_path):
         ("limits:\n  process_timeout: .inf\n", "limits.process_timeout: Input should be a finite"),
         ("limits: 3\n", "bcpbus.yaml: limits: expected a mapping with keys dedup_max_ids"),
         ("gateway: [a]\n", "bcpbus.yaml: gateway: expected a mapping"),
-        ("prot: 1\n", "bcpbus.yaml: prot: unknown key; expected one of agents_dir, db"),
+        ("prot: 1\n", "bcpbus.yaml: prot: unknown key; expected one of agents_dir, certfile, db"),
         ("port: '8765'\n", "bcpbus.yaml: port: expected a whole number, got '8765'"),
         ("port: 70000\n", "bcpbus.yaml: port: Input should be less than or equal to 65535"),
         ("host: 1\n", "bcpbus.yaml: host: expected a string, got 1"),

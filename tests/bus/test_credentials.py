@@ -333,3 +333,70 @@ def test_validate_client_id_refuses(client_id):
     """validate_client_id explains what a clientId looks like."""
     with pytest.raises(CredentialsError, match="expected prefix:name"):
         validate_client_id(client_id)
+
+
+# Tokens without a clientId (HTTP) and webhook peers
+
+
+def test_identify_finds_the_peer_of_a_token_and_nothing_else(path):
+    """A token names its peer; a wrong, empty, rotated or removed one names nobody."""
+    credentials = Credentials.empty()
+    main = credentials.add("agent:main", ["controller"])
+    other = credentials.add("agent:other", [])
+    assert credentials.identify(main).client_id == "agent:main"
+    assert credentials.identify(other).client_id == "agent:other"
+    assert credentials.identify("bcpbus_wrong") is None
+    assert credentials.identify("") is None and credentials.identify(None) is None
+    rotated = credentials.add("agent:main", ["controller"])
+    assert credentials.identify(main) is None and credentials.identify(rotated) is not None
+    credentials.save(path)
+    assert Credentials.load(path).identify(rotated).client_id == "agent:main"
+    credentials.remove("agent:main")
+    assert credentials.identify(rotated) is None
+
+
+def test_a_webhook_round_trips_through_the_file_with_its_secret(path):
+    """set_webhook stores URL, secret and patterns; the file keeps them, mode 0600."""
+    credentials = Credentials.empty()
+    token = credentials.add("agent:hook", [])
+    secret = credentials.set_webhook("agent:hook", "https://example.com/in", ["system:presence"])
+    assert secret.startswith("whsec_") and len(secret) >= 40
+    assert secret not in repr(credentials.identify(token))  # never in a log line
+    credentials.save(path)
+    loaded = Credentials.load(path).identify(token)
+    assert loaded is not None and loaded.webhook is not None
+    assert loaded.webhook.url == "https://example.com/in"
+    assert loaded.webhook.secret == secret
+    assert loaded.webhook.subscriptions == ("system:presence",)
+    if os.name == "posix":
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://example.com/x", "example.com/x", "http://", "https://a b.com/", 42]
+)
+def test_a_webhook_url_must_be_http_with_a_host(url):
+    """Anything the bus could not POST to is refused with what a webhook URL looks like."""
+    credentials = Credentials.empty()
+    credentials.add("agent:hook", [])
+    with pytest.raises(CredentialsError, match="webhook URL"):
+        credentials.set_webhook("agent:hook", url)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("webhook", "error"),
+    [
+        ("{url: 'ftp://x/y', secret: whsec_0123456789abcdef}", "webhook URL"),
+        ("{url: 'http://x/y', secret: short}", "webhook secret"),
+        ("{url: 'http://x/y', secret: whsec_0123456789abcdef, hmm: 1}", "hmm"),
+        ("{url: 'http://x/y', secret: whsec_0123456789abcdef, subscriptions: x}", "patterns"),
+    ],
+)
+def test_a_bad_webhook_entry_names_the_field(path, webhook, error):
+    """A malformed webhook in the peers file stops loading with the field named."""
+    path.write_text(
+        "version: 1\npeers:\n  agent:hook:\n    roles: []\n"
+        f"    token_hash: {GOOD_HASH}\n    webhook: {webhook}\n"
+    )
+    with pytest.raises(CredentialsError, match=error):
+        Credentials.load(path)

@@ -304,10 +304,11 @@ def test_serve_runs_on_the_loop_asked_for(monkeypatch):
     """--loop asyncio is asyncio even with uvloop installed; --loop uvloop without uvloop is a
     clear error, not a silent fallback; auto falls back to asyncio."""
     from bus.cli import _run
+    from bus.startup import StartupError
 
     assert _run(_loop_module(), "asyncio").startswith("asyncio")  # type: ignore[arg-type]
     monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
-    with pytest.raises(ImportError, match=r"pip install 'bcpbus\[speed\]'"):
+    with pytest.raises(StartupError, match=r"pip install 'bcpbus\[speed\]'"):
         _run(_loop_module(), "uvloop")  # type: ignore[arg-type]
     assert _run(_loop_module(), "auto").startswith("asyncio")  # type: ignore[arg-type]
 

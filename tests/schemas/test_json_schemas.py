@@ -25,6 +25,8 @@ from schemas import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "protocol.md"
+DOCS = (DOC, ROOT / "docs" / "http.md")
+"""The protocol reference and its HTTP binding page, whose examples are checked alike."""
 SCHEMAS = ROOT / "schemas" / "json"
 AGENTS = ROOT / "agents"
 
@@ -83,7 +85,7 @@ def _blocks(text: str) -> list[Example]:
     return blocks
 
 
-DOC_BLOCKS = _blocks(DOC.read_text(encoding="utf-8"))
+DOC_BLOCKS = [block for doc in DOCS for block in _blocks(doc.read_text(encoding="utf-8"))]
 EXAMPLES = [block for block in DOC_BLOCKS if block.targets]
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from schemas.agents import Channel
-from schemas.bcp import BcpResponse, BcpSubscriptionsActive, ReasonCode
+from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
 from schemas.common import agent_id
 
 from ..events import (
@@ -110,6 +110,26 @@ class GatewayCore:
         """Start from ``state``; return the timers of its held deliveries. Before :meth:`start`."""
         self.ctx.state = state
         return [action for held in state.held for action in self.outbox.keep(held)]
+
+    def use_channels(self, channels: Mapping[ChannelKey, Channel]) -> list[Action]:
+        """Put reloaded channels in force; return the announcements to readers whose active
+        subscriptions changed.
+
+        Queries and approvals in flight keep the channel they were admitted on; new ones are
+        checked against ``channels``. Budgets carry over: a reload is not a budget reset.
+        """
+        old = self.ctx.channels
+        self.ctx.channels = channels
+        readers = {reader for _c, reader in (*old, *channels)}
+        return [
+            Spawn((self._announce(reader),))
+            for reader in sorted(readers)
+            if _active(old, reader) != _active(channels, reader)
+        ]
+
+    def reset_budget(self, channel: ChannelKey) -> None:
+        """Start a new budget session for ``channel`` (a ``bcp_budget_reset`` row was written)."""
+        self.ctx.state.ledger.reset(channel)
 
     def start(self) -> list[Action]:
         """Return what the gateway does once connected: announce subscriptions, flush outboxes."""
@@ -219,12 +239,14 @@ class GatewayCore:
         return [*work, Respond(True)]
 
     def _announce(self, reader: str) -> Send:
-        active = BcpSubscriptionsActive(
-            subscriptions=tuple(
-                entry
-                for (_c, r), channel in sorted(self.channels.items())
-                if r == reader
-                for entry in channel.active_subscriptions()
-            )
-        )
+        active = BcpSubscriptionsActive(subscriptions=_active(self.channels, reader))
         return Send(agent_id(reader), "bcp_subscriptions_active", active)
+
+
+def _active(channels: Mapping[ChannelKey, Channel], reader: str) -> tuple[ActiveSubscription, ...]:
+    return tuple(
+        entry
+        for (_c, r), channel in sorted(channels.items())
+        if r == reader
+        for entry in channel.active_subscriptions()
+    )

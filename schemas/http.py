@@ -1,0 +1,321 @@
+"""The HTTP binding's wire: request and response bodies, and the OpenAPI document built from them.
+
+``POST /v1/messages`` takes a :class:`PostMessage` and answers :class:`Accepted` (202) or, with
+``?wait=true``, the ``sendMessage`` result; every error answers :class:`ErrorBody`, the JSON-RPC
+error object the WebSocket answer would carry. ``GET /.well-known/bcpbus`` answers
+:class:`Discovery`. :func:`openapi_document` is the OpenAPI 3.1 document of all of it; the bus
+serves it at ``/openapi.json`` and ``python -m schemas.generate`` writes it to
+``schemas/json/openapi.json``.
+
+Webhook POSTs (bus -> a webhook peer) are the JSON-RPC ``processMessage`` request of
+``jsonrpc.request.json`` with the headers :data:`SIGNATURE_HEADER` and
+:data:`TIMESTAMP_HEADER`; :func:`signature` is how both sides compute the signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import models_json_schema
+
+from .bus import _TRACEPARENT_PATTERN, _TYPE_PATTERN, SendMessageResult, SubscribeResult
+from .jsonrpc import ErrorObject
+
+__all__ = [
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "Accepted",
+    "Discovery",
+    "Endpoints",
+    "ErrorBody",
+    "PostMessage",
+    "SubscriptionBody",
+    "WebhookSigning",
+    "check_traceparent",
+    "openapi_document",
+    "signature",
+]
+
+SIGNATURE_HEADER: Final = "X-Bcpbus-Signature"
+"""``sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" under the peer's webhook secret>``."""
+TIMESTAMP_HEADER: Final = "X-Bcpbus-Timestamp"
+"""Unix seconds when the bus signed the POST; part of what is signed, so it cannot be changed."""
+
+_TRACEPARENT = re.compile(_TRACEPARENT_PATTERN)
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """The ``X-Bcpbus-Signature`` value of a webhook POST: ``sha256=`` and 64 hex digits.
+
+    The HMAC covers the timestamp header and the body, joined by ``.``: a signature over the
+    body alone would let whoever saw one POST replay it later under a fresh timestamp. A
+    receiver recomputes it and compares with :func:`hmac.compare_digest`, and refuses a
+    timestamp more than five minutes from its clock.
+    """
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def check_traceparent(value: str) -> str:
+    """Return ``value`` if it is a W3C Trace Context ``traceparent`` this bus accepts.
+
+    Beyond the pattern (version, 32 and 16 lowercase hex digits, flags): version ``ff`` is
+    invalid, and so are an all-zero trace id or parent id (W3C Trace Context §3.2.2).
+
+    Raises:
+        ValueError: it is not; the message says which part.
+    """
+    if _TRACEPARENT.fullmatch(value) is None:
+        raise ValueError("expected 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>")
+    version, trace_id, parent_id, _flags = value.split("-")
+    if version == "ff":
+        raise ValueError("version ff is invalid")
+    if trace_id == "0" * 32:
+        raise ValueError("the trace id is all zeros")
+    if parent_id == "0" * 16:
+        raise ValueError("the parent id is all zeros")
+    return value
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class PostMessage(_Wire):
+    """``POST /v1/messages``: a message to publish as the peer whose token authorized it.
+
+    The bus builds the envelope: ``from`` is that peer, ``timestamp`` is now, ``messageId`` is
+    the one given (a retry with the same id is refused with 409 inside ``dedup_window``) or a
+    new one. A ``traceparent`` header fills ``traceparent`` when the body has none.
+    """
+
+    topic: str = Field(min_length=1, max_length=256)
+    type: str = Field(pattern=_TYPE_PATTERN)
+    content: dict[str, Any]
+    message_id: str | None = Field(default=None, alias="messageId", min_length=1, max_length=128)
+    correlation_id: str | None = Field(default=None, alias="correlationId", max_length=128)
+    traceparent: str | None = Field(default=None, pattern=_TRACEPARENT_PATTERN)
+
+    @field_validator("traceparent")
+    @classmethod
+    def _check_traceparent(cls, value: str | None) -> str | None:
+        return None if value is None else check_traceparent(value)
+
+
+class Accepted(_Wire):
+    """202: the message is accepted (authorized, logged) and is being delivered."""
+
+    message_id: str = Field(alias="messageId")
+
+
+class ErrorBody(_Wire):
+    """Every error answer: the JSON-RPC error object, with the same code and message."""
+
+    error: ErrorObject
+
+
+class SubscriptionBody(_Wire):
+    """``POST /v1/subscriptions``: a pattern to subscribe the peer's webhook to."""
+
+    topic: str = Field(min_length=1, max_length=256)
+
+
+class Endpoints(_Wire):
+    """Where each part of the bus is; paths are relative to ``http``."""
+
+    websocket: str
+    http: str
+    messages: str = "/v1/messages"
+    subscriptions: str = "/v1/subscriptions"
+    metrics: str = "/metrics"
+    openapi: str = "/openapi.json"
+    health: str = "/healthz"
+
+
+class WebhookSigning(_Wire):
+    """How webhook POSTs are signed (see :func:`signature`)."""
+
+    signature_header: str = Field(default=SIGNATURE_HEADER, alias="signatureHeader")
+    timestamp_header: str = Field(default=TIMESTAMP_HEADER, alias="timestampHeader")
+    algorithm: str = "HMAC-SHA256 over <timestamp>.<body>"
+
+
+class Discovery(_Wire):
+    """``GET /.well-known/bcpbus``: what this bus is and offers, without authentication."""
+
+    name: str = "bcpbus"
+    version: str
+    server_id: str = Field(alias="serverId")
+    endpoints: Endpoints
+    methods: list[str]
+    capabilities: dict[str, bool]
+    limits: dict[str, float | int | None]
+    webhooks: WebhookSigning = Field(default_factory=WebhookSigning)
+
+
+_BODIES: Final = (
+    PostMessage,
+    Accepted,
+    SendMessageResult,
+    ErrorBody,
+    SubscriptionBody,
+    SubscribeResult,
+    Discovery,
+)
+
+_ERRORS: Final = {
+    "400": "Malformed body, envelope, topic or parameter (-32700, -32600, -32602)",
+    "401": "No token, or a token no peer has (-32002)",
+    "403": "The policy does not let this peer do it (-32602)",
+    "404": "Not subscribed to that pattern (-32003)",
+    "409": "This messageId was already accepted from this peer (-32008); or the peer has no "
+    "webhook to subscribe (-32001)",
+    "413": "The body is larger than max_frame_bytes (-32600)",
+    "429": "A limit is reached; retry later (-32005)",
+    "503": "The activity log is unavailable or the bus is shutting down (-32006, -32007)",
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    return {code: _json(ErrorBody, _ERRORS[code]) for code in codes}
+
+
+def _text(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
+
+
+def _paths() -> dict[str, Any]:
+    secured: list[dict[str, list[str]]] = [{"bearer": []}]
+    return {
+        "/v1/messages": {
+            "post": {
+                "operationId": "postMessage",
+                "summary": "Publish a message as the token's peer",
+                "security": secured,
+                "parameters": [
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "required": False,
+                        "description": "true: answer once delivered, with the sendMessage "
+                        "result (200); otherwise 202 as soon as the message is accepted",
+                        "schema": {"type": "boolean", "default": False},
+                    },
+                    {
+                        "name": "traceparent",
+                        "in": "header",
+                        "required": False,
+                        "description": "W3C trace context; kept on the envelope",
+                        "schema": {"type": "string", "pattern": _TRACEPARENT_PATTERN},
+                    },
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(PostMessage)}},
+                },
+                "responses": {
+                    "202": _json(Accepted, "Accepted; delivery goes on"),
+                    "200": _json(SendMessageResult, "Delivered (wait=true)"),
+                    **_errors("400", "401", "403", "409", "413", "429", "503"),
+                },
+            }
+        },
+        "/v1/subscriptions": {
+            "post": {
+                "operationId": "subscribe",
+                "summary": "Subscribe the token's webhook peer to a pattern (until the bus "
+                "restarts; the peers file holds the lasting ones)",
+                "security": secured,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(SubscriptionBody)}},
+                },
+                "responses": {
+                    "200": _json(SubscribeResult, "Subscribed"),
+                    **_errors("400", "401", "403", "409", "413", "429", "503"),
+                },
+            },
+            "delete": {
+                "operationId": "unsubscribe",
+                "summary": "Unsubscribe the token's webhook peer from a pattern",
+                "security": secured,
+                "parameters": [
+                    {
+                        "name": "topic",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+                    }
+                ],
+                "responses": {
+                    "200": _json(SubscribeResult, "Unsubscribed"),
+                    **_errors("400", "401", "404", "409", "503"),
+                },
+            },
+        },
+        "/.well-known/bcpbus": {
+            "get": {
+                "operationId": "discover",
+                "summary": "Version, endpoints, methods, capabilities and limits",
+                "responses": {"200": _json(Discovery, "This bus")},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (text format 0.0.4)",
+                "responses": {"200": _text("The metrics")},
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "health",
+                "summary": "200 while the bus serves",
+                "responses": {"200": _text("ok"), "503": _text("shutting down")},
+            }
+        },
+    }
+
+
+def openapi_document(server_url: str | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the HTTP binding.
+
+    Args:
+        server_url: the ``servers`` entry (the bus serves its own URL); None leaves it out.
+    """
+    _, schemas = models_json_schema(
+        [(model, "validation") for model in _BODIES],
+        by_alias=True,
+        ref_template="#/components/schemas/{model}",
+    )
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "bcpbus HTTP binding",
+            "version": "1",
+            "description": "Publish, subscribe webhook peers, discover and monitor a bcpbus "
+            "over HTTP. Authentication: the token `bcpbus peers add` printed, as "
+            "`Authorization: Bearer`. Errors carry the JSON-RPC error object of the "
+            "WebSocket protocol (docs/http.md).",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": schemas["$defs"],
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+    if server_url is not None:
+        document["servers"] = [{"url": server_url}]
+    return document
