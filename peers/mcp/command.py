@@ -46,7 +46,12 @@ def add_mcp(sub: Any) -> None:
         "--http", type=int, metavar="PORT", help="serve streamable HTTP on PORT, not stdio"
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface for --http")
-    parser.add_argument("--inbox-size", type=int, default=DEFAULT_INBOX_SIZE)
+    parser.add_argument(
+        "--inbox-size",
+        type=int,
+        default=DEFAULT_INBOX_SIZE,
+        help=f"messages the inbox resource keeps (default {DEFAULT_INBOX_SIZE})",
+    )
     parser.set_defaults(command=_mcp)
 
 
