@@ -4,6 +4,8 @@ Scenarios: ``delivery`` (1 and 2: the bus and the baseline relay, interleaved), 
 ``fanout`` (4), ``connections`` (5), ``log`` (6), ``http`` (8: HTTP POST against WebSocket
 sendMessage), ``all`` of those, or ``soak`` (7, ten minutes
 unless ``--duration`` says otherwise, so it runs only when named); the numbers work too.
+``containment`` (9, only when named) runs public prompt-injection corpora and ordinary texts
+through the gateway's validation (``--limit N`` samples per corpus, ``--bus-sample N``).
 ``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
 """
 
@@ -26,6 +28,8 @@ from .common import machine, machine_line, raise_fd_limit
 SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log", "http")
 LONG_SCENARIOS = ("soak",)
 """Run only when named: too long for ``all``."""
+MEASURES = ("containment",)
+"""Run only when named: what the gateway lets through, not how fast the bus is."""
 _ALIASES = {
     "1": "delivery",
     "2": "delivery",
@@ -35,6 +39,7 @@ _ALIASES = {
     "6": "log",
     "7": "soak",
     "8": "http",
+    "9": "containment",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.
@@ -68,7 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n## {name}{' (quick)' if options.quick else ''}", flush=True)
         started = time.monotonic()
         settings = module.options(options.quick, options.loop)
-        overrides = {"reps": options.reps, "peers": options.peers, "duration": options.duration}
+        overrides = {
+            "reps": options.reps,
+            "peers": options.peers,
+            "duration": options.duration,
+            "limit": options.limit,
+            "bus_sample": options.bus_sample,
+            "action": options.action,
+        }
         fields = {field.name for field in dataclasses.fields(settings)}
         settings = dataclasses.replace(
             settings, **{k: v for k, v in overrides.items() if v is not None and k in fields}
@@ -90,12 +102,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("scenario", choices=(*SCENARIOS, *LONG_SCENARIOS, *_ALIASES, "all"))
+    parser.add_argument(
+        "scenario", choices=(*SCENARIOS, *LONG_SCENARIOS, *MEASURES, *_ALIASES, "all")
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny load: checks it runs")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the results here")
     parser.add_argument("--reps", type=int, metavar="N", help="repetitions (default per scenario)")
     parser.add_argument("--peers", type=int, metavar="N", help="peers (soak, connections)")
     parser.add_argument("--duration", type=float, metavar="S", help="seconds of load (soak)")
+    parser.add_argument("--limit", type=int, metavar="N", help="samples per corpus (containment)")
+    parser.add_argument(
+        "--bus-sample", type=int, metavar="N", help="answers sent over the bus (containment)"
+    )
+    parser.add_argument(
+        "--action",
+        choices=("reject", "review", "flag"),
+        help="anomaly_action instead of the reference channel's (containment)",
+    )
     parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),

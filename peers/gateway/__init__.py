@@ -5,7 +5,9 @@ controller only validated, normalized answers. The pure parts do no I/O:
 
 - :mod:`peers.gateway.bits`: what a spec costs in bits;
 - :mod:`peers.gateway.normalize`: the canonical form of text answers;
-- :mod:`peers.gateway.screening`: anomaly screening of text answers;
+- :mod:`peers.gateway.screening`: anomaly screening of text answers, with its rules in
+  :mod:`peers.gateway.patterns`, the folding of disguised words in :mod:`peers.gateway.folding`
+  and the prompt-vocabulary count in :mod:`peers.gateway.cues`;
 - :mod:`peers.gateway.validation`: the verdict on an answer;
 - :mod:`peers.gateway.screeners`: screener peers' requests and verdicts, combined with it;
 - :mod:`peers.gateway.state`: budgets, task escalation, push rate limits, decided approvals.

@@ -10,12 +10,18 @@ What is looked for, by :class:`~schemas.bcp.AnomalyCode`:
 
 - ``invisible`` and ``bidi``: on the *raw* text, because normalization removes these characters
   and their presence is itself the signal;
-- everything else on the *normalized* text (NFKC, invisible characters gone), so that fullwidth
-  letters or a zero-width space (U+200B) inside "ignore" do not hide a phrase.
+- ``mixed_script``, ``encoded`` (base64, hex, Morse) and ``email`` on the normalized text;
+- ``instruction``, ``url``, ``code`` and ``markup``: the rules of :mod:`peers.gateway.patterns`
+  on the *folded* text: normalized (NFKC, invisible characters gone, so that fullwidth letters
+  or a zero-width space inside "ignore" hide nothing), casefolded, and with spaced, leetspeak
+  and misspelled key words written plainly (:mod:`peers.gateway.folding`); then, when no
+  instruction rule matched, the prompt-vocabulary count of :mod:`peers.gateway.cues`.
 
-The phrase lists aim at language addressed to an AI or shaped like a prompt, not at words that
-ordinary research prose uses ("instead", "please", "should" alone are not findings). Details are
-written here and never quote the answer, so they are safe to show to a controller or a human.
+The rules aim at language addressed to an AI or shaped like a prompt, not at words that
+ordinary research prose uses ("instead", "please", "you must" alone are not findings). Details
+are written here and never quote the answer, so they are safe to show to a controller or a
+human. ``python -m bench containment`` measures what the screen catches and what it spares on
+public corpora; docs/bcp.md has the figures and what the screen cannot catch.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ import unicodedata
 from functools import lru_cache
 from typing import Final
 
+from peers.gateway.cues import reads_like_a_prompt
+from peers.gateway.folding import fold_for_screening
 from peers.gateway.normalize import BIDI_CONTROLS, is_invisible, normalize_text
+from peers.gateway.patterns import CODE, INSTRUCTION, MARKUP, URL
 from schemas.bcp import Anomaly, AnomalyCode
 
 __all__ = ["ENCODED_RUN_MIN", "screen"]
@@ -33,129 +42,12 @@ __all__ = ["ENCODED_RUN_MIN", "screen"]
 ENCODED_RUN_MIN: Final = 32
 """Shortest base64 or hex run reported as ``encoded`` (a 128-bit hash is 32 hex digits)."""
 
-_AI = r"(?:ai|assistant|agent|model|llm|chatbot|gpt|chatgpt|claude|gemini|controller)"
-_OVERRIDE = r"(?:ignore|disregard|forget|override|bypass)"
-_EARLIER = r"(?:previous|prior|above|earlier|preceding|original|system)"
-
-# (pattern, detail) on the casefolded normalized text, one line per raw line so that ``^``
-# finds role markers. The first match of a group is its finding. Every repetition that can
-# start at many places is bounded ({0,200}), so no pattern is quadratic on hostile text.
-_INSTRUCTION: Final = tuple(
-    (re.compile(pattern, re.MULTILINE), detail)
-    for pattern, detail in (
-        (
-            rf"\b{_OVERRIDE}\s+(?:(?:all|any|the|your|my|of|these|those)\s+)*(?:{_EARLIER}\s+)?"
-            rf"(?:instructions?|prompts?|directives?)\b"
-            rf"|\b{_OVERRIDE}\s+(?:(?:all|any|the|of)\s+)*{_EARLIER}\s+\w+",
-            "asks to ignore or override instructions",
-        ),
-        (r"\byou\s+are\s+now\b|\bfrom\s+now\s+on\b", "tries to redefine the reader's role"),
-        (
-            r"\b(?:act|behave|respond)\s+as\s+(?:an?\s+)?(?:unrestricted|unfiltered|different|new)\b"
-            r"|\bpretend\s+(?:to\s+be|you\s+are)\b|\brole-?play\s+as\b",
-            "asks to play a role",
-        ),
-        (
-            r"\bsystem\s+(?:prompt|message|instructions?)\b|\bdeveloper\s+(?:mode|message)\b"
-            r"|\bjailbreak|\bdan\s+mode\b",
-            "talks about the prompt itself",
-        ),
-        (
-            r"^\s*(?:system|assistant|user|human)\s*:|<\|[a-z_]+\|>|\[/?inst\]|<</?sys>>"
-            r"|(?<!#)#{2,}\s*(?:instruction|system|response)\b",
-            "contains a chat role marker",
-        ),
-        (
-            rf"\b(?:dear|attention|hey|hello|note\s+to(?:\s+the)?)\s+{_AI}\b"
-            rf"|\b(?:as\s+an?|you\s+are\s+an?)\s+(?:ai|language\s+model|llm)\b"
-            rf"|(?:^|[.!?]\s+){_AI}\s*[,:]\s+\w",
-            "addresses an AI",
-        ),
-        (
-            r"\byou\s+(?:must|should|need\s+to|have\s+to|are\s+required\s+to|will\s+now)\b",
-            "tells the reader of the answer what to do",
-        ),
-        (
-            r"\b(?:new|updated|important|additional|hidden)\s+instructions?\b"
-            r"|\b(?:do\s+not|don't|never)\s+(?:tell|inform|mention|reveal)\b"
-            r"|\bwithout\s+(?:telling|informing)\b",
-            "smuggles instructions",
-        ),
-        (
-            r"\b(?:execute|run|call|invoke)\s+(?:the\s+|this\s+)?(?:following|this|these)\s+"
-            r"(?:command|code|script|tool|function)s?\b"
-            r"|\b(?:send|forward|email|post|upload|reveal|leak)\s+(?:the\s+|all\s+|your\s+)?"
-            r"(?:credentials|passwords?|secrets?|api\s+keys?|private\s+keys?)\b",
-            "asks for an action",
-        ),
-    )
-)
-
-_TLD = (
-    r"(?:com|net|org|io|ai|app|dev|xyz|info|biz|top|site|online|link|click|zip|mov"
-    r"|ru|cn|tk|me|co|ly|gg)"
-)
-_URL: Final = tuple(
-    (re.compile(pattern, re.MULTILINE), detail)
-    for pattern, detail in (
-        (r"\b[a-z][a-z0-9+.-]{1,15}://", "contains a URL with a scheme"),
-        (
-            r"\b(?:javascript|vbscript):|\bdata:[a-z]+/[a-z0-9.+-]+[;,]|\bfile:/",
-            "contains a script, data or file URI",
-        ),
-        (r"(?<![\w@.-])www\d?\.[a-z0-9-]+\.", "contains a www host"),
-        (r"(?<![\w@.-])(?:[a-z0-9-]+\.)+[a-z]{2,}(?::[0-9]+)?/\S", "contains a host and path"),
-        (rf"(?<![\w@.-])(?:[a-z0-9-]+\.)+{_TLD}\b", "contains a domain name"),
-    )
-)
-
-_CODE: Final = tuple(
-    (re.compile(pattern, re.MULTILINE), detail)
-    for pattern, detail in (
-        (r"```|~~~", "contains a code fence"),
-        (r"`[^`\n]{1,500}`", "contains inline code"),
-        (r"\bdef\s+\w+\s*\(", "contains a Python definition"),
-        (
-            r"\bfunction\(|\bfunction\s*\w*\s*\([^)]{0,200}\)\s*\{|=>\s*\{|\b(?:var|const)\s+\w+\s*=",
-            "contains JavaScript",
-        ),
-        (
-            r"<\s*script|\beval\s*\(|\bexec\s*\(|__import__|\bos\.system|\bsubprocess\.",
-            "contains code execution",
-        ),
-        (
-            r"\bfrom\s+[\w.]+\s+import\s+\w|\bimport\s+(?:os|sys|subprocess|socket|requests)\b",
-            "contains an import",
-        ),
-        (
-            r"\$\(|\brm\s+-[rf]|\bcurl\s+(?:-|https?:)|\b(?:wget|sudo|chmod|chown|powershell)\s+\S"
-            r"|\bnc\s+-[el]|\|\s*(?:ba|z)?sh\b|\b(?:ba|z)?sh\s+-c\b|&&",
-            "contains shell syntax",
-        ),
-        (r"\b(?:drop\s+table|union\s+select|select\s+\*\s+from)\b", "contains SQL"),
-    )
-)
-
-_MARKUP: Final = tuple(
-    (re.compile(pattern, re.MULTILINE), detail)
-    for pattern, detail in (
-        (
-            r"</?[a-z][a-z0-9-]{0,30}(?:\s[^<>]{0,500})?/?>|<!--|<!\[cdata\[",
-            "contains an HTML or XML tag",
-        ),
-        (r"&(?:[a-z][a-z0-9]{1,30}|#[0-9]{1,7}|#x[0-9a-f]{1,6});", "contains a character entity"),
-        (
-            r"!?\[[^\]]{0,200}\]\([^)]{0,500}\)|!\[[^\]]{0,200}\]|^\[[^\]]{1,200}\]:",
-            "contains a Markdown link or image",
-        ),
-    )
-)
-
 _EMAIL: Final = re.compile(r"(?<![\w.%+-])[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)+")
 
 # Maximal runs of base64/base64url characters; the class test below tells data from words.
 _B64_PIECE_MIN: Final = 20
 _B64_RUN: Final = re.compile(rf"[A-Za-z0-9+/_-]{{{ENCODED_RUN_MIN},}}={{0,2}}")
+_MORSE: Final = re.compile(r"(?:(?<!\S)[.\-–—]{1,7}(?:\s{1,3}(?:/\s{1,3})?|/)){12}")
 _HEX_RUN: Final = re.compile(
     rf"(?<![0-9A-Za-z])(?:0x)?[0-9a-fA-F]{{{ENCODED_RUN_MIN},}}(?![0-9A-Za-z])"
 )
@@ -180,18 +72,20 @@ def screen(raw: str, *, field: str | None = None, allow_email: bool = False) -> 
     # and a role marker ("system:") is still at the start of its line.
     lines = [line for line in map(normalize_text, raw.splitlines()) if line]
     text = " ".join(lines)
-    folded = "\n".join(lines).casefold()
+    folded = fold_for_screening("\n".join(lines).casefold())
     _scan_scripts(text, found)
     for code, rules in (
-        (AnomalyCode.INSTRUCTION, _INSTRUCTION),
-        (AnomalyCode.URL, _URL),
-        (AnomalyCode.CODE, _CODE),
-        (AnomalyCode.MARKUP, _MARKUP),
+        (AnomalyCode.INSTRUCTION, INSTRUCTION),
+        (AnomalyCode.URL, URL),
+        (AnomalyCode.CODE, CODE),
+        (AnomalyCode.MARKUP, MARKUP),
     ):
         for pattern, detail in rules:
             if pattern.search(folded):
                 found[code] = detail
                 break
+    if AnomalyCode.INSTRUCTION not in found and reads_like_a_prompt(folded):
+        found[AnomalyCode.INSTRUCTION] = "reads like a prompt to a model"
     if not allow_email and _EMAIL.search(folded):
         found[AnomalyCode.EMAIL] = "contains an e-mail address"
     if encoded := _encoded(text):
@@ -239,6 +133,8 @@ def _script(char: str) -> str:
 
 
 def _encoded(text: str) -> str | None:
+    if _MORSE.search(text):
+        return "contains Morse code"
     for match in _HEX_RUN.finditer(text):
         run = match[0].removeprefix("0x")
         if len(run) >= ENCODED_RUN_MIN and any(c.isdigit() for c in run):
