@@ -6,6 +6,7 @@ sendMessage), ``all`` of those, or ``soak`` (7, ten minutes
 unless ``--duration`` says otherwise, so it runs only when named); the numbers work too.
 ``containment`` (9, only when named) runs public prompt-injection corpora and ordinary texts
 through the gateway's validation (``--limit N`` samples per corpus, ``--bus-sample N``).
+``verify`` (10, only when named) times ``bcpbus audit verify`` over 1,000,000 rows.
 ``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 from .common import machine, machine_line, raise_fd_limit
 
 SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log", "http")
-LONG_SCENARIOS = ("soak",)
+LONG_SCENARIOS = ("soak", "verify")
 """Run only when named: too long for ``all``."""
 MEASURES = ("containment",)
 """Run only when named: what the gateway lets through, not how fast the bus is."""
@@ -40,6 +41,7 @@ _ALIASES = {
     "7": "soak",
     "8": "http",
     "9": "containment",
+    "10": "verify",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.

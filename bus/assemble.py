@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
 from .activity import ActivityLog
-from .config import HttpSettings, Limits, LogContent
+from .config import AuditSettings, HttpSettings, Limits, LogContent
 from .credentials import Credentials
 from .identities import PeerIdentity
 from .policy import Policy
@@ -43,6 +43,8 @@ async def running(
     limits: Limits | None = None,
     server_id: str | None = None,
     log_content: LogContent = "full",
+    audit: AuditSettings | None = None,
+    accept_broken_log: bool = False,
     host: str = "127.0.0.1",
     port: int = 0,
     ssl: _ssl.SSLContext | None = None,
@@ -53,16 +55,29 @@ async def running(
     Args:
         policy: the authorization policy; None for the built-in one.
         log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
+        audit: the chain's key file and where its head goes; None for the defaults.
+        accept_broken_log: start on a log whose chain shows a change, recording it.
         ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`).
         http: the HTTP binding (:mod:`bus.http`), served when its ``port`` is set; the bus's
             :attr:`~bus.server.Bus.http` is then the running binding.
 
     Raises:
+        ChainBroken: the log's chain or triggers show a change (a ``ValueError`` naming the
+            first bad row); see ``accept_broken_log``.
         sqlite3.Error: the log cannot be opened at ``db``.
         OSError: ``host:port`` (or the HTTP port) cannot be listened on.
         ImportError: ``http.port`` is set and the ``http`` extra is not installed.
     """
-    async with ActivityLog(db) as log:
+    audit = audit or AuditSettings()
+    log = ActivityLog(
+        db,
+        key_file=audit.key_file,
+        accept_broken=accept_broken_log,
+        head=audit.head,
+        head_every_rows=audit.head_every_rows,
+        head_every_seconds=audit.head_every_seconds,
+    )
+    async with log:
         async with Bus(
             policy=policy or Policy.default(),
             credentials=credentials,

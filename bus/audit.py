@@ -6,7 +6,11 @@ the SQLite file and returns plain dicts, one per row; :func:`format_table` and :
 turn them into text.
 
 The log holds text written by hostile readers, so :func:`format_table` escapes control and
-invisible characters instead of letting them reach the terminal.
+invisible characters instead of letting them reach the terminal (:func:`neutralize`, which the
+approver's view uses too).
+
+:func:`verify` checks the log's hash chain (:mod:`bus.chain`) with its key; :func:`head` reads
+the last row's id and hash, which :func:`verify` takes back as ``expect_head``.
 """
 
 from __future__ import annotations
@@ -15,25 +19,38 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .activity import SCHEMA
+from .chain import Problem, Verifier, key_id, load_key, parse_head
 from .errors import InvalidParams
+from .logfile import check_triggers, scan
 from .topics import matches, validate_pattern
 
 __all__ = [
     "MAX_LIMIT",
     "REFUSAL_EVENTS",
+    "Verification",
     "bits_per_channel",
     "format_table",
     "has_relation",
+    "head",
+    "last_id",
+    "neutralize",
+    "query_detail",
     "query_rows",
     "query_story",
     "read_only",
     "refusals_per_reason",
     "to_json",
+    "to_jsonl",
+    "untrusted_lines",
+    "verify",
 ]
 
 REFUSAL_EVENTS: tuple[str, ...] = (
@@ -133,6 +150,9 @@ def query_rows(
     until: str | None = None,
     event: str | None = None,
     limit: int | None = 1000,
+    after_id: int = 0,
+    through_id: int | None = None,
+    newest: bool = False,
 ) -> list[dict[str, Any]]:
     """Return the log rows that pass every given filter, oldest first (by id).
 
@@ -144,6 +164,10 @@ def query_rows(
             a datetime without offset is UTC).
         until: keep rows strictly before it, so ``since=D, until=D+1`` is the whole day D.
         limit: most rows returned, 0 to :data:`MAX_LIMIT`; ``None`` for all.
+        after_id, through_id: keep rows whose id is above ``after_id`` and at most
+            ``through_id`` (``audit --follow`` reads each new stretch of the log once).
+        newest: with ``limit``, the last rows that pass rather than the first (still oldest
+            first).
 
     Returns:
         One dict per row with every column of ``activity_log``.
@@ -160,17 +184,37 @@ def query_rows(
     where, params = _filters(
         {"message_id": message_id, "actor": actor, "event": event}, topic, since, until
     )
+    if after_id:
+        where.append("id > ?")
+        params.append(after_id)
+    if through_id is not None:
+        where.append("id <= ?")
+        params.append(through_id)
     sql = "SELECT * FROM activity_log"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY id"
+    sql += " ORDER BY id DESC" if newest else " ORDER BY id"
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
+    if newest:
+        sql = f"SELECT * FROM ({sql}) ORDER BY id"
     with _connect(db) as conn:
         # The pattern test runs inside SQLite so LIMIT counts only matching rows.
         conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
         return [dict(row) for row in conn.execute(sql, params)]
+
+
+def last_id(db: str | os.PathLike[str]) -> int:
+    """Return the id of the log's last row, 0 if it has none.
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log.
+    """
+    with _connect(db) as conn:
+        [(found,)] = conn.execute("SELECT MAX(id) FROM activity_log")
+    return int(found or 0)
 
 
 def _filters(
@@ -196,38 +240,82 @@ def _filters(
     return where, params
 
 
-def bits_per_channel(db: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Return the bandwidth charged per BCP channel, from the gateway's ``bcp_bits_charged`` rows.
+def bits_per_channel(
+    db: str | os.PathLike[str],
+    *,
+    topic: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> list[dict[str, Any]]:
+    """Return what crossed each BCP channel: bits charged, refunded and delivered, budget left.
+
+    ``charged`` adds up the gateway's charges (``bcp_bits_charged`` rows with positive bits: a
+    query's reserve when the reader got it, a push), ``refunded`` what it gave back once a
+    query's outcome was known (negative bits), ``delivered`` the answer bits of the deliveries
+    that reached the controller (``bcp_delivered``). Charged less refunded is what the budget
+    paid: ``delivered`` plus what the outcomes themselves carry (one bit per answer, 3.585 per
+    failure; see docs/bcp.md). ``budget_left`` is as of the latest charge, or the whole budget
+    if the channel's budget was reset after it.
+
+    Args:
+        topic, since, until: as :func:`query_rows`: a channel (pattern) and a time window.
 
     Returns:
-        One dict per channel, by channel name: ``channel``, ``charges`` (how many),
-        ``bits_total``, ``budget_bits`` and ``budget_left`` as of the latest charge, ``last_ts``.
+        One dict per channel, by channel name: ``channel``, ``charged``, ``refunded``,
+        ``delivered``, ``deliveries``, ``budget_bits``, ``budget_left``, ``last_ts``.
 
     Raises:
         FileNotFoundError: ``db`` does not exist.
-        ValueError: ``db`` is not an activity log.
+        ValueError: ``db`` is not an activity log, or a filter is malformed.
     """
-    # SQLite documents that with a single max() aggregate, the bare columns (budget_bits,
-    # budget_left, ts) come from the row holding the maximum: here the latest charge.
-    sql = """
-        SELECT channel, COUNT(*) AS charges, TOTAL(bits) AS bits_total,
-               budget_bits, budget_left, ts AS last_ts, MAX(id) AS last_id
-        FROM (
-            SELECT id, ts,
-                   json_extract(payload_json, '$.channel') AS channel,
-                   json_extract(payload_json, '$.bits') AS bits,
-                   json_extract(payload_json, '$.budget_bits') AS budget_bits,
-                   json_extract(payload_json, '$.budget_left') AS budget_left
-            FROM activity_log
-            WHERE event = 'bcp_bits_charged' AND json_valid(payload_json)
-        )
-        GROUP BY channel
-        ORDER BY channel
+    where, params = _filters({}, topic, since, until)
+    where.append("event IN ('bcp_bits_charged', 'bcp_delivered', 'bcp_budget_reset')")
+    where.append("json_valid(payload_json)")
+    sql = f"""
+        SELECT id, ts, event,
+               json_extract(payload_json, '$.channel') AS channel,
+               json_extract(payload_json, '$.bits') AS bits,
+               json_extract(payload_json, '$.budget_bits') AS budget_bits,
+               json_extract(payload_json, '$.budget_left') AS budget_left
+        FROM activity_log WHERE {" AND ".join(where)} ORDER BY id
     """
-    rows = _fetch(db, sql)
-    for row in rows:
-        del row["last_id"]
-    return rows
+    channels: dict[str, dict[str, Any]] = {}
+    with _connect(db) as conn:
+        conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
+        for row in conn.execute(sql, params):
+            _tally(channels, row)
+    return [channels[name] for name in sorted(channels)]
+
+
+def _tally(channels: dict[str, dict[str, Any]], row: sqlite3.Row) -> None:
+    name = row["channel"]
+    if not isinstance(name, str):
+        return
+    entry = channels.setdefault(
+        name,
+        {
+            "channel": name,
+            "charged": 0.0,
+            "refunded": 0.0,
+            "delivered": 0.0,
+            "deliveries": 0,
+            "budget_bits": None,
+            "budget_left": None,
+            "last_ts": None,
+        },
+    )
+    bits = row["bits"] if isinstance(row["bits"], int | float) else 0.0
+    if row["event"] == "bcp_delivered":
+        entry["delivered"] += bits
+        entry["deliveries"] += 1
+        return
+    if row["event"] == "bcp_budget_reset":
+        if entry["budget_bits"] is not None:
+            entry["budget_left"] = entry["budget_bits"]
+        return
+    entry["charged" if bits >= 0 else "refunded"] += abs(bits)
+    entry["budget_bits"], entry["budget_left"] = row["budget_bits"], row["budget_left"]
+    entry["last_ts"] = row["ts"]
 
 
 def refusals_per_reason(db: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -272,6 +360,159 @@ def query_story(db: str | os.PathLike[str], query_id: str) -> list[dict[str, Any
         ORDER BY id
     """
     return _fetch(db, sql, (query_id,))
+
+
+def query_detail(db: str | os.PathLike[str], query_id: str) -> dict[str, Any]:
+    """Return what one BCP query asked, what the reader answered and what was delivered.
+
+    Returns:
+        ``query_id``; ``channel``, ``category``, ``accepted_ts`` and ``spec`` (the
+        controller's question) from ``bcp_query_accepted``; ``answers``, one per
+        ``bcp_validation`` row (``ts``, ``status``, ``raw``: the reader's answer as it came,
+        untrusted, ``reasons``); ``delivered``, one per ``bcp_delivered`` row (``ts``,
+        ``response``: the normalized value the controller got, ``bits``); ``failed`` (the
+        ``bcp_query_failed`` reason and detail, or None); ``charged`` and ``refunded`` bits and
+        ``outcome``; ``rows``, the whole story as :func:`query_story`. In a log written with
+        ``--log-content digest`` the spec, answers and values are ``{"sha256": ...}``.
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log.
+    """
+    rows = query_story(db, query_id)
+    detail: dict[str, Any] = {
+        "query_id": query_id,
+        "channel": None,
+        "category": None,
+        "accepted_ts": None,
+        "spec": None,
+        "answers": [],
+        "delivered": [],
+        "failed": None,
+        "charged": 0.0,
+        "refunded": 0.0,
+        "outcome": None,
+    }
+    for row in rows:
+        payload = _decoded(row).get("payload")
+        if isinstance(payload, dict) and payload.get("query_id") == query_id:
+            _add_to_detail(detail, row, payload)
+    detail["rows"] = rows
+    return detail
+
+
+def _add_to_detail(detail: dict[str, Any], row: dict[str, Any], payload: dict[str, Any]) -> None:
+    event, ts = row["event"], row["ts"]
+    if event == "bcp_query_accepted":
+        detail.update(
+            channel=payload.get("channel"),
+            category=payload.get("category"),
+            accepted_ts=ts,
+            spec=payload.get("spec"),
+        )
+    elif event == "bcp_validation":
+        answer = {"ts": ts, "status": row["status"], "raw": payload.get("raw")}
+        detail["answers"].append({**answer, "reasons": payload.get("reasons") or []})
+    elif event == "bcp_delivered":
+        value = {"ts": ts, "response": payload.get("response"), "bits": payload.get("bits")}
+        detail["delivered"].append(value)
+        detail["outcome"] = "delivered"
+    elif event == "bcp_query_failed":
+        detail["failed"] = {"ts": ts, "reason": row["status"], "detail": payload.get("detail")}
+        detail["outcome"] = row["status"]
+    elif event == "bcp_bits_charged" and isinstance(payload.get("bits"), int | float):
+        bits = payload["bits"]
+        detail["charged" if bits >= 0 else "refunded"] += abs(bits)
+
+
+# The chain
+
+
+@dataclass
+class Verification:
+    """What :func:`verify` found."""
+
+    rows: int
+    head: tuple[int, str] | None
+    """The last row's id and hash."""
+    key_id: str
+    problems: list[Problem] = field(default_factory=list)
+    """What does not verify, first first; empty when the log is intact."""
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    """The ``chain_start`` rows: ``id``, ``ts`` and their payload."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether every row verified (and the expected head, if given, is there)."""
+        return not self.problems
+
+
+def verify(
+    db: str | os.PathLike[str],
+    key_file: str | os.PathLike[str],
+    *,
+    expect_head: str | None = None,
+    start: int = 0,
+) -> Verification:
+    """Check the whole chain of the log at ``db`` with the key in ``key_file``.
+
+    Catches a row changed, forged, removed or reordered, a rebuilt table, a dropped or changed
+    trigger; with ``expect_head`` (``ID:HASH`` as :func:`head` gave it earlier, kept elsewhere)
+    also rows cut from the end.
+
+    Args:
+        start: report nothing wrong before this row, a ``chain_start`` (to check the segment a
+            bus started with ``--accept-broken-log``); the rows before it must still be as they
+            were when it was written.
+
+    Raises:
+        FileNotFoundError: ``db`` or ``key_file`` does not exist.
+        ValueError: ``db`` is not an activity log, ``key_file`` holds no key, or
+            ``expect_head`` is not ``ID:HASH``.
+    """
+    expected = parse_head(expect_head) if expect_head is not None else None
+    key = load_key(key_file)
+    verifier = Verifier(key, start)
+    with _connect(db) as conn:
+        scan(conn, verifier)
+        problems = list(verifier.problems) + check_triggers(conn, SCHEMA)
+        if expected is not None:
+            problems += _check_head(conn, expected)
+    result = Verification(verifier.rows, verifier.head, key_id(key), problems)
+    result.segments = verifier.segments
+    return result
+
+
+def _check_head(conn: sqlite3.Connection, expected: tuple[int, str]) -> list[Problem]:
+    row_id, chain = expected
+    found = conn.execute("SELECT chain FROM activity_log WHERE id = ?", (row_id,)).fetchone()
+    if found is None:
+        [(last,)] = conn.execute("SELECT MAX(id) FROM activity_log")
+        why = (
+            f"the expected head, row {row_id}, is not in the log (it ends at row {last}): rows "
+            "were cut from its end"
+        )
+        return [Problem(None, why)]
+    if found[0] != chain:
+        return [Problem(row_id, "its hash is not the expected head's: the log was rewritten")]
+    return []
+
+
+def head(db: str | os.PathLike[str]) -> tuple[int, str]:
+    """Return the id and hash of the log's last row: keep them where the log's owner cannot
+    write, and give them to :func:`verify` as ``expect_head`` (``f"{id}:{hash}"``).
+
+    Raises:
+        FileNotFoundError: ``db`` does not exist.
+        ValueError: ``db`` is not an activity log, is empty, or its last row has no hash.
+    """
+    with _connect(db) as conn:
+        found = conn.execute(
+            "SELECT id, chain FROM activity_log ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+    if found is None or found["chain"] is None:
+        raise ValueError(f"{db}: the log's last row has no hash: run `bcpbus audit verify`")
+    return int(found["id"]), str(found["chain"])
 
 
 # Filters
@@ -349,6 +590,7 @@ def format_table(
     columns: Sequence[str] | None = None,
     *,
     max_width: int = _MAX_CELL,
+    header: bool = True,
 ) -> str:
     """Render rows as an aligned plain-text table for a terminal.
 
@@ -356,6 +598,7 @@ def format_table(
         rows: dicts as the query functions return them.
         columns: which keys to show, in order; by default every key, in first-seen order.
         max_width: cells longer than this are cut, ending in ``…``.
+        header: False leaves out the header and the rule (a table printed in parts).
 
     Returns:
         A header line, a rule, one line per row (no trailing newline); ``"(no rows)"`` if there
@@ -379,9 +622,13 @@ def format_table(
         ]
         return "  ".join(parts).rstrip()
 
-    header = line(list(columns))
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([header, rule, *(line(values) for values in cells)])
+    top = [line(list(columns)), "  ".join("-" * width for width in widths)] if header else []
+    return "\n".join([*top, *(line(values) for values in cells)])
+
+
+def to_jsonl(rows: list[dict[str, Any]]) -> str:
+    """Render rows as JSON Lines, one object per row (as :func:`to_json`), for log pipelines."""
+    return "\n".join(json.dumps(_decoded(row)) for row in rows)
 
 
 def to_json(rows: list[dict[str, Any]]) -> str:
@@ -421,11 +668,52 @@ def _cell(value: Any, max_width: int) -> str:
         text = f"{value:.2f}".rstrip("0").rstrip(".")
     else:
         text = str(value)
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+    text = neutralize(text)
     if len(text) > max_width:
         text = text[: max_width - 1] + "…"
     return text
+
+
+def neutralize(text: str) -> str:
+    """Return ``text`` with every character that is not plainly printable shown escaped.
+
+    Escape sequences (ESC, CSI), every other C0/C1 control including newline and carriage
+    return, bidi overrides and isolates, zero-width and other invisible characters become
+    visible Python-style escapes (``\\x1b``, ``\\u202e``), so untrusted text printed to a
+    terminal can neither move the cursor, recolour, retitle, nor reorder what a person sees.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def untrusted_lines(value: Any, width: int = 76) -> list[str]:
+    """Return lines that show untrusted text (a reader's answer) safely: each starts with
+    ``|`` so that none can pass itself off as the frame around it, and each is escaped by
+    :func:`neutralize`. A mapping shows one ``key: value`` per entry, wrapped at ``width``.
+    """
+    if value is None or (isinstance(value, Mapping) and not value):
+        return ["| (nothing)"]
+    if not isinstance(value, Mapping):
+        value = {"(as sent)": value}
+    lines: list[str] = []
+    for key, item in value.items():
+        label = f"| {neutralize(str(key))}: "
+        text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+        paragraphs = text.split("\n")
+        if len(paragraphs) == 1 and len(label) + len(neutralize(text)) <= width:
+            lines.append(label + neutralize(text))
+            continue
+        lines.append(label.rstrip())
+        for paragraph in paragraphs:
+            lines += textwrap.wrap(
+                neutralize(paragraph),
+                width,
+                initial_indent="|   ",
+                subsequent_indent="|   ",
+                break_on_hyphens=False,
+            ) or ["|"]
+    return lines
 
 
 def _escape(ch: str) -> str:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import sqlite3
 import ssl
 import sys
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -30,6 +32,7 @@ from schemas.agents import load_agents
 
 from . import __version__, audit
 from .assemble import running
+from .chain import default_key_path
 from .config import ConfigError, ServeConfig
 from .credentials import Credentials, CredentialsError, validate_webhook_url
 from .errors import BusError
@@ -170,6 +173,24 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         help="what the log keeps of each message: the whole envelope (full, the default) or "
         "its type and SHA-256 (digest)",
     )
+    serve.add_argument(
+        "--audit-key", help="the activity log's chain key (default: the --db path plus .key)"
+    )
+    serve.add_argument(
+        "--audit-head",
+        metavar="FILE",
+        help="append the log's head (ID:HASH) to FILE, or - for stdout, as rows are written",
+    )
+    serve.add_argument("--audit-head-rows", type=int, metavar="N", help="rows between heads")
+    serve.add_argument(
+        "--audit-head-seconds", type=float, metavar="S", help="most seconds a new head waits"
+    )
+    serve.add_argument(
+        "--accept-broken-log",
+        action="store_true",
+        help="start even if the log's chain or triggers show a change: record it in a row and "
+        "start a new chain segment",
+    )
     serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
     serve.add_argument(
         "--certfile",
@@ -263,7 +284,12 @@ def _role_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_audit(sub: Any) -> None:
-    aud = sub.add_parser("audit", help="read the activity log")
+    aud = sub.add_parser(
+        "audit",
+        help="read and verify the activity log",
+        description="Read the activity log (filters, --bits, --refusals, --query, --follow), or "
+        "check it: `bcpbus audit verify`, `bcpbus audit head`.",
+    )
     aud.add_argument(
         "--db", type=Path, default=Path("bcpbus.db"), help="activity log (default ./bcpbus.db)"
     )
@@ -274,11 +300,46 @@ def _add_audit(sub: Any) -> None:
     aud.add_argument("--until", help="ISO-8601 date or time, exclusive")
     aud.add_argument("--event", help="event name, e.g. send_start, refused")
     aud.add_argument("--limit", type=int, default=1000, help="most rows shown (default 1000)")
-    aud.add_argument("--bits", action="store_true", help="bits charged per BCP channel")
+    aud.add_argument(
+        "--bits", action="store_true", help="bits charged, refunded, delivered per BCP channel"
+    )
     aud.add_argument("--refusals", action="store_true", help="refusals per reason")
-    aud.add_argument("--query", metavar="QUERY_ID", help="one BCP query's whole story")
-    aud.add_argument("--json", action="store_true", help="JSON instead of a table")
+    aud.add_argument(
+        "--query", metavar="QUERY_ID", help="one BCP query: question, raw answer, value delivered"
+    )
+    aud.add_argument(
+        "--follow", action="store_true", help="print new rows as they come, like tail -f"
+    )
+    aud.add_argument(
+        "--format",
+        choices=("table", "json", "jsonl"),
+        default="table",
+        help="a table (default), one JSON array, or JSON Lines (one object per row)",
+    )
+    aud.add_argument("--json", action="store_true", help="same as --format json")
     aud.set_defaults(command=_audit)
+    actions = aud.add_subparsers(title="checking the log", metavar="ACTION")
+    verify = actions.add_parser(
+        "verify", help="check the hash chain: exit 0 if intact, 1 naming the first bad row"
+    )
+    # SUPPRESS: `audit --db X verify` keeps X; `audit verify --db X` works too.
+    verify.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="activity log")
+    verify.add_argument("--key", type=Path, help="the chain's key (default: DB.key)")
+    verify.add_argument(
+        "--expect-head", metavar="ID:HASH", help="a head kept elsewhere: catches a cut tail"
+    )
+    verify.add_argument(
+        "--from",
+        dest="start",
+        type=int,
+        default=0,
+        metavar="ID",
+        help="report nothing before this chain_start row (a segment after an accepted break)",
+    )
+    verify.set_defaults(command=_audit_verify)
+    head = actions.add_parser("head", help="print the last row's ID:HASH")
+    head.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="activity log")
+    head.set_defaults(command=_audit_head)
 
 
 # serve
@@ -302,6 +363,21 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None
     }
     config = replace(config, **overrides)
+    chain = {
+        key: value
+        for key, value in {
+            "key_file": args.audit_key,
+            "head": args.audit_head,
+            "head_every_rows": args.audit_head_rows,
+            "head_every_seconds": args.audit_head_seconds,
+        }.items()
+        if value is not None
+    }
+    config = replace(
+        config,
+        audit=replace(config.audit, **chain),
+        accept_broken_log=args.accept_broken_log or config.accept_broken_log,
+    )
     if args.http_port is not None:
         config = replace(config, http=replace(config.http, port=args.http_port))
     beside: Beside | None = args.beside
@@ -412,6 +488,7 @@ async def serve(
         print(f"listening on {bus.url}", flush=True)
         if bus.http is not None:
             print(f"http on {bus.http.url}", flush=True)
+        bus.log.release_heads()  # heads on stdout (--audit-head -) come after those lines
         if ready is not None:
             ready(bus)
         await stop.wait()
@@ -437,6 +514,8 @@ async def _start(
                 limits=config.limits,
                 server_id=config.server_id,
                 log_content=config.log_content,
+                audit=config.audit,
+                accept_broken_log=config.accept_broken_log,
                 host=config.host,
                 port=config.port,
                 ssl=tls,
@@ -562,31 +641,150 @@ def _audit(args: argparse.Namespace) -> int:
     # Checked here rather than by argparse, so that a mistake is one line, not the usage text.
     if not 0 <= args.limit <= audit.MAX_LIMIT:
         raise ValueError(f"--limit {args.limit}: give a number of rows from 0 to {audit.MAX_LIMIT}")
-    if not args.db.is_file():
-        what = "is a directory" if args.db.is_dir() else "does not exist"
-        raise FileNotFoundError(
-            f"--db {args.db} {what}: give the activity log's file (`bcpbus serve` writes "
-            "./bcpbus.db unless told otherwise)"
-        )
+    _check_db(args.db)
+    out = "json" if args.json else args.format
+    if args.follow:
+        return _follow(args, out)
     rows: list[dict[str, Any]]
     if args.bits:
-        rows = audit.bits_per_channel(args.db)
+        rows = audit.bits_per_channel(args.db, topic=args.topic, since=args.since, until=args.until)
     elif args.refusals:
         rows = audit.refusals_per_reason(args.db)
     elif args.query:
-        rows = audit.query_story(args.db, args.query)
+        return _audit_query(args.db, args.query, out)
     else:
-        rows = audit.query_rows(
-            args.db,
-            message_id=args.message_id,
-            topic=args.topic,
-            actor=args.actor,
-            since=args.since,
-            until=args.until,
-            event=args.event,
-            limit=args.limit,
+        rows = audit.query_rows(args.db, **_filters(args), limit=args.limit)
+    print(_render(rows, out))
+    return 0
+
+
+def _check_db(db: Path) -> None:
+    if not db.is_file():
+        what = "is a directory" if db.is_dir() else "does not exist"
+        raise FileNotFoundError(
+            f"--db {db} {what}: give the activity log's file (`bcpbus serve` writes "
+            "./bcpbus.db unless told otherwise)"
         )
-    print(audit.to_json(rows) if args.json else audit.format_table(rows))
+
+
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("message_id", "topic", "actor", "since", "until", "event")
+    return {name: getattr(args, name) for name in names}
+
+
+def _render(rows: list[dict[str, Any]], out: str, *, header: bool = True) -> str:
+    if out == "json":
+        return audit.to_json(rows)
+    if out == "jsonl":
+        return audit.to_jsonl(rows)
+    columns = [key for key in dict.fromkeys(k for row in rows for k in row) if key != "chain"]
+    return audit.format_table(rows, columns, header=header)
+
+
+FOLLOW_POLL = 0.25
+"""Seconds between two reads of the log by ``audit --follow``."""
+
+
+def _follow(args: argparse.Namespace, out: str) -> int:
+    """Print the last ``--limit`` rows that pass the filters, then each new one, until killed."""
+    if args.bits or args.refusals or args.query:
+        raise ValueError("--follow follows rows: give filters, not --bits, --refusals or --query")
+    if out == "json":
+        raise ValueError("--follow prints a table or JSON lines: give --format jsonl")
+    filters = _filters(args)
+    through = audit.last_id(args.db)
+    rows = audit.query_rows(args.db, **filters, limit=args.limit, newest=True, through_id=through)
+    header = True
+    while True:
+        if rows:
+            print(_render(rows, out, header=header), flush=True)
+            header = False
+        time.sleep(FOLLOW_POLL)
+        after, through = through, audit.last_id(args.db)
+        rows = audit.query_rows(args.db, **filters, limit=None, after_id=after, through_id=through)
+
+
+def _audit_query(db: Path, query_id: str, out: str) -> int:
+    detail = audit.query_detail(db, query_id)
+    if out == "jsonl":
+        print(audit.to_jsonl(detail["rows"]))
+    elif out == "json":
+        detail["rows"] = [json.loads(line) for line in audit.to_jsonl(detail["rows"]).splitlines()]
+        print(json.dumps(detail, indent=2))
+    else:
+        print("\n".join(_query_lines(detail)))
+        print()
+        print(_render(detail["rows"], "table"))
+    return 0
+
+
+def _query_lines(detail: dict[str, Any]) -> list[str]:
+    """The question, the reader's answers (untrusted, escaped) and the values delivered."""
+    name = audit.neutralize(str(detail["query_id"]))
+    if detail["accepted_ts"] is None:
+        return [f"query {name}: no bcp_query_accepted row (refused, or not in this log)"]
+    lines = [
+        f"query {name} on {audit.neutralize(str(detail['channel']))}, category "
+        f"{detail['category']}, accepted {detail['accepted_ts']}",
+        "asked (the controller's spec):",
+        *("  " + line for line in _json_lines(detail["spec"])),
+    ]
+    for number, answer in enumerate(detail["answers"], 1):
+        lines.append(
+            f"answer {number} from the reader, {answer['ts']}, validation {answer['status']} "
+            "(untrusted: shown escaped, as sent):"
+        )
+        lines += ["  " + line for line in audit.untrusted_lines(answer["raw"])]
+    for value in detail["delivered"]:
+        lines.append(f"delivered to the controller {value['ts']} ({value['bits']} bits):")
+        lines += ["  " + line for line in audit.untrusted_lines(value["response"])]
+    if detail["failed"] is not None:
+        failed = detail["failed"]
+        lines.append(f"failed {failed['ts']}: {failed['reason']}: {failed['detail']}")
+    lines.append(
+        f"outcome: {detail['outcome'] or 'pending'}; charged {detail['charged']:.3f} bits, "
+        f"refunded {detail['refunded']:.3f}"
+    )
+    return [audit.neutralize(line) for line in lines]
+
+
+def _json_lines(value: Any) -> list[str]:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True).splitlines()
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    db = getattr(args, "db", Path("bcpbus.db"))
+    _check_db(db)
+    key = args.key or default_key_path(db)
+    result = audit.verify(db, key, expect_head=args.expect_head, start=args.start)
+    for segment in result.segments[1:]:
+        broken = segment.get("broken") or {}
+        why = f": row {broken.get('row')}: {broken.get('why')}" if broken else ""
+        print(f"note: row {segment['id']} ({segment['ts']}) starts a new chain segment{why}")
+    if result.ok:
+        row_id, chain = result.head or (0, "none")
+        print(f"ok: {result.rows} rows intact (key id {result.key_id}); head {row_id}:{chain}")
+        return 0
+    first, *more = result.problems
+    where = f"row {first.row}" if first.row is not None else str(db)
+    print(f"{where}: {audit.neutralize(first.why)}")
+    if more:
+        print(
+            f"and {len(more)} more problems; the next: " + "; ".join(_problem(p) for p in more[:3])
+        )
+    return 1
+
+
+def _problem(problem: Any) -> str:
+    where = f"row {problem.row}" if problem.row is not None else "the log"
+    return f"{where}: {audit.neutralize(problem.why)}"
+
+
+def _audit_head(args: argparse.Namespace) -> int:
+    db = getattr(args, "db", Path("bcpbus.db"))
+    _check_db(db)
+    row_id, chain = audit.head(db)
+    print(f"{row_id}:{chain}")
     return 0
 
 

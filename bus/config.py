@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from schemas import strict_yaml
 
 __all__ = [
+    "AuditSettings",
     "LogContent",
     "DEFAULT_DEDUP_MAX_IDS",
     "DEFAULT_DEDUP_WINDOW",
@@ -139,6 +140,24 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class AuditSettings:
+    """The activity log's hash chain: its key and where its head is shipped (``audit:``)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    key_file: StrictStr | None = None
+    """The chain's key file; None for the database's path plus ``.key``. Created (0600) by the
+    first ``serve``; back it up apart from the database (docs/audit.md)."""
+    head: StrictStr | None = None
+    """Where to append the head (``ID:HASH``) as the log grows: a file, ``-`` for stdout, or
+    None for nowhere. Ship it where the database's owner cannot write."""
+    head_every_rows: Annotated[StrictInt, Field(ge=1)] = 1000
+    """Rows between two heads written."""
+    head_every_seconds: Seconds | None = 10.0
+    """Most seconds a new head waits to be written; None for no timer."""
+
+
+@dataclass(frozen=True)
 class HttpSettings:
     """The HTTP binding (:mod:`bus.http`): where it listens and how webhooks are called.
 
@@ -192,6 +211,10 @@ class ServeConfig:
     """What ``send_start`` rows keep of each envelope: ``full`` (all of it) or ``digest`` (its
     type and the SHA-256 of its canonical JSON, for deployments that must not keep content)."""
     limits: Limits = field(default_factory=Limits)
+    audit: AuditSettings = field(default_factory=AuditSettings)
+    accept_broken_log: bool = False
+    """Start on a log whose chain or triggers show a change, recording it and starting a new
+    chain segment (``serve --accept-broken-log``; not a config file key, on purpose)."""
     http: HttpSettings = field(default_factory=HttpSettings)
     """The HTTP binding; off unless ``http.port`` is set."""
     gateway: Mapping[str, Any] = field(default_factory=dict)
@@ -245,6 +268,7 @@ class _ConfigFile(BaseModel):
     server_id: StrictStr | None = None
     log_content: LogContent = ServeConfig.log_content
     limits: Limits = Field(default_factory=Limits)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     gateway: dict[StrictStr, Any] = Field(default_factory=dict)
 
@@ -254,6 +278,11 @@ class _ConfigFile(BaseModel):
         for key in ("db", "peers_file", "policy", "agents_dir", "certfile", "keyfile"):
             if changes.get(key) is not None:
                 changes[key] = base / changes[key]
+        audit = changes.get("audit")
+        if audit is not None:
+            key_file = audit.key_file and str(base / audit.key_file)
+            head = audit.head if audit.head in (None, "-") else str(base / audit.head)
+            changes["audit"] = replace(audit, key_file=key_file, head=head)
         return replace(ServeConfig(), source=source, **changes)
 
 

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from bus.audit import has_relation, read_only
+from bus.audit import has_relation, neutralize, read_only, untrusted_lines
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalDecision, BcpApprovalRequest
 from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
 
@@ -299,19 +299,6 @@ class Approver:
 # Rendering
 
 
-def neutralize(text: str) -> str:
-    """Return ``text`` with every character that is not plainly printable shown escaped.
-
-    Escape sequences (ESC, CSI), every other C0/C1 control including newline and carriage
-    return, bidi overrides and isolates, zero-width and other invisible characters become
-    visible Python-style escapes (``\\x1b``, ``\\u202e``), so untrusted text printed to a
-    terminal can neither move the cursor, recolour, retitle, nor reorder what a person sees.
-    """
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
-
-
 def render_request(
     content: Mapping[str, Any] | BcpApprovalRequest,
     *,
@@ -360,7 +347,7 @@ def render_request(
         f"Written by {author}. Each line of it below starts with '|'.", width, "!! ", "!! "
     )
     lines.append("--- BEGIN UNTRUSTED TEXT ".ljust(width, "-"))
-    lines += _untrusted_lines(text, width)
+    lines += untrusted_lines(text, width)
     lines.append("--- END UNTRUSTED TEXT ".ljust(width, "-"))
     lines += ["", *_anomaly_lines(data.get("anomalies"), width)]
     lines.append("=" * width)
@@ -437,24 +424,6 @@ def _spec_lines(spec: Any, width: int) -> list[str]:
     return lines
 
 
-def _untrusted_lines(text: Any, width: int) -> list[str]:
-    if not isinstance(text, Mapping) or not text:
-        return ["| (nothing)"]
-    lines: list[str] = []
-    for key, value in text.items():
-        label = f"| {_one_line(key)}: "
-        if not isinstance(value, str):
-            value = json.dumps(value, ensure_ascii=False)
-        paragraphs = value.split("\n")
-        if len(paragraphs) == 1 and len(label) + len(neutralize(value)) <= width:
-            lines.append(label + neutralize(value))
-            continue
-        lines.append(label.rstrip())
-        for paragraph in paragraphs:
-            lines += _wrap(neutralize(paragraph), width, "|   ", "|   ")
-    return lines
-
-
 def _anomaly_lines(anomalies: Any, width: int) -> list[str]:
     found = list(_items(anomalies))
     if not found:
@@ -480,15 +449,6 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
 
 def _one_line(value: Any) -> str:
     return neutralize(str(value))
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
 
 
 def _parse_time(value: Any) -> datetime | None:

@@ -223,9 +223,13 @@ async def running_bcp(
     settings: GatewaySettings | None = None,
     limits: Limits | None = None,
     local: bool = True,
+    log_content: LogContent = "full",
     http: HttpSettings | None = None,
 ) -> AsyncIterator[BcpHarness]:
     """Start a bus and a gateway for the agents in ``agents_dir`` (default: the reference pair).
+
+    ``log_content`` is what the bus's and the gateway's rows keep of content (``full`` or
+    ``digest``).
 
     The gateway connects as ``bcpbus serve`` connects it, over an in-process link
     (:mod:`bus.local`); ``local=False`` connects it over a WebSocket, as ``bcpbus gateway``.
@@ -234,11 +238,15 @@ async def running_bcp(
     if agents is None:
         raise FileNotFoundError("no agents directory")
     async with running_bus(
-        directory, identities=load_identities(agents), limits=limits, http=http
+        directory,
+        identities=load_identities(agents),
+        limits=limits,
+        log_content=log_content,
+        http=http,
     ) as h:
         token = h.token(GATEWAY_CLIENT_ID)
         connector = h.bus.connect_local if local else None
         async with running_gateway(
-            h.url, token, h.log, agents, settings, connector=connector
+            h.url, token, h.log, agents, settings, connector=connector, log_content=log_content
         ) as gateway:
             yield BcpHarness(h, gateway)

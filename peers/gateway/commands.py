@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bus.activity import ActivityLog
+from bus.config import AuditSettings
 from bus.errors import AuthenticationFailed
 from bus.identities import default_agents_dir
 from bus.startup import check_db
@@ -86,6 +87,13 @@ def add_gateway(sub: Any) -> None:
         help="seconds the gateway waits for a channel's screeners' verdicts "
         f"(default {defaults.screener_timeout:g})",
     )
+    parser.add_argument(
+        "--log-content",
+        choices=("full", "digest"),
+        help="what its rows keep of questions, answers and values (default: the bus's, as its "
+        "latest bus_start row says)",
+    )
+    parser.add_argument("--audit-key", help="the log's chain key (default: the --db path + .key)")
     parser.set_defaults(command=_gateway)
 
 
@@ -115,7 +123,16 @@ def _gateway(args: argparse.Namespace) -> int:
     )
     try:
         return asyncio.run(
-            run_standalone(args.url, token, args.db, agents_dir, settings, cafile=args.cafile)
+            run_standalone(
+                args.url,
+                token,
+                args.db,
+                agents_dir,
+                settings,
+                cafile=args.cafile,
+                log_content=args.log_content,
+                audit=AuditSettings(key_file=args.audit_key),
+            )
         )
     except AuthenticationFailed:
         raise ValueError(
@@ -165,6 +182,7 @@ def add_budget(sub: Any) -> None:
         default=f"operator:{os.environ.get('USER', 'unknown')}",
         help="who resets, for the audit row (default operator:$USER)",
     )
+    reset.add_argument("--audit-key", help="the log's chain key (default: the --db path + .key)")
     reset.set_defaults(command=_budget_reset)
 
 
@@ -181,7 +199,7 @@ def _budget_reset(args: argparse.Namespace) -> int:
     topic = f"bcp:{args.controller}:{args.reader}"
 
     async def write() -> None:
-        async with ActivityLog(args.db) as log:
+        async with ActivityLog(args.db, key_file=args.audit_key) as log:
             await log.write(
                 "bcp_budget_reset",
                 actor=args.by,

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from bus.activity import ActivityLog
+from bus.config import LogContent
 from bus.errors import BusError
 from peers.client import Message, Peer, Reply
 from schemas.agents import Channel
@@ -82,6 +83,8 @@ class Gateway:
         log: the activity log (the bus's own when running beside it).
         settings: expiry, retries, approval and outbox timeouts.
         clock: wall-clock seconds; tests may pass their own.
+        log_content: what the rows keep of questions, answers and values delivered (``full``
+            or ``digest``); the bus's own mode when running beside it.
     """
 
     def __init__(
@@ -92,12 +95,15 @@ class Gateway:
         *,
         settings: GatewaySettings | None = None,
         clock: Callable[[], float] = time.time,
+        log_content: LogContent = "full",
     ) -> None:
         self.peer = peer
         self.channels = dict(channels)
         self.log = log
         self.settings = settings or GatewaySettings()
-        self.core = GatewayCore(self.channels, GatewayState(), self.settings, clock=clock)
+        self.core = GatewayCore(
+            self.channels, GatewayState(), self.settings, clock=clock, log_content=log_content
+        )
         """The decisions, sans I/O; this class carries out the actions they return."""
         self._timers: dict[TimerKey, asyncio.TimerHandle] = {}
         self._work: set[asyncio.Task[None]] = set()

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
+import sqlite3
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from bus.activity import ActivityLog
+from bus.config import AuditSettings, LogContent
 from bus.local import Socket
 from bus.reload import Reloader
 from bus.server import Bus
@@ -39,9 +42,13 @@ async def running_gateway(
     *,
     connector: Callable[[], Awaitable[Socket]] | None = None,
     cafile: Path | None = None,
+    log_content: LogContent | None = None,
 ) -> AsyncIterator[Gateway]:
     """Run a gateway connected to ``url`` (or through ``connector``, see
     :class:`peers.client.Peer`) for the duration of the ``async with`` block.
+
+    ``log_content`` is what its rows keep of questions, answers and values (``full`` or
+    ``digest``); None for the mode of the log's latest ``bus_start`` row (``full`` if none).
 
     Raises:
         DefinitionError: an agent definition is inconsistent (the message names file and field).
@@ -49,7 +56,12 @@ async def running_gateway(
     """
     channels = build_channels(load_agents(agents_dir))
     peer = Peer(url, GATEWAY_CLIENT_ID, token, connector=connector, cafile=cafile)
-    gateway = Gateway(peer, channels, log, settings=settings)
+    mode: LogContent = (
+        log_content
+        if log_content is not None
+        else await asyncio.to_thread(logged_content_mode, log.path)
+    )
+    gateway = Gateway(peer, channels, log, settings=settings, log_content=mode)
     await asyncio.to_thread(create_views, log.path)
     orphans = restore(gateway, log.path)
     await gateway.start()
@@ -78,11 +90,31 @@ async def run_beside(
     token = bus.credentials.add_ephemeral(GATEWAY_CLIENT_ID, [])
     after = await asyncio.to_thread(last_row_id, Path(bus.log.path))
     async with running_gateway(
-        bus.url, token, bus.log, agents_dir, settings, connector=bus.connect_local
+        bus.url,
+        token,
+        bus.log,
+        agents_dir,
+        settings,
+        connector=bus.connect_local,
+        log_content=bus.log_content,
     ) as gateway:
         if reloader is not None:
             watch(gateway, reloader, agents_dir, Path(bus.log.path), after)
         yield gateway
+
+
+def logged_content_mode(db: str | Path) -> LogContent:
+    """The ``log_content`` of the log's latest ``bus_start`` row; ``full`` if there is none."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        found = conn.execute(
+            "SELECT payload_json FROM activity_log WHERE event = 'bus_start' ORDER BY id DESC "
+            "LIMIT 1"
+        ).fetchone()
+    try:
+        mode = json.loads(found[0]).get("log_content") if found else None
+    except (TypeError, ValueError, AttributeError):
+        mode = None
+    return "digest" if mode == "digest" else "full"
 
 
 def watch(gateway: Gateway, reloader: Reloader, agents_dir: Path, db: Path, after: int) -> None:
@@ -100,20 +132,26 @@ async def run_standalone(
     settings: GatewaySettings,
     *,
     cafile: Path | None = None,
+    log_content: LogContent | None = None,
+    audit: AuditSettings | None = None,
 ) -> int:
     """Run the gateway as its own process until SIGINT or SIGTERM; return the exit code.
 
     SIGHUP, or a change to the agent definitions, reloads its channels; budget resets take
-    effect within a second.
+    effect within a second. ``audit`` names the chain's key file (the bus's) for the rows it
+    writes to ``db``.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     after = await asyncio.to_thread(last_row_id, db)
+    key_file = audit.key_file if audit is not None else None
     async with (
-        ActivityLog(db) as log,
-        running_gateway(url, token, log, agents_dir, settings, cafile=cafile) as g,
+        ActivityLog(db, key_file=key_file) as log,
+        running_gateway(
+            url, token, log, agents_dir, settings, cafile=cafile, log_content=log_content
+        ) as g,
     ):
         reloader = Reloader(log, say=_stderr)
         watch(g, reloader, agents_dir, db, after)

@@ -28,7 +28,9 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("scenario", ["bcp", "fanout", "connections", "log", "soak", "http"])
+@pytest.mark.parametrize(
+    "scenario", ["bcp", "fanout", "connections", "log", "soak", "http", "verify"]
+)
 def test_scenario_runs_on_a_tiny_load(scenario):
     """The scenario exits 0 and prints the machine line and its table."""
     done = run_bench(scenario, "--quick")
@@ -47,3 +49,17 @@ def test_delivery_writes_json_with_both_servers(tmp_path):
     assert set(summary) == {"1", "64"}
     assert summary["64"]["ratio_msgs"]["median"] > 0
     assert results["machine"]["cores"] >= 1
+
+
+def test_ab_compares_two_trees():
+    """`python -m bench.ab TREE` runs both trees alternately and prints the ratio per pair."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ab", str(ROOT), "--pairs", "1", "--count", "200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this/other msgs/s per pair:" in done.stdout

@@ -40,7 +40,12 @@ def charge(channel: str, bits: float, left: float, query_id: str = "q") -> dict[
         "budget_bits": 1000,
         "budget_left": left,
     }
-    return {"event": "bcp_bits_charged", "actor": "system:gateway", "payload": payload}
+    return {
+        "event": "bcp_bits_charged",
+        "actor": "system:gateway",
+        "topic": channel,
+        "payload": payload,
+    }
 
 
 def row(event: str, message_id: str | None, actor: str, topic: str | None) -> dict[str, Any]:
@@ -133,7 +138,7 @@ def test_reads_a_log_the_writer_is_using(tmp_path: Path) -> None:
             return audit.query_rows(log.path)
 
     rows = asyncio.run(scenario())
-    assert events(rows) == ["connect"]
+    assert events(rows) == ["chain_start", "connect"]
 
 
 # query_rows
@@ -154,6 +159,7 @@ def test_no_filter_returns_all_rows_by_id(db: Path) -> None:
         "status",
         "payload_json",
         "error",
+        "chain",
     }
 
 
@@ -273,36 +279,71 @@ def test_bad_topic_pattern_is_a_value_error(db: Path) -> None:
 
 
 def test_bits_per_channel(tmp_path: Path) -> None:
-    """Charges are summed per channel, with the budget left after the latest charge."""
+    """Charged, refunded and delivered are apart per channel; the budget left is the latest
+    charge's, or the whole budget after a reset."""
     path = make_log(
         tmp_path / "a.db",
         [
-            charge("bcp:main:researcher", 6.9, 993.1),
-            {"event": "bcp_delivered", "payload": {"channel": "bcp:main:researcher", "bits": 99}},
+            charge("bcp:main:researcher", 7.9, 992.1),
+            {"event": "bcp_delivered", "payload": {"channel": "bcp:main:researcher", "bits": 6.9}},
             charge("bcp:main:other", 671.0, 329.0),
-            charge("bcp:main:researcher", 1.0, 992.1),
+            charge("bcp:main:researcher", 441.0, 551.1),
+            charge("bcp:main:researcher", -437.4, 988.5),  # a rejected summary's refund
             {"event": "bcp_bits_charged", "payload_json": "{not json"},
+            {"event": "bcp_budget_reset", "payload": {"channel": "bcp:main:other"}},
         ],
     )
     rows = audit.bits_per_channel(path)
     assert rows == [
         {
             "channel": "bcp:main:other",
-            "charges": 1,
-            "bits_total": 671.0,
+            "charged": 671.0,
+            "refunded": 0.0,
+            "delivered": 0.0,
+            "deliveries": 0,
             "budget_bits": 1000,
-            "budget_left": 329.0,
+            "budget_left": 1000,
             "last_ts": "2026-05-09T10:00:02.000000Z",
         },
         {
             "channel": "bcp:main:researcher",
-            "charges": 2,
-            "bits_total": pytest.approx(7.9),
+            "charged": pytest.approx(448.9),
+            "refunded": pytest.approx(437.4),
+            "delivered": pytest.approx(6.9),
+            "deliveries": 1,
             "budget_bits": 1000,
-            "budget_left": 992.1,
-            "last_ts": "2026-05-09T10:00:03.000000Z",
+            "budget_left": 988.5,
+            "last_ts": "2026-05-09T10:00:04.000000Z",
         },
     ]
+    # A time window and a channel pattern narrow it.
+    window = audit.bits_per_channel(path, topic="bcp:main:*", since="2026-05-09T10:00:03Z")
+    assert [(r["channel"], r["charged"]) for r in window] == [("bcp:main:researcher", 441.0)]
+
+
+def test_untrusted_lines_escape_and_mark_every_line() -> None:
+    """A reader's answer is shown escaped, every line behind '|', whatever its shape."""
+    lines = audit.untrusted_lines({"summary": "ok\x1b[2J\nnext \u202eline"}, width=40)
+    assert all(line.startswith("|") for line in lines)
+    assert "\\x1b[2J" in "\n".join(lines) and "\\u202e" in "\n".join(lines)
+    assert audit.untrusted_lines(["not", "a", "mapping"]) == [
+        '| (as sent): ["not", "a", "mapping"]'
+    ]
+    assert audit.untrusted_lines(None) == ["| (nothing)"]
+
+
+def test_to_jsonl_is_one_object_a_line(db: Path) -> None:
+    """JSON Lines: each row alone on its line, payload decoded."""
+    lines = audit.to_jsonl(audit.query_rows(db, limit=3)).splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [1, 2, 3]
+    assert json.loads(lines[2])["payload"] == {"query_id": "q1"}
+
+
+def test_newest_rows_and_id_ranges(db: Path) -> None:
+    """newest takes the last rows (still oldest first); after_id/through_id bound the ids."""
+    assert [r["id"] for r in audit.query_rows(db, limit=2, newest=True)] == [6, 7]
+    assert [r["id"] for r in audit.query_rows(db, after_id=2, through_id=4)] == [3, 4]
+    assert audit.last_id(db) == 7
 
 
 def test_refusals_per_reason(tmp_path: Path) -> None:

@@ -71,7 +71,10 @@ def test_null_turns_a_limit_off(tmp_path):
         ("limits:\n  process_timeout: .inf\n", "limits.process_timeout: Input should be a finite"),
         ("limits: 3\n", "bcpbus.yaml: limits: expected a mapping with keys dedup_max_ids"),
         ("gateway: [a]\n", "bcpbus.yaml: gateway: expected a mapping"),
-        ("prot: 1\n", "bcpbus.yaml: prot: unknown key; expected one of agents_dir, certfile, db"),
+        (
+            "prot: 1\n",
+            "bcpbus.yaml: prot: unknown key; expected one of agents_dir, audit, certfile, db",
+        ),
         ("port: '8765'\n", "bcpbus.yaml: port: expected a whole number, got '8765'"),
         ("port: 70000\n", "bcpbus.yaml: port: Input should be less than or equal to 65535"),
         ("host: 1\n", "bcpbus.yaml: host: expected a string, got 1"),
@@ -131,3 +134,13 @@ def test_read_section_errors_start_with_where(value, error):
     with pytest.raises(ConfigError) as caught:
         read_section(Section, value, "f.yaml: s")
     assert str(caught.value).startswith(error)
+
+
+def test_audit_section_paths_are_relative_to_the_file(tmp_path):
+    """The chain's key file and head file are read relative to the config; '-' is stdout."""
+    config = load(tmp_path, "audit:\n  key_file: keys/log.key\n  head: heads.txt\n")
+    assert config.audit.key_file == str(tmp_path / "keys/log.key")
+    assert config.audit.head == str(tmp_path / "heads.txt")
+    assert load(tmp_path, "audit:\n  head: '-'\n  head_every_rows: 5\n").audit.head == "-"
+    with pytest.raises(ConfigError, match="audit.head_every_rows"):
+        load(tmp_path, "audit:\n  head_every_rows: 0\n")

@@ -194,7 +194,8 @@ async def test_metrics_are_prometheus_text_with_connections_deliveries_errors_an
     assert samples[("bcpbus_log_commit_seconds_count", ())] >= 5
     bits = samples[("bcpbus_bcp_bits_charged", (("channel", "bcp:main:researcher"),))]
     assert charged[0]["channel"] == "bcp:main:researcher"
-    assert bits == pytest.approx(charged[0]["bits_total"]) and bits > 0
+    net = charged[0]["charged"] - charged[0]["refunded"]  # what the budget paid
+    assert bits == pytest.approx(net) and bits > 0
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

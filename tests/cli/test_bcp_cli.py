@@ -61,8 +61,13 @@ async def test_serve_runs_the_gateway_with_the_reference_agents(tmp_path):
             await reader.close()
             await controller.close()
     story = json.loads(run("audit", "--bits", "--json", cwd=tmp_path).stdout)
-    # A delivered 1-bit answer costs 2 bits: one more says it was delivered, not failed.
-    assert story[0]["bits_total"] == pytest.approx(2.0)
+    # A delivered 1-bit answer costs 2 bits: one more says it was delivered, not failed. It was
+    # charged 3.585 (the dearer outcome, a failure) and given back the difference.
+    assert story[0]["charged"] - story[0]["refunded"] == pytest.approx(2.0)
+    assert story[0]["refunded"] == pytest.approx(1.585, abs=1e-3)
+    assert story[0]["delivered"] == pytest.approx(1.0) and story[0]["deliveries"] == 1
+    verified = run("audit", "verify", cwd=tmp_path)
+    assert verified.returncode == 0 and verified.stdout.startswith("ok: "), verified.stdout
 
 
 async def test_standalone_gateway_and_budget_reset(tmp_path):
@@ -106,6 +111,9 @@ async def test_standalone_gateway_and_budget_reset(tmp_path):
     rows = json.loads(run("audit", "--event", "bcp_budget_reset", "--json", cwd=tmp_path).stdout)
     assert rows[0]["topic"] == "bcp:main:researcher"
     assert run("budget", "reset", "main", "nobody", cwd=tmp_path).returncode == 2
+    # Three processes wrote the log (bus, gateway, budget reset): one chain all the same.
+    verified = run("audit", "verify", cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout
 
 
 def test_gateway_without_a_token_is_a_clear_error(tmp_path):

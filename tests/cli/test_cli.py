@@ -294,6 +294,12 @@ async def test_kill_9_keeps_every_answered_message(tmp_path):
             "process_finish",
             "send_finish",
         }, message_id
+    # What was committed chains intact, and the bus starts again on it (its tail check passes).
+    verified = run("audit", "verify", cwd=tmp_path)
+    assert verified.returncode == 0 and verified.stdout.startswith("ok: "), verified.stdout
+    async with serving(tmp_path, "--no-gateway"):
+        pass
+    assert run("audit", "verify", cwd=tmp_path).returncode == 0
 
 
 async def _loop_module() -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from bus.config import LogContent
 from schemas.agents import Channel
 from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
 from schemas.common import agent_id
@@ -78,6 +79,8 @@ class GatewayCore:
         state: what the gateway starts from (see :func:`peers.gateway.restore.load_state`).
         settings: expiry, retries, approval and outbox timeouts.
         clock: wall-clock seconds.
+        log_content: what the rows keep of questions, answers and values delivered: ``full``,
+            or their SHA-256 (``digest``), as the bus does for envelopes.
     """
 
     def __init__(
@@ -87,8 +90,9 @@ class GatewayCore:
         settings: Settings,
         *,
         clock: Callable[[], float] = time.time,
+        log_content: LogContent = "full",
     ) -> None:
-        self.ctx = Context(channels, state, settings, clock)
+        self.ctx = Context(channels, state, settings, clock, log_content)
         self.outbox = Outbox(self.ctx)
         self.queries = Queries(self.ctx, self.outbox)
         self.approvals = Approvals(self.ctx, self.queries, self.outbox)

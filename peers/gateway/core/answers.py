@@ -18,7 +18,7 @@ from ..events import Action, MessageReceived, Respond
 from ..state import QueryState
 from ..validation import ValidationResult, validate_response
 from .approvals import Approvals
-from .context import Context, Query
+from .context import Context, Query, raw_answer
 from .frames import anomalies
 from .queries import Queries
 from .screens import Screens
@@ -72,7 +72,9 @@ class Answers:
         """Carry the verdict on an answer through: retry, review, or delivery; reply."""
         ctx, channel, query_id = self.ctx, query.channel, query.query_id
         ref = {"query_id": query_id}
-        row = ctx.validation(channel, result, event.message_id, query_id=query_id)
+        row = ctx.validation(
+            channel, result, event.message_id, raw_answer(event), query_id=query_id
+        )
         if not result.accepted:
             return [row, *self._retry(event, query, result)]
         if result.approval_required:

@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from bus.activity import canonical_sha256
+from bus.config import LogContent
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
     NormalizedResponse,
@@ -38,6 +40,7 @@ __all__ = [
     "Settings",
     "channel_of",
     "parse",
+    "raw_answer",
 ]
 
 
@@ -116,8 +119,11 @@ class Context:
         state: GatewayState,
         settings: Settings,
         clock: Callable[[], float],
+        log_content: LogContent = "full",
     ) -> None:
         self.channels = channels
+        self.log_content: LogContent = log_content
+        """What the rows keep of questions, answers and values: ``full``, or their SHA-256."""
         self.state = state
         self.settings = settings
         self.clock = clock
@@ -160,6 +166,13 @@ class Context:
             message_id=payload.get("message_id"),
         )
 
+    def content(self, value: Any) -> Any:
+        """``value`` as a row keeps it: itself, or ``{"sha256": ...}`` of its canonical JSON
+        when the log keeps digests (``serve --log-content digest``)."""
+        if self.log_content == "full" or value is None:
+            return value
+        return {"sha256": canonical_sha256(value)}
+
     def charged(self, channel: Channel, bits: float, **ref: Any) -> Record:
         """Return the ``bcp_bits_charged`` row for a charge (or a refund) just made."""
         return self.record(
@@ -182,18 +195,20 @@ class Context:
             subscription_id=content.get("subscription_id"),
             bits=content.get("bandwidth_bits"),
             taint=content.get("taint"),
+            response=self.content(content.get("response")),
             **extra,
         )
 
     def validation(
-        self, channel: Channel, result: ValidationResult, message_id: str, **ref: Any
+        self, channel: Channel, result: ValidationResult, message_id: str, raw: Any, **ref: Any
     ) -> Record:
-        """Return the ``bcp_validation`` row for a reader's answer or push."""
+        """Return the ``bcp_validation`` row for a reader's answer or push, ``raw`` as it came."""
         return self.record(
             "bcp_validation",
             channel,
             "pass" if result.accepted else "fail",
             message_id=message_id,
+            raw=self.content(raw),
             reasons=[r.model_dump(mode="json") for r in result.reasons],
             anomalies=anomalies(result),
             **ref,
@@ -237,6 +252,11 @@ class Context:
 
 def _after(then: Callable[[], list[Action]]) -> Then:
     return lambda _delivered_to: then()
+
+
+def raw_answer(event: MessageReceived) -> Any:
+    """The reader's answer in a ``bcp_response`` exactly as it came, for the log."""
+    return event.content.get("response")
 
 
 def channel_of(

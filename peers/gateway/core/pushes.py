@@ -19,7 +19,7 @@ from ..bits import spec_bits
 from ..events import Action, Commit, MessageReceived, Respond
 from ..validation import ValidationResult, validate_response
 from .approvals import Approvals
-from .context import Context, Refusal
+from .context import Context, Refusal, raw_answer
 from .frames import anomalies, delivery
 from .outbox import Outbox
 from .screens import Screens
@@ -62,7 +62,9 @@ class Pushes:
                     try:
                         self._check(channel, response)
                     except Refusal as refusal:
-                        checked = self.ctx.validation(channel, final, event.message_id, **ref)
+                        checked = self.ctx.validation(
+                            channel, final, event.message_id, raw_answer(event), **ref
+                        )
                         return [checked, *self._refuse(event, channel, ref, refusal)]
                 return self._judged(event, channel, subscription, final)
 
@@ -94,7 +96,7 @@ class Pushes:
     ) -> list[Action]:
         """Carry the verdict on a push through: charge and deliver or hold it, or refuse it."""
         ctx, ref = self.ctx, {"subscription_id": subscription.id}
-        checked = ctx.validation(channel, result, event.message_id, **ref)
+        checked = ctx.validation(channel, result, event.message_id, raw_answer(event), **ref)
         if result.accepted:
             return [checked, *self._accept(event, channel, subscription, result)]
         reason = ReasonCode.VALIDATION_FAILED

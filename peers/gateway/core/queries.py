@@ -164,6 +164,7 @@ class Queries:
             **ref,
             task_id=query.task_id,
             bits=query.bits,
+            spec=ctx.content(query.spec.model_dump(mode="json", exclude_none=True)),
             message_id=message_id,
         )
 

@@ -1,0 +1,97 @@
+"""Compare this tree's bus with another tree's, interleaved: ``python -m bench.ab OTHER_TREE``.
+
+Scenario 1 (``bench.delivery``, the bus only) at one window, run alternately from each tree in
+pairs, in ABBA order (other, this; this, other; ...), so that both see the same machine. Each
+run is a child ``python -c`` started in its tree, so ``bench``, ``bus`` and ``peers`` are that
+tree's (and the children it starts get ``PYTHONPATH`` to it, see :mod:`bench.common`). Make the
+other tree with ``git worktree add /tmp/base COMMIT``; remove it with ``git worktree remove``.
+
+Prints each run, then per tree the median msgs/s and server CPU µs/msg, and the median (min-max)
+of the per-pair ratios this/other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["main"]
+
+THIS = Path(__file__).resolve().parent.parent
+
+_DRIVER = """
+import asyncio, json, sys, tempfile
+from pathlib import Path
+from bench import delivery
+window, count = int(sys.argv[1]), int(sys.argv[2])
+options = delivery.Options(reps=1, windows=(window,), count=count, warmup=min(1000, count))
+async def main():
+    with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
+        return await delivery._one("bus", Path(tmp), options)
+print(json.dumps(asyncio.run(main())[str(window)]))
+"""
+
+
+def _run(tree: Path, window: int, count: int) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(window), str(count)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the run in {tree} failed:\n{done.stderr[-3000:]}")
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def _spread(values: Sequence[float], digits: int = 0) -> str:
+    return (
+        f"{statistics.median(values):,.{digits}f} "
+        f"({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; return the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
+    parser.add_argument("other", type=Path, help="the other tree (a git worktree)")
+    parser.add_argument("--pairs", type=int, default=6, help="runs of each tree (default 6)")
+    parser.add_argument("--window", type=int, default=64, help="sendMessage calls in flight")
+    parser.add_argument("--count", type=int, default=20_000, help="messages measured per run")
+    args = parser.parse_args(argv)
+    trees = {"other": args.other.resolve(), "this": THIS}
+    runs: dict[str, list[dict[str, float]]] = {"other": [], "this": []}
+    for pair in range(args.pairs):
+        for name in ("other", "this") if pair % 2 == 0 else ("this", "other"):
+            figures = _run(trees[name], args.window, args.count)
+            runs[name].append(figures)
+            print(
+                f"pair {pair + 1} {name}: {figures['msgs_per_s']:,.0f} msgs/s, "
+                f"{figures['server_cpu_us']:.0f} us/msg, p50 {figures['p50_ms']:.1f} ms; "
+                f"load average {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+    for name, tree in trees.items():
+        msgs = [f["msgs_per_s"] for f in runs[name]]
+        cpu = [f["server_cpu_us"] for f in runs[name]]
+        print(f"{name} ({tree}): msgs/s {_spread(msgs)}; server CPU us/msg {_spread(cpu)}")
+    pairs = list(zip(runs["this"], runs["other"], strict=True))
+    msgs_ratio = [a["msgs_per_s"] / b["msgs_per_s"] for a, b in pairs]
+    cpu_ratio = [a["server_cpu_us"] / b["server_cpu_us"] for a, b in pairs if b["server_cpu_us"]]
+    print(f"this/other msgs/s per pair: {_spread(msgs_ratio, 3)}")
+    if cpu_ratio:
+        print(f"this/other CPU/msg per pair: {_spread(cpu_ratio, 3)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

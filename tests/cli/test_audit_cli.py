@@ -1,0 +1,126 @@
+"""``bcpbus audit`` and ``bcpbus serve`` on the chain, through real subprocesses: the start-up
+refusal, --accept-broken-log, --follow, --format jsonl."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+
+import pytest
+
+from bus.activity import ActivityLog
+from peers.testing import scaled
+
+from .test_cli import BCPBUS, run, serving
+
+
+async def write_rows(db, *events: str) -> None:
+    async with ActivityLog(db) as log:
+        for n, event in enumerate(events):
+            log.record(event, actor=f"tg:{n}", topic="agent:w1", message_id=f"m-{n}")
+        await log.commit()
+
+
+async def test_serve_refuses_a_broken_log_in_one_line_and_accepts_it_when_told(tmp_path):
+    """A rewritten row stops `serve` with one line naming it; --accept-broken-log starts a new
+    segment that `verify --from` checks."""
+    db = tmp_path / "bcpbus.db"
+    await write_rows(db, "send_start", "refused", "send_finish")
+    with sqlite3.connect(db) as conn:
+        conn.executescript(
+            "DROP TRIGGER activity_log_no_update;"
+            "UPDATE activity_log SET event = 'send_start' WHERE id = 3;"
+        )
+    conn.close()
+    refused = run("serve", "--port", "0", "--no-gateway", cwd=tmp_path)
+    assert refused.returncode == 2 and "listening" not in refused.stdout
+    [line] = refused.stderr.splitlines()
+    assert line.startswith("bcpbus: error: activity log ") and "row 3: it does not match" in line
+    assert "--accept-broken-log" in line
+    async with serving(tmp_path, "--no-gateway", "--accept-broken-log"):
+        pass
+    [start] = json.loads(run("audit", "--event", "chain_start", "--json", cwd=tmp_path).stdout)[1:]
+    assert start["status"] == "broken_log_accepted" and start["payload"]["broken"]["row"] == 3
+    whole = run("audit", "verify", cwd=tmp_path)
+    assert whole.returncode == 1 and "row 3: it does not match" in whole.stdout
+    assert f"note: row {start['id']}" in whole.stdout
+    since = run("audit", "verify", "--from", str(start["id"]), cwd=tmp_path)
+    assert since.returncode == 0, since.stdout
+    # The triggers are back: the next start needs no flag.
+    async with serving(tmp_path, "--no-gateway"):
+        pass
+
+
+async def test_serve_ships_the_head_and_verify_takes_it_back(tmp_path):
+    """`serve --audit-head FILE` appends ID:HASH lines; the last one is the log's head."""
+    async with serving(tmp_path, "--no-gateway", "--audit-head", "heads.txt"):
+        pass
+    heads = (tmp_path / "heads.txt").read_text().split()
+    head = run("audit", "head", cwd=tmp_path).stdout.strip()
+    assert heads and heads[-1] == head
+    assert run("audit", "verify", "--expect-head", heads[0], cwd=tmp_path).returncode == 0
+
+
+async def test_follow_prints_new_rows_that_pass_the_filters(tmp_path):
+    """`audit --follow --event send_start --format jsonl` prints the matching rows already there,
+    then each new matching one, and nothing else."""
+    db = tmp_path / "bcpbus.db"
+    await write_rows(db, "send_start", "connect")
+    process = await asyncio.create_subprocess_exec(
+        *BCPBUS,
+        "audit",
+        "--follow",
+        "--event",
+        "send_start",
+        "--format",
+        "jsonl",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(scaled(30)):
+            first = json.loads(await process.stdout.readline())
+            assert first["message_id"] == "m-0"
+            await write_rows(db, "connect", "send_start")
+            second = json.loads(await process.stdout.readline())
+        assert second["event"] == "send_start" and second["actor"] == "tg:1"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
+
+
+async def test_jsonl_has_one_object_a_row(tmp_path):
+    """--format jsonl: one JSON object per line, payload decoded."""
+    await write_rows(tmp_path / "bcpbus.db", "send_start", "send_finish")
+    result = run("audit", "--format", "jsonl", "--event", "send_start", cwd=tmp_path)
+    [line] = result.stdout.splitlines()
+    assert json.loads(line)["message_id"] == "m-0"
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--follow", "--bits"], "--follow follows rows"),
+        (["--follow", "--format", "json"], "--format jsonl"),
+        (["verify", "--expect-head", "12"], "'12' is not a head"),
+        (["verify", "--key", "nokey"], "nokey"),
+    ],
+)
+async def test_audit_chain_mistakes_are_one_line(tmp_path, args, named):
+    """A bad --follow combination, head or key is one `bcpbus: error:` line, exit 2."""
+    await write_rows(tmp_path / "bcpbus.db", "send_start")
+    result = run("audit", *args, cwd=tmp_path)
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("bcpbus: error: ") and named in line, line
+
+
+async def test_heads_on_stdout_come_after_the_listening_line(tmp_path):
+    """`--audit-head -` keeps `listening on` the first line of stdout (`serving` checks it)."""
+    async with serving(tmp_path, "--no-gateway", "--audit-head", "-", "--audit-head-rows", "1"):
+        pass
