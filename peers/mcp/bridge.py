@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -114,6 +115,8 @@ class Bridge:
         self._asked: dict[str, BcpQuery] = {}
         """Queries handed to the model and not yet answered, by query_id."""
         self._delivered_bits: dict[str, float] = {c.reader: 0.0 for c in self.channels}
+        self._ended: deque[str] = deque(maxlen=inbox_size)
+        """The latest queries whose outcome this host already got: a second copy is dropped."""
         peer.handle(None, self._arrived)
         if self.controller is not None:
             self.controller.on_delivery(self._pushed)
@@ -184,21 +187,26 @@ class Bridge:
         return ToolResult.of(result)
 
     async def _fetch_messages(self, args: FetchArgs) -> ToolResult:
-        params = {"topic": args.topic, "sinceEpoch": args.since_epoch, "limit": args.limit}
-        result = await self.peer.request("fetchMessages", params)
+        page = await self.peer.fetch(args.topic, args.since_epoch, args.limit)
         messages = [
-            {"epoch": m.get("epoch"), **_present(m.get("topic"), m.get("payload"))}
-            for m in result.get("messages", [])
+            {"epoch": message.epoch, **present(message.topic, message.payload)}
+            for message in page.messages
         ]
-        return ToolResult.of({**result, "messages": messages})
+        return ToolResult.of(
+            {"messages": messages, "nextEpoch": page.next_epoch, "more": page.more}
+        )
 
     async def _subscribe(self, args: SubscribeArgs) -> ToolResult:
-        await self.peer.subscribe(args.topic)
+        await self.peer.subscribe(
+            args.topic, debounce_ms=args.debounce_ms, min_relevance=args.min_relevance
+        )
         return ToolResult.of({"subscribed": args.topic})
 
     async def _list_subscriptions(self, _args: BaseModel) -> ToolResult:
-        result = await self.peer.request("listSubscriptions", {})
-        return ToolResult.of(result)
+        subscriptions = await self.peer.list_subscriptions()
+        return ToolResult.of(
+            {"subscriptions": [s.model_dump(by_alias=True) for s in subscriptions]}
+        )
 
     # A controller
 
@@ -244,6 +252,9 @@ class Bridge:
                 escalation_justification=args.escalation_justification,
                 timeout=args.timeout_s,
             )
+        except QueryFailed:
+            self._ended.append(query_id)
+            raise
         except PeerTimeout:
             return ToolResult.failed(
                 f"no answer to query {query_id} within {args.timeout_s} s; it is still open: "
@@ -251,16 +262,32 @@ class Bridge:
                 query_id=query_id,
                 reason="waiting",
             )
+        self._ended.append(query_id)
         self._count(delivery)
         return _delivered(delivery)
 
     async def _pushed(self, content: dict[str, Any]) -> None:
         delivery = BcpResponseDelivery.model_validate(content)
+        if self._again(delivery.query_id):
+            return
         self._count(delivery)
         self.inbox.add(Message(f"agent:{self.name}", _envelope("bcp_response_delivery", content)))
 
     async def _failed(self, content: dict[str, Any]) -> None:
+        if self._again(str(content.get("query_id"))):
+            return
         self.inbox.add(Message(f"agent:{self.name}", _envelope("bcp_query_failed", content)))
+
+    def _again(self, query_id: str | None) -> bool:
+        """Whether this query's outcome came before: a query ends once, but a delivery held for
+        a controller that was away can come twice, fetched on reconnect and then flushed."""
+        if query_id is None:
+            return False
+        if query_id in self._ended:
+            logger.info("%s: dropped a second outcome of query %s", self.peer.client_id, query_id)
+            return True
+        self._ended.append(query_id)
+        return False
 
     def _count(self, delivery: BcpResponseDelivery) -> None:
         reader = delivery.from_agent
@@ -332,7 +359,7 @@ class Bridge:
     # The inbox
 
     async def _arrived(self, message: Message) -> Reply:
-        self.inbox.add(message, _epoch(message))
+        self.inbox.add(message)
         return Reply(True, "kept")
 
     def snapshot(self, limit: int = 100) -> dict[str, Any]:
@@ -405,17 +432,8 @@ def _verdict(verdict: BcpValidationResult) -> ToolResult:
     return ToolResult(text, data, True)
 
 
-def _present(topic: Any, payload: Any) -> dict[str, Any]:
-    return present(str(topic), payload if isinstance(payload, dict) else {})
-
-
 def _envelope(message_type: str, content: dict[str, Any]) -> dict[str, Any]:
     return {"type": message_type, "from": "system:gateway", "content": content}
-
-
-def _epoch(message: Message) -> int | None:
-    epoch = getattr(message, "epoch", None)
-    return epoch if isinstance(epoch, int) else None
 
 
 def _problems(exc: ValidationError) -> str:

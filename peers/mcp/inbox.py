@@ -41,13 +41,17 @@ class Entry:
     topic: str
     payload: dict[str, Any]
     epoch: int | None = None
-    """The bus's epoch of the message, when the bus gives one."""
+    """The bus's epoch of the message (None for what the bridge makes itself)."""
+    skipped: int | None = None
+    """On a debounced push: how many messages on its topic were not pushed before it."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the entry as the inbox resource shows it."""
         shown: dict[str, Any] = {"seq": self.seq, "received_at": self.received_at}
         if self.epoch is not None:
             shown["epoch"] = self.epoch
+        if self.skipped:
+            shown["skipped"] = self.skipped
         return {**shown, **present(self.topic, self.payload)}
 
 
@@ -107,10 +111,12 @@ class Inbox:
         for listener in self._listeners:
             listener()
 
-    def add(self, message: Message, epoch: int | None = None) -> Entry:
+    def add(self, message: Message) -> Entry:
         """Keep ``message``; return its entry."""
         self._seq += 1
-        entry = Entry(self._seq, timestamp(), message.topic, message.payload, epoch)
+        entry = Entry(
+            self._seq, timestamp(), message.topic, message.payload, message.epoch, message.skipped
+        )
         self._entries.append(entry)
         self.changed()
         return entry

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.bcp import AgentName, QueryId, QuerySpec, SubscriptionId
-from schemas.bus import Envelope, SendMessageParams, SubscribeParams
+from schemas.bus import MAX_DEBOUNCE_MS, Envelope, Epoch, SendMessageParams, SubscribeParams
 
 __all__ = [
     "BUS_TOOLS",
@@ -71,18 +71,26 @@ class SendArgs(_Args):
 class FetchArgs(_Args):
     """``fetch_messages``: the bus's ``fetchMessages``."""
 
-    topic: _Topic = Field(description="a topic this peer may read, such as agent:main")
-    since_epoch: Annotated[int, Field(ge=0)] = Field(
-        0, description="return messages after this epoch: 0, then the last nextEpoch"
+    topic: _Topic = Field(description="a topic pattern this peer may read, such as agent:main")
+    since_epoch: Epoch = Field(
+        0, description="return messages after this epoch: 0 for the oldest kept, then nextEpoch"
     )
-    limit: Annotated[int, Field(ge=1, le=1000)] = 50
+    limit: Annotated[int, Field(ge=1, le=1000)] = Field(
+        50, description="at most this many messages (the bus may return fewer)"
+    )
 
 
 class SubscribeArgs(_Args):
-    """``subscribe``: a topic pattern; what arrives on it goes to the inbox."""
+    """``subscribe``: a topic pattern and its push options; what arrives goes to the inbox."""
 
     topic: Annotated[str, SubscribeParams.model_fields["topic"]] = Field(
         description="a topic pattern this peer may subscribe to (* matches one segment)"
+    )
+    debounce_ms: Annotated[int, Field(ge=0, le=MAX_DEBOUNCE_MS)] = Field(
+        0, description="after a push on a topic, hold further ones this long, then push the latest"
+    )
+    min_relevance: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="do not push messages whose envelope relevance is below this"
     )
 
 
@@ -159,7 +167,8 @@ BUS_TOOLS: Final = (
     ToolSpec(
         "subscribe",
         "Subscribe to a topic pattern; what arrives on it is kept in the bcpbus://inbox "
-        "resource. Kept over reconnects.",
+        "resource. Kept over reconnects; what is not pushed (debounced, below min_relevance) "
+        "stays readable with fetch_messages.",
         SubscribeArgs,
     ),
     ToolSpec(

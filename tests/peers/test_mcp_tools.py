@@ -147,3 +147,31 @@ async def test_next_query_skips_queries_that_expired_unread():
     assert taken.data is not None and taken.data["query"]["query_id"] == "q-new"
     stale = await reader.call("bcp_answer", {"query_id": "q-old", "response": {"ok": True}})
     assert stale.error and "no open query" in stale.text
+
+
+async def test_a_second_outcome_of_a_query_is_dropped():
+    """A query ends once: a delivery or failure that comes again (held, then also fetched on
+    reconnect) is not kept twice; pushes, which have no query_id, are all kept."""
+    main = bridge("agent:main")
+    answer = {
+        "query_id": "q-1",
+        "category": 1,
+        "from_agent": "researcher",
+        "response": {"ok": True},
+        "bandwidth_bits": 2.0,
+        "taint": "medium",
+    }
+    await main._pushed(answer)
+    await main._pushed(answer)
+    await main._failed({"query_id": "q-2", "error": "timeout", "detail": ""})
+    await main._failed({"query_id": "q-2", "error": "timeout", "detail": ""})
+    push = {**{k: v for k, v in answer.items() if k != "query_id"}, "subscription_id": "s"}
+    await main._pushed(push)
+    await main._pushed(push)
+    kept = [(e.payload["type"], e.payload["content"].get("query_id")) for e in main.inbox]
+    assert kept == [
+        ("bcp_response_delivery", "q-1"),
+        ("bcp_query_failed", "q-2"),
+        ("bcp_response_delivery", None),
+        ("bcp_response_delivery", None),
+    ]
