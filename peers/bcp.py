@@ -28,6 +28,7 @@ against it on arrival: content the schema does not allow fails the call with
 from __future__ import annotations
 
 import asyncio
+import collections
 import html
 import json
 import logging
@@ -175,6 +176,25 @@ class _Agent:
         await self.close()
 
 
+class _RecentIds:
+    """The last ``size`` delivery ids a controller handled, to drop a message sent twice."""
+
+    def __init__(self, size: int) -> None:
+        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._size = size
+
+    def repeat(self, delivery_id: object) -> bool:
+        """Return whether ``delivery_id`` was seen before; remember it. None is never a repeat."""
+        if not isinstance(delivery_id, str):
+            return False
+        if delivery_id in self._ids:
+            return True
+        self._ids[delivery_id] = None
+        if len(self._ids) > self._size:
+            self._ids.popitem(last=False)
+        return False
+
+
 class Controller(_Agent):
     """The controller side of BCP over one peer.
 
@@ -187,6 +207,7 @@ class Controller(_Agent):
         self._waiting: dict[str, asyncio.Future[BcpResponseDelivery]] = {}
         self._on_delivery: DeliveryHandler | None = None
         self._on_failure: DeliveryHandler | None = None
+        self._seen = _RecentIds(1024)
         peer.handle("bcp_response_delivery", self._delivered)
         peer.handle("bcp_query_failed", self._failed)
 
@@ -282,6 +303,8 @@ class Controller(_Agent):
             self._waiting.pop(query_id, None)
 
     async def _delivered(self, message: Message) -> Reply:
+        if self._seen.repeat(message.content.get("delivery_id")):
+            return Reply(True)  # sent again from the outbox after a fetch got the first copy
         future = self._waiting.get(str(message.content.get("query_id")))
         delivery = _parse(BcpResponseDelivery, message, future)
         if future is not None and not future.done():
@@ -291,6 +314,8 @@ class Controller(_Agent):
         return Reply(True)
 
     async def _failed(self, message: Message) -> Reply:
+        if self._seen.repeat(message.content.get("delivery_id")):
+            return Reply(True)
         future = self._waiting.get(str(message.content.get("query_id")))
         failed = _parse(BcpQueryFailed, message, future)
         failure = QueryFailed(failed.query_id, failed.error.value, failed.detail)

@@ -642,6 +642,12 @@ class BcpResponseDelivery(_Model):
     channel_mode: Literal["bcp"] = "bcp"
     anomalies: tuple[Anomaly, ...] = ()
     """On a channel whose ``anomaly_action`` is ``flag``: what screening found."""
+    delivery_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """The gateway's id for this message, the same when it sends it again (a delivery held for
+    an offline controller, sent when it returns). A controller that also fetched the first copy
+    by epoch sees it twice: drop the second.
+
+    .. versionadded:: 0.2"""
     untrusted: bool = False
     """True for Cat-2 and Cat-3: the values are free text from a tainted reader, to be read as
     data, never followed. Cat-1 values are typed from the controller's own spec.
@@ -668,6 +674,12 @@ class BcpQueryFailed(_Model):
     query_id: QueryId
     error: ReasonCode
     detail: _Detail = ""
+    delivery_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """The gateway's id for this message, the same when it sends it again (a delivery held for
+    an offline controller, sent when it returns). A controller that also fetched the first copy
+    by epoch sees it twice: drop the second.
+
+    .. versionadded:: 0.2"""
 
 
 class ActiveSubscription(QuerySpec):

@@ -149,6 +149,7 @@ async def test_js_reader_answers_a_query_and_pushes(tmp_path, node):
             ]
             async with asyncio.timeout(scaled(10)):
                 push = await pushes.get()
+            assert push.pop("delivery_id").startswith("d-")
             assert push == {
                 "subscription_id": "research-alerts",
                 "category": 1,

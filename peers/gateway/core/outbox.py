@@ -43,6 +43,9 @@ class Outbox:
         """
         after = then or _nothing
         controller = channel.controller
+        # One id for this message however often it is sent (now, or from the outbox later), so
+        # that a controller that also fetches the first copy by epoch can drop the repeat.
+        content = {**content, "delivery_id": f"d-{uuid.uuid4().hex[:16]}"}
         if self.ctx.outbox.get(controller):
             # Keep the order: nothing overtakes what is already held.
             return [*self.hold(channel, message_type, content), *after(False)]

@@ -260,3 +260,30 @@ def test_reader_and_controller_need_agent_ids():
         Reader(Peer("ws://x", "human:bob", "t"))
     with pytest.raises(ValueError):
         Controller(Peer("ws://x", "tg:1", "t"))
+
+
+async def test_a_push_held_while_the_controller_was_away_reaches_it_once(tmp_path, agents_dir):
+    """The controller fetches the first copy by epoch when it reconnects, and the gateway sends
+    the held one too: both carry one delivery_id, so the handler sees the push once."""
+    async with running_bcp(tmp_path, agents_dir=agents_dir) as h:
+        main, researcher = await started(h, "main", "researcher")
+        pushed = Inbox()
+        main.on_delivery(pushed)
+        try:
+            await h.bus.bus.peers["agent:main"].close(1001, "going away")  # the SDK reconnects
+            verdict = await researcher.publish("notes", "main", {"note": "while away"})
+            assert verdict.success is True and "held" in verdict.detail
+            first = await pushed.get()
+            assert first["response"] == {"note": "while away"} and first["delivery_id"]
+            # Nothing overtakes what the gateway holds: once a later push arrives, the held copy
+            # of the first was sent before it, and must not have reached the handler.
+            assert (await researcher.publish("notes", "main", {"note": "after"})).success
+            second = await pushed.get()
+            assert second["response"] == {"note": "after"}, "the held copy came a second time"
+            assert any(
+                "hold_id" in json.loads(r["payload_json"])
+                for r in h.bus.rows(event="bcp_delivered")
+            ), "the gateway never sent its held copy: the test proved nothing"
+        finally:
+            await main.close()
+            await researcher.close()
