@@ -274,6 +274,37 @@ async def test_order_is_preserved_across_batches(tmp_path: Path) -> None:
     assert [row["message_id"] for row in read_rows(log.path)] == [str(i) for i in range(1000)]
 
 
+async def test_inserts_take_few_distinct_sizes(log: ActivityLog) -> None:
+    """Whatever the batch sizes, the INSERTs take few row counts: sqlite3 keeps a prepared
+    statement (about 1.4 KiB a row) for each of the last 128 it ran, so one per batch size grew
+    the bus's memory with every new size the load produced."""
+    inserts = Inserts(log)
+    for size in range(1, 201):
+        for i in range(size):
+            log.record("process_start", message_id=f"{size}-{i}")
+        async with asyncio.timeout(TIMEOUT):
+            await log.commit()
+    assert sum(inserts.batches) == log.rows_committed == sum(range(1, 201))
+    sizes = set(inserts.batches)
+    assert len(sizes) <= 26  # 1..8, then 4 per doubling up to 192: not 200
+    assert sum(sizes) <= 1200  # rows of all the statements cached; one per size: 20,100
+
+
+def test_statement_rows_keep_three_significant_bits() -> None:
+    """Each INSERT takes one of 35 sizes up to 1,000 rows, leaving under a quarter for later."""
+    from bus.activity import _statement_rows
+
+    sizes = set()
+    for pending in range(1, 3000):
+        rows = _statement_rows(pending, 1000)
+        wanted = min(pending, 1000)
+        assert 0 < rows <= wanted
+        assert wanted - rows < max(1, wanted / 4)
+        sizes.add(rows)
+    assert len(sizes) == 35
+    assert _statement_rows(5, 7) == 5 and _statement_rows(1000, 7) == 7
+
+
 async def test_commit_with_nothing_pending_returns_at_once(log: ActivityLog) -> None:
     """commit() with every row already on disk returns without a transaction."""
     async with asyncio.timeout(TIMEOUT):
@@ -354,13 +385,13 @@ async def test_rows_recorded_during_a_write_form_the_next_batch(log: ActivityLog
     first = asyncio.create_task(log.commit())
     async with asyncio.timeout(TIMEOUT):
         await inserts.entered.wait()
-    for i in range(50):
+    for i in range(48):  # a size one INSERT takes whole (_statement_rows)
         log.record("send_start", message_id=f"m{i}")
-    rest = [asyncio.create_task(log.commit()) for _ in range(50)]
+    rest = [asyncio.create_task(log.commit()) for _ in range(48)]
     inserts.release.set()
     async with asyncio.timeout(TIMEOUT):
         await asyncio.gather(first, *rest)
-    assert inserts.batches == [1, 50]
+    assert inserts.batches == [1, 48]
     assert log.batches_committed == 2
 
 
