@@ -2,8 +2,9 @@
 
 Scenarios: ``delivery`` (1 and 2: the bus and the baseline relay, interleaved), ``bcp`` (3),
 ``fanout`` (4), ``connections`` (5), ``log`` (6), ``http`` (8: HTTP POST against WebSocket
-sendMessage), ``all`` of those, or ``soak`` (7, ten minutes
-unless ``--duration`` says otherwise, so it runs only when named); the numbers work too.
+sendMessage), ``fetch`` (11: reading messages back by epoch), ``all`` of those, or ``soak`` (7,
+ten minutes unless ``--duration`` says otherwise, so it runs only when named); the numbers work
+too.
 ``containment`` (9, only when named) runs public prompt-injection corpora and ordinary texts
 through the gateway's validation (``--limit N`` samples per corpus, ``--bus-sample N``).
 ``verify`` (10, only when named) times ``bcpbus audit verify`` over 1,000,000 rows.
@@ -26,7 +27,7 @@ from typing import Any
 
 from .common import machine, machine_line, raise_fd_limit
 
-SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log", "http")
+SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log", "http", "fetch")
 LONG_SCENARIOS = ("soak", "verify")
 """Run only when named: too long for ``all``."""
 MEASURES = ("containment",)
@@ -42,6 +43,7 @@ _ALIASES = {
     "8": "http",
     "9": "containment",
     "10": "verify",
+    "11": "fetch",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.

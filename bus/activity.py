@@ -118,12 +118,17 @@ EVENTS: frozenset[str] = frozenset(
         "bus_start",  # the bus listens; payload: server_id, url, log_content (full | digest)
         "http_start",  # the HTTP binding listens (bus.http); payload: url
         # The bus, per message: sendMessage received (payload: the envelope, or with
-        # log_content digest its type and sha256), delivery to one target started and
-        # finished (status = outcome), sendMessage answered.
+        # log_content digest its type and sha256; status: the sender's taint then, as
+        # "taint:<level>" or "declassifier"), delivery to one target started and finished
+        # (status = outcome), sendMessage answered. Each row of a message carries its epoch,
+        # and the trace id of its traceparent if it had one.
         "send_start",
         "process_start",
         "process_finish",
         "send_finish",
+        "send_aborted",  # the log failed before delivery: the message was refused (-32006)
+        "push_skipped",  # not pushed to actor; status = min_relevance | debounce
+        "fetch",  # fetchMessages; topic = the pattern, payload: sinceEpoch, nextEpoch, count
         # The bus, per connection.
         "connect",  # WebSocket accepted; actor = remote address
         "disconnect",  # connection closed; status = close code
@@ -139,7 +144,7 @@ EVENTS: frozenset[str] = frozenset(
         "taint_refused",  # delivery from a tainted peer to an untainted one refused
         "limit_exceeded",  # a configured limit was hit; status = which limit
         "rpc_error",  # a request answered with a JSON-RPC error
-        "subscribe",  # topic = the pattern
+        "subscribe",  # topic = the pattern; payload: debounceMs, minRelevance if set
         "unsubscribe",  # topic = the pattern
         "shutdown",  # the bus is closing
         # Webhook peers (bus.webhooks): a POST that will be retried (status = why: timeout,
@@ -179,7 +184,7 @@ Unicode, such as a lone surrogate). It keeps the original's ``ts`` and those of 
 ``rpc_id``, ``actor``, ``topic`` and ``status`` that are valid text; ``error`` says why the row was
 refused; ``payload_json`` is ``{"event": ..., "columns": [...], "sha256": ...}``: the original
 event (non-text characters as ``\\uXXXX`` escapes), the columns that were not valid text, and
-the SHA-256 of ``json.dumps(list(row)).encode()``, the original row's nine columns in
+the SHA-256 of ``json.dumps(list(row)).encode()``, the original row's columns in
 :data:`COLUMNS` order as a JSON array with Python's default separators and ASCII escapes."""
 
 COLUMNS: tuple[str, ...] = (
@@ -192,6 +197,9 @@ COLUMNS: tuple[str, ...] = (
     "status",
     "payload_json",
     "error",
+    # Per message: its epoch (every row of it) and the trace id of its traceparent.
+    "epoch",
+    "trace_id",
 )
 """The columns :meth:`ActivityLog.record` fills, in the order of each buffered row (``id`` is
 assigned by SQLite)."""
@@ -231,10 +239,19 @@ CREATE TABLE IF NOT EXISTS activity_log (
     status TEXT,
     payload_json TEXT,
     error TEXT,
-    chain TEXT
+    chain TEXT,
+    epoch INTEGER,
+    trace_id TEXT
 );
 CREATE INDEX IF NOT EXISTS idx_activity_message_id ON activity_log(message_id);
 CREATE INDEX IF NOT EXISTS idx_activity_ts ON activity_log(ts);
+-- What fetchMessages reads through (bus.history): messages by epoch, by topic then epoch, and
+-- the few refused after their epoch was given. Partial: one entry per message, not per row.
+CREATE INDEX IF NOT EXISTS idx_activity_epoch ON activity_log(epoch) WHERE event = 'send_start';
+CREATE INDEX IF NOT EXISTS idx_activity_topic_epoch ON activity_log(topic, epoch)
+WHERE event = 'send_start';
+CREATE INDEX IF NOT EXISTS idx_activity_aborted ON activity_log(epoch)
+WHERE event = 'send_aborted';
 CREATE TRIGGER IF NOT EXISTS activity_log_no_update BEFORE UPDATE ON activity_log
 BEGIN
     SELECT RAISE(ABORT, '{_APPEND_ONLY}');
@@ -328,6 +345,9 @@ class ActivityLog:
         """Rows committed so far by this instance, ``row_unwritable`` replacements included."""
         self.rows_unwritable = 0
         """Rows replaced by a ``row_unwritable`` row so far."""
+        self.last_epoch = 0
+        """The highest message epoch in the file when it was opened (0 for none): the bus
+        gives the next message a higher one (:mod:`bus.epochs`)."""
         self.key_file = Path(key_file) if key_file is not None else default_key_path(self.path)
         """The chain's key file."""
         self.accept_broken = accept_broken
@@ -463,6 +483,8 @@ class ActivityLog:
         payload: Any = None,
         error: str | None = None,
         payload_json: str | None = None,
+        epoch: int | None = None,
+        trace_id: str | None = None,
     ) -> None:
         """Buffer one row, stamped now, for the writer. Never waits.
 
@@ -476,6 +498,8 @@ class ActivityLog:
             rpc_id: the JSON-RPC id; stored as text.
             payload_json: the payload already encoded as JSON, instead of ``payload``, for a
                 caller that stores the same payload many times.
+            epoch: the epoch of the message the row is about.
+            trace_id: the trace id of that message's ``traceparent``.
 
         Raises:
             AuditUnavailable: the log is closed, or ``queue_max`` rows are already waiting for
@@ -496,6 +520,11 @@ class ActivityLog:
                 status,
                 payload_json if payload is None else _payload_json(payload),
                 error,
+                # As decimal text, like rpc_id: the column's INTEGER affinity stores it as an
+                # integer, and the chain encodes an integer as this same text (bus.chain), so
+                # every row stays on encode_row's all-text path.
+                None if epoch is None else str(epoch),
+                trace_id,
             )
         )
         self._rows_recorded += 1
@@ -715,6 +744,9 @@ class ActivityLog:
                 accept_broken=self.accept_broken,
                 ts=ts,
             )
+            [(last_epoch,)] = conn.execute(
+                "SELECT MAX(epoch) FROM activity_log WHERE event = 'send_start'"
+            )
             if self.checkpoint_bytes is None:
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
             else:
@@ -729,6 +761,7 @@ class ActivityLog:
         self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
         self._chainer, self._key = Chainer(opened.key, COLUMNS), opened.key
         self.head, self.started = opened.head, opened.started
+        self.last_epoch = last_epoch or 0
 
     def _disconnect(self) -> None:
         if self._conn is not None:
@@ -918,9 +951,10 @@ def _unwritable(row: _Row, exc: BaseException) -> list[_Row]:
     )
     reason = _escape(f"{type(exc).__name__}: {exc}")[:500]
     kept = tuple(value if _is_text(value) else None for value in row[2:7])
+    tail = tuple(value if _is_text(value) else None for value in row[9:])  # epoch, trace_id
     return [
-        (row[0], "row_unwritable", *kept, payload, reason),
-        (row[0], "row_unwritable", None, None, None, None, None, payload, reason),
+        (row[0], "row_unwritable", *kept, payload, reason, *tail),
+        (row[0], "row_unwritable", None, None, None, None, None, payload, reason, None, None),
     ]
 
 

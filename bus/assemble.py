@@ -59,7 +59,7 @@ async def running(
         accept_broken_log: start on a log whose chain shows a change, recording it.
         ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`).
         http: the HTTP binding (:mod:`bus.http`), served when its ``port`` is set; the bus's
-            :attr:`~bus.server.Bus.http` is then the running binding.
+            :attr:`~bus.server.Bus.http_url` is then its URL.
 
     Raises:
         ChainBroken: the log's chain or triggers show a change (a ``ValueError`` naming the
@@ -92,8 +92,11 @@ async def running(
                 yield bus
                 return
             async with _http_binding(bus, http, host) as binding:
-                bus.http = binding
-                yield bus
+                bus.http_url = binding.url
+                try:
+                    yield bus
+                finally:
+                    bus.http_url = None
 
 
 @contextlib.asynccontextmanager

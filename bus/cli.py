@@ -486,8 +486,8 @@ async def serve(
             say(f"bcpbus: {line}")
         # Printed once the gateway is subscribed too: "listening" means ready for BCP.
         print(f"listening on {bus.url}", flush=True)
-        if bus.http is not None:
-            print(f"http on {bus.http.url}", flush=True)
+        if bus.http_url is not None:
+            print(f"http on {bus.http_url}", flush=True)
         bus.log.release_heads()  # heads on stdout (--audit-head -) come after those lines
         if ready is not None:
             ready(bus)

@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_MAX_ANONYMOUS_CONNECTIONS",
     "DEFAULT_MAX_ANONYMOUS_PER_ADDRESS",
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_FETCH_MESSAGES",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_INFLIGHT_DELIVERIES",
@@ -67,6 +68,7 @@ DEFAULT_SLOW_CONSUMER_TIMEOUT = 10.0
 DEFAULT_DEDUP_WINDOW = 300.0
 DEFAULT_DEDUP_MAX_IDS = 100_000
 DEFAULT_SHUTDOWN_GRACE = 10.0
+DEFAULT_MAX_FETCH_MESSAGES = 1_000
 
 DEFAULT_WEBHOOK_TIMEOUT = 5.0
 DEFAULT_WEBHOOK_ATTEMPTS = 4
@@ -123,6 +125,9 @@ class Limits:
     at once (status ``slow_consumer``) instead of queueing more."""
     dedup_max_ids: Count | None = DEFAULT_DEDUP_MAX_IDS
     """Recent ``(from, messageId)`` pairs remembered to refuse duplicates (-32008)."""
+    max_fetch_messages: Annotated[StrictInt, Field(ge=1)] = DEFAULT_MAX_FETCH_MESSAGES
+    """Messages one ``fetchMessages`` answer holds at most; a larger ``limit`` is cut to it.
+    Always on: one answer must fit in memory and in a frame."""
     # Timeouts
     handshake_timeout: Seconds | None = DEFAULT_HANDSHAKE_TIMEOUT
     """Seconds for the WebSocket opening handshake."""

@@ -22,6 +22,8 @@ raise.
     ├── AuditUnavailable        -32006  the activity log could not commit: fail closed
     ├── ShuttingDown            -32007  the bus is closing and takes no new work
     ├── DuplicateMessage        -32008  this sender already sent this messageId recently
+    ├── EpochNotKept            -32009  ``fetchMessages`` from an epoch the log does not cover
+    ├── ContentNotKept          -32010  ``fetchMessages`` from a log that keeps only digests
     └── RemoteError             (any)   an error response a peer sent us, see ``from_error``
 
 WebSocket close codes the bus uses are listed in :data:`CLOSE_CODES`.
@@ -46,7 +48,9 @@ __all__ = [
     "AuditUnavailable",
     "AuthenticationFailed",
     "BusError",
+    "ContentNotKept",
     "DuplicateMessage",
+    "EpochNotKept",
     "Forbidden",
     "InternalError",
     "InvalidParams",
@@ -212,6 +216,27 @@ class DuplicateMessage(BusError):
     default_message = "Duplicate messageId: a message with this id was already accepted"
 
 
+class EpochNotKept(BusError):
+    """``fetchMessages`` asked for messages after an epoch the activity log does not cover.
+
+    Either ``sinceEpoch`` is older than the oldest message kept (the log was started, replaced
+    or migrated after it), so messages after it may be lost, or it is later than the latest
+    epoch (it came from another log). ``data`` holds ``oldestEpoch`` (null for an empty log)
+    and ``latestEpoch``: fetch again from ``oldestEpoch - 1`` (or 0) to read what is kept.
+    """
+
+    code = -32009
+    default_message = "sinceEpoch is outside the epochs this bus's log keeps"
+
+
+class ContentNotKept(BusError):
+    """``fetchMessages`` reached messages the log kept only as digests (``--log-content
+    digest``): there is no content to give back. ``data.epoch`` is the first such message."""
+
+    code = -32010
+    default_message = "This bus keeps only digests of messages, not their content: nothing to fetch"
+
+
 class RemoteError(BusError):
     """An error response with a code this library does not know.
 
@@ -249,6 +274,8 @@ _BY_CODE: dict[int, type[BusError]] = {
         AuditUnavailable,
         ShuttingDown,
         DuplicateMessage,
+        EpochNotKept,
+        ContentNotKept,
     )
 }
 

@@ -9,8 +9,11 @@ and carried out by :meth:`bus.server.Bus.handle`, so the policy, the envelope ch
 and the log rows are the WebSocket path's own.
 
 =================================  ======================================================
-``POST /v1/messages``              ``sendMessage`` as the token's peer: 202 ``{messageId}``
-                                   once accepted, ``?wait=true`` for the result (200)
+``POST /v1/messages``              ``sendMessage`` as the token's peer: 202 ``{messageId,
+                                   epoch}`` once accepted, ``?wait=true`` for the result (200)
+``GET /v1/messages``               ``fetchMessages`` (and filters) as the token's peer, online
+                                   or not: a page, and ``next``, the URL of the next one
+``GET /v1/subscriptions``          ``listSubscriptions`` of the token's webhook peer
 ``POST /v1/subscriptions``         ``subscribe`` the token's webhook peer to ``{topic}``
 ``DELETE /v1/subscriptions``       ``unsubscribe`` it from ``?topic=``
 ``GET /.well-known/bcpbus``        version, endpoints, methods, capabilities, limits
@@ -39,6 +42,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
+from urllib.parse import urlencode
 
 import uvicorn
 from starlette.applications import Starlette
@@ -47,7 +51,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from schemas.common import timestamp
-from schemas.http import Discovery, Endpoints, PostMessage, SubscriptionBody, openapi_document
+from schemas.http import (
+    Discovery,
+    Endpoints,
+    MessagesQuery,
+    PostMessage,
+    SubscriptionBody,
+    openapi_document,
+)
 
 from . import __version__
 from ._json import loads
@@ -60,6 +71,7 @@ from .errors import (
     LimitExceeded,
     ParseError,
 )
+from .fetch import FetchFilter, log_time
 from .metrics import CONTENT_TYPE, Metrics
 from .params import parse
 from .protocol import Request
@@ -84,6 +96,8 @@ _STATUS = {
     -32006: 503,
     -32007: 503,
     -32008: 409,
+    -32009: 410,  # the messages after that epoch are gone from the log (or never were in it)
+    -32010: 410,  # their content was never kept (log_content: digest)
 }
 
 
@@ -120,6 +134,8 @@ class HttpBinding:
         self.app = Starlette(
             routes=[
                 Route("/v1/messages", self._guard(self._post_message), methods=["POST"]),
+                Route("/v1/messages", self._guard(self._get_messages), methods=["GET"]),
+                Route("/v1/subscriptions", self._guard(self._list), methods=["GET"]),
                 Route("/v1/subscriptions", self._guard(self._subscribe), methods=["POST"]),
                 Route("/v1/subscriptions", self._guard(self._unsubscribe), methods=["DELETE"]),
                 Route("/.well-known/bcpbus", self._discovery, methods=["GET"]),
@@ -264,6 +280,32 @@ class HttpBinding:
             task.result()  # refused before it was accepted: raises its BusError
         return JSONResponse(accepted.result(), status_code=202)
 
+    async def _get_messages(self, request: HTTPRequest, rpc: Request) -> Response:
+        rpc = Request(rpc.id, "fetchMessages", None)
+        route = await self._authenticate(request, rpc)
+        try:
+            query = parse(MessagesQuery, dict(request.query_params))
+            only = FetchFilter(
+                type=query.type,
+                correlation_id=query.correlation_id,
+                sender=query.from_,
+                before=None if query.until is None else log_time(query.until),
+            )
+            page = await self.bus.fetch(
+                route.grants, query.topic, query.since, query.limit, only=only, rpc_id=str(rpc.id)
+            )
+        except BusError as exc:
+            await self.bus.record_error(route.client_id, rpc, exc)
+            raise
+        body = page.to_wire()
+        body["next"] = _next_page(request, page.next_epoch) if page.more else None
+        return JSONResponse(body)
+
+    async def _list(self, request: HTTPRequest, rpc: Request) -> Response:
+        rpc = Request(rpc.id, "listSubscriptions", None)
+        route = await self._authenticate(request, rpc)
+        return JSONResponse(await self.bus.handle(route, rpc))
+
     async def _subscribe(self, request: HTTPRequest, rpc: Request) -> Response:
         rpc = Request(rpc.id, "subscribe", None)
         route = await self._authenticate(request, rpc)
@@ -294,6 +336,8 @@ class HttpBinding:
                 "webhooks": True,
                 "metrics": True,
                 "traceparent": True,
+                "epochs": True,
+                "fetch": True,
             },
             limits={
                 **asdict(self.bus.limits),
@@ -443,6 +487,12 @@ def _with_traceparent(body: dict[str, Any], header: str) -> dict[str, Any]:
     if given is not None and given != header:
         raise InvalidParams("Invalid params: the traceparent header and body field differ")
     return {**body, "traceparent": header}
+
+
+def _next_page(request: HTTPRequest, next_epoch: int) -> str:
+    """The path and query of the page after this one: the same query from ``next_epoch``."""
+    query = {**request.query_params, "since": str(next_epoch)}
+    return f"{request.url.path}?{urlencode(query)}"
 
 
 def _send_params(message: PostMessage, client_id: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ error into a -32602 that names the field. :func:`read_send_message` does the sam
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
@@ -14,6 +15,7 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from schemas.bus import Envelope, SendMessageParams
+from schemas.common import trace_id, traceparent_problem
 
 from .errors import InvalidParams
 
@@ -29,6 +31,10 @@ class SendFields(NamedTuple):
     message_id: str
     type: str
     sender: str
+    relevance: float | None = None
+    """The envelope's ``relevance``, if any."""
+    trace_id: str | None = None
+    """The trace id of the envelope's ``traceparent``, if any."""
 
 
 def read_send_message(params: Any) -> SendFields:
@@ -43,7 +49,14 @@ def read_send_message(params: Any) -> SendFields:
     # Anything the fast path is unsure of gets the model's full validation and error messages.
     model = parse(SendMessageParams, params)
     payload = model.payload
-    return SendFields(model.topic, payload.message_id, payload.type, payload.from_)
+    return SendFields(
+        model.topic,
+        payload.message_id,
+        payload.type,
+        payload.from_,
+        payload.relevance,
+        None if payload.traceparent is None else trace_id(payload.traceparent),
+    )
 
 
 def _constraint(field: str, name: str, model: type[BaseModel] = Envelope) -> Any:
@@ -65,7 +78,6 @@ _ID_MAX = _constraint("message_id", "max_length")
 _CORRELATION_MAX = _constraint("correlation_id", "max_length")
 _TYPE_RE = re.compile(_constraint("type", "pattern"))
 _FROM_RE = re.compile(_constraint("from_", "pattern"))
-_TRACEPARENT_RE = re.compile(_constraint("traceparent", "pattern"))
 # RFC 3339 with a zone, each field in range (fromisoformat would take an offset of +10:87),
 # as AwareDatetime reads it; datetime.fromisoformat then checks the day of the month.
 _TIMESTAMP_RE = re.compile(
@@ -73,7 +85,7 @@ _TIMESTAMP_RE = re.compile(
     r"(?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 )
 _REQUIRED = frozenset({"messageId", "type", "from", "timestamp", "content"})
-_ALLOWED = _REQUIRED | {"correlationId", "traceparent"}
+_ALLOWED = _REQUIRED | {"correlationId", "traceparent", "relevance"}
 
 
 def _fast_send_message(params: Any) -> SendFields | None:
@@ -98,7 +110,15 @@ def _fast_send_message(params: Any) -> SendFields | None:
         or not _valid_optional(payload)
     ):
         return None
-    return SendFields(topic, message_id, message_type, sender)
+    trace = payload.get("traceparent")
+    return SendFields(
+        topic,
+        message_id,
+        message_type,
+        sender,
+        payload.get("relevance"),
+        None if trace is None else trace_id(trace),
+    )
 
 
 def _valid_timestamp(value: Any) -> bool:
@@ -122,7 +142,13 @@ def _valid_optional(payload: dict[str, Any]) -> bool:
     ):
         return False
     trace = payload.get("traceparent")
-    return trace is None or (type(trace) is str and _TRACEPARENT_RE.fullmatch(trace) is not None)
+    if trace is not None and (type(trace) is not str or traceparent_problem(trace) is not None):
+        return False
+    relevance = payload.get("relevance")
+    # As the model's strict float: an int or a float (never a bool), finite, within [0, 1].
+    return relevance is None or (
+        type(relevance) in (int, float) and math.isfinite(relevance) and 0 <= relevance <= 1
+    )
 
 
 def parse(model: type[M], params: Any) -> M:

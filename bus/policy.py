@@ -81,6 +81,7 @@ __all__ = [
     "PolicyError",
     "Role",
     "SendRule",
+    "flows",
     "may_flow",
 ]
 
@@ -237,13 +238,17 @@ def may_flow(sender: Grants, target: Grants, message_type: str | None = None) ->
     sends it: it carries what a reader wrote before validation, which the gateway passes to its
     screeners and to nobody else.
     """
+    return flows(sender.taint, sender.declassifier, target, message_type)
+
+
+def flows(
+    taint: TaintLevel, declassifier: bool, target: Grants, message_type: str | None = None
+) -> bool:
+    """:func:`may_flow` from a sender known only by its taint and whether it was the
+    declassifier, as the activity log keeps them with each message (see :mod:`bus.fetch`)."""
     if message_type in RAW_TEXT_TYPES and target.taint != "high":
         return False
-    return (
-        sender.declassifier
-        or target.declassifier
-        or taint_rank(sender.taint) <= taint_rank(target.taint)
-    )
+    return declassifier or target.declassifier or taint_rank(taint) <= taint_rank(target.taint)
 
 
 class Policy:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from .policy import Grants
-from .topics import SubscriptionIndex
+from .pushes import PLAIN, PushOptions
+from .topics import SubscriptionIndex, matches
 
 __all__ = ["Route", "Router"]
 
@@ -37,6 +38,14 @@ class Route(Generic[K]):
     client_id: str
     grants: Grants
     patterns: set[str] = field(default_factory=set)
+    options: dict[str, PushOptions] = field(default_factory=dict)
+    """The push options of the patterns that have any (``debounceMs``, ``minRelevance``);
+    empty for a peer that wants every message, so delivery checks nothing more for it."""
+
+    def options_for(self, topic: str) -> list[PushOptions]:
+        """The options of each of this peer's patterns that match ``topic``."""
+        return [self.options.get(p, PLAIN) for p in self.patterns if matches(p, topic)]
+
     credential: str | None = None
     """The token hash it authenticated with: a reload that changes it closes the peer."""
 
@@ -102,18 +111,24 @@ class Router(Generic[K]):
         for pattern in route.patterns:
             self._index.discard(pattern, route.handle)
         route.patterns.clear()
+        route.options.clear()
         del self._routes[route.handle]
         del self._by_id[route.client_id]  # join() drops the old route before adding a new one
 
     # Subscriptions
 
-    def subscribe(self, handle: K, pattern: str) -> bool:
-        """Add ``pattern`` to ``handle``'s subscriptions; False if it already had it.
+    def subscribe(self, handle: K, pattern: str, options: PushOptions = PLAIN) -> bool:
+        """Add ``pattern`` to ``handle``'s subscriptions with ``options``; False if it already
+        had it (its options are replaced).
 
         Raises:
             KeyError: ``handle`` has not joined.
         """
         route = self._routes[handle]
+        if options.plain:
+            route.options.pop(pattern, None)
+        else:
+            route.options[pattern] = options
         if pattern in route.patterns:
             return False
         route.patterns.add(pattern)
@@ -126,6 +141,7 @@ class Router(Generic[K]):
         if route is None or pattern not in route.patterns:
             return False
         route.patterns.discard(pattern)
+        route.options.pop(pattern, None)
         self._index.discard(pattern, handle)
         return True
 

@@ -18,21 +18,25 @@ import contextlib
 import json
 import logging
 import secrets
+import sqlite3
 import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 
 from schemas.bus import (
+    FetchMessagesParams,
     InitializeParams,
     ListPeersResult,
     PeerJoined,
     PeerLeft,
     SubscribeParams,
+    UnsubscribeParams,
 )
 from schemas.common import timestamp
 
@@ -41,6 +45,7 @@ from .activity import ActivityLog, canonical_sha256
 from .config import Limits, LogContent
 from .connection import ByteBudget, Connection, Link, PeerGone
 from .credentials import Credentials, PeerRecord
+from .epochs import Epochs
 from .errors import (
     CLOSE_AUTH_FAILED,
     CLOSE_GOING_AWAY,
@@ -51,8 +56,10 @@ from .errors import (
     CLOSE_SLOW_CONSUMER,
     CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
+    AuditUnavailable,
     AuthenticationFailed,
     BusError,
+    ContentNotKept,
     DuplicateMessage,
     Forbidden,
     LimitExceeded,
@@ -61,20 +68,20 @@ from .errors import (
     ShuttingDown,
     SubscriptionNotFound,
 )
+from .fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
+from .history import History
 from .identities import PeerIdentity
 from .local import LocalSocket, Socket, local_pair
 from .params import SendFields, parse, read_send_message
 from .policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
+from .pushes import PLAIN, Debounce, PushOptions, push_window
 from .recent import RecentIds
 from .rights import Regrant, Revoke, review
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
 from .watch import Anonymous, SlowConsumers
-
-if TYPE_CHECKING:
-    from .http import HttpBinding
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
@@ -144,9 +151,13 @@ class Bus:
         self._closing = False
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
-        self.http: HttpBinding | None = None
-        """The running HTTP binding (:class:`bus.http.HttpBinding`) when the bus was assembled
-        with one (:func:`bus.assemble.running`), else None."""
+        self._epochs = Epochs(log.last_epoch)
+        self._held: dict[Link, _Held] = {}
+        self._history = History(log.path)
+        self.http_url: str | None = None
+        """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.http`) when the bus was
+        assembled with one (:func:`bus.assemble.running`), else None. The binding imports the
+        bus, never the other way round."""
         self.on_delivered: Callable[[str, float], None] | None = None
         """Told each delivery's outcome (``process_finish`` status) and how many seconds the
         ``processMessage`` call took; :mod:`bus.metrics` sets it."""
@@ -154,6 +165,8 @@ class Bus:
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
             "sendMessage": self._send_message,
+            "fetchMessages": self._fetch_messages,
+            "listSubscriptions": self._list_subscriptions,
             "ping": self._ping,
             "listPeers": self._list_peers,
         }
@@ -228,6 +241,11 @@ class Bus:
         """``ws://host:port`` of the listening socket (``wss://`` with TLS)."""
         return f"{self._scheme}://{self.host}:{self.port}"
 
+    @property
+    def latest_epoch(self) -> int:
+        """The epoch of the last message accepted (0 before the first one this log holds)."""
+        return self._epochs.last
+
     async def close(self) -> None:
         """Stop accepting, close every connection (1001), wait for their handlers. Idempotent.
 
@@ -253,6 +271,10 @@ class Bus:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        for held in self._held.values():
+            held.cancel()
+        self._held.clear()
+        await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
             self.log.record("shutdown", actor=BUS_CLIENT_ID)
             await self.log.commit()  # the disconnect and shutdown rows, before close() returns
@@ -372,7 +394,9 @@ class Bus:
             method = self._methods.get(request.method)
             if method is None:
                 raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
-            if self._router.route(route.handle) is not route and request.method != "ping":
+            # A peer that is not online may still ask what it missed: that is how it reads.
+            offline_ok = request.method in ("ping", "fetchMessages")
+            if self._router.route(route.handle) is not route and not offline_ok:
                 raise NotInitialized(
                     f"{route.client_id} is not online, so nothing could be delivered to it: "
                     "give it a webhook (bcpbus peers add ID --webhook URL) or connect it over "
@@ -493,6 +517,9 @@ class Bus:
             await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
 
     def _forget(self, conn: Connection) -> None:
+        held = self._held.pop(conn, None)
+        if held is not None:
+            held.cancel()
         route = self._router.leave(conn)
         if route is None:
             return  # Never authenticated, or replaced: the takeover logged and announced it.
@@ -594,6 +621,7 @@ class Bus:
                 "processMessage": True,
                 "topics": list(grants.subscribe_patterns),
             },
+            "epoch": self._epochs.last,
         }
 
     async def _authenticate(
@@ -687,11 +715,16 @@ class Bus:
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
     async def _subscribe(self, route: Route[Link], request: Request) -> Any:
-        pattern = validate_pattern(parse(SubscribeParams, request.params).topic)
+        params = parse(SubscribeParams, request.params)
+        pattern = validate_pattern(params.topic)
         if not route.grants.may_subscribe(pattern):
             self._refuse(route, request, "subscribe_denied", topic=pattern)
             raise Forbidden(f"{route.client_id} may not subscribe to {pattern!r}")
-        if pattern not in route.patterns:
+        options = PushOptions(params.debounce_ms, params.min_relevance)
+        if pattern in route.patterns and route.options.get(pattern, PLAIN) != options:
+            self._router.subscribe(route.handle, pattern, options)
+            self._log_subscribe(route, request, pattern, options)
+        elif pattern not in route.patterns:
             limit = self.limits.max_subscriptions
             if limit is not None and len(route.patterns) >= limit:
                 self.log.record(
@@ -702,14 +735,38 @@ class Bus:
                     status="max_subscriptions",
                 )
                 raise LimitExceeded(f"at most {limit} subscriptions per connection")
-            self._router.subscribe(route.handle, pattern)
-            self.log.record(
-                "subscribe", rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
-            )
+            self._router.subscribe(route.handle, pattern, options)
+            self._log_subscribe(route, request, pattern, options)
         return {"success": True}
 
+    def _log_subscribe(
+        self, route: Route[Link], request: Request, pattern: str, options: PushOptions
+    ) -> None:
+        self.log.record(
+            "subscribe",
+            rpc_id=_rpc_id(request),
+            actor=route.client_id,
+            topic=pattern,
+            payload=None
+            if options.plain
+            else {"debounceMs": options.debounce_ms, "minRelevance": options.min_relevance},
+        )
+
+    async def _list_subscriptions(self, route: Route[Link], request: Request) -> Any:
+        subscriptions = []
+        for pattern in sorted(route.patterns):
+            options = route.options.get(pattern, PLAIN)
+            subscriptions.append(
+                {
+                    "topic": pattern,
+                    "debounceMs": options.debounce_ms,
+                    "minRelevance": options.min_relevance,
+                }
+            )
+        return {"subscriptions": subscriptions}
+
     async def _unsubscribe(self, route: Route[Link], request: Request) -> Any:
-        pattern = parse(SubscribeParams, request.params).topic
+        pattern = parse(UnsubscribeParams, request.params).topic
         if not self._router.unsubscribe(route.handle, pattern):
             raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
         self.log.record(
@@ -813,30 +870,30 @@ class Bus:
                 "it again",
                 data={"messageId": fields.message_id},
             )
+        message = _Message(
+            topic,
+            request.params["payload"],
+            fields.message_id,
+            fields.type,
+            trace_id=fields.trace_id,
+            relevance=fields.relevance,
+        )
+        rpc_id = _rpc_id(request)
         try:
-            targets = await self._accept(
-                topic,
-                request.params["payload"],
-                fields.message_id,
-                fields.type,
-                sender=route,
-                rpc_id=_rpc_id(request),
-            )
+            targets = await self._accept(message, sender=route, rpc_id=rpc_id)
         except BusError:
             if self._recent is not None:
                 self._recent.release(key)  # nothing was delivered: a retry may go through
             raise
         if accepted is not None:
-            accepted({"messageId": fields.message_id})
-        delivered = await self._fan_out(
-            targets,
-            topic,
-            request.params["payload"],
-            fields.message_id,
-            actor=route.client_id,
-            rpc_id=_rpc_id(request),
-        )
-        return {"accepted": True, "messageId": fields.message_id, "deliveredTo": delivered}
+            accepted({"messageId": fields.message_id, "epoch": message.epoch})
+        delivered = await self._fan_out(targets, message, actor=route.client_id, rpc_id=rpc_id)
+        return {
+            "accepted": True,
+            "messageId": fields.message_id,
+            "deliveredTo": delivered,
+            "epoch": message.epoch,
+        }
 
     def _authorize_send(
         self, route: Route[Link], request: Request, fields: SendFields, topic: str
@@ -868,25 +925,26 @@ class Bus:
         *,
         sender: Route[Link] | None,
         rpc_id: str | None = None,
+        trace_id: str | None = None,
     ) -> int:
         """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
         answered ``processed: true``.
 
-        Nothing is delivered before the ``send_start`` row is committed, and every row is
-        committed before this returns.
+        The message gets the next epoch. Nothing is delivered before the ``send_start`` row is
+        committed, and every row is committed before this returns.
 
         Args:
             sender: the sending peer's route, or None for the bus itself (presence).
+            trace_id: the trace id of the envelope's ``traceparent``, for the log rows.
 
         Raises:
             AuditUnavailable: the activity log could not commit; if it failed on the first
                 commit, nothing was delivered.
         """
-        targets = await self._accept(
-            topic, payload, message_id, message_type, sender=sender, rpc_id=rpc_id
-        )
+        message = _Message(topic, payload, message_id, message_type, trace_id=trace_id)
+        targets = await self._accept(message, sender=sender, rpc_id=rpc_id)
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        return await self._fan_out(targets, topic, payload, message_id, actor=actor, rpc_id=rpc_id)
+        return await self._fan_out(targets, message, actor=actor, rpc_id=rpc_id)
 
     async def _publish_own(
         self, topic: str, payload: dict[str, Any], message_id: str, message_type: str
@@ -894,58 +952,84 @@ class Bus:
         return await self.publish(topic, payload, message_id, message_type, sender=None)
 
     async def _accept(
-        self,
-        topic: str,
-        payload: dict[str, Any],
-        message_id: str,
-        message_type: str,
-        *,
-        sender: Route[Link] | None,
-        rpc_id: str | None,
+        self, message: _Message, *, sender: Route[Link] | None, rpc_id: str | None
     ) -> list[Route[Link]]:
-        """Record the message and its targets, commit the rows, and return the targets.
+        """Give ``message`` its epoch, record it and its targets, commit the rows, and return
+        the targets.
 
         Raises:
-            AuditUnavailable: the rows could not be committed; deliver nothing.
+            AuditUnavailable: the rows could not be committed; deliver nothing. A
+                ``send_aborted`` row follows, so that the message is never fetched either.
         """
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         grants = sender.grants if sender is not None else None
         log = self.log
+        # The epoch is given and the row recorded with no await between them, so epochs
+        # follow the order of the rows, which the log commits in order.
+        epoch = message.epoch = self._epochs.next()
+        topic, trace_id = message.topic, message.trace_id
         log.record(
             "send_start",
-            message_id=message_id,
+            message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
             topic=topic,
-            payload_json=_content(payload, message_type, self.log_content),
+            status=sender_mark(grants),
+            payload_json=_content(message.payload, message.type, self.log_content),
+            epoch=epoch,
+            trace_id=trace_id,
         )
         targets: list[Route[Link]] = []
         for target in self._router.targets(topic, sender=sender.handle if sender else None):
-            if grants is not None and not may_flow(grants, target.grants, message_type):
+            if grants is not None and not may_flow(grants, target.grants, message.type):
                 # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
-                level = "high" if message_type in RAW_TEXT_TYPES else grants.taint
+                level = "high" if message.type in RAW_TEXT_TYPES else grants.taint
                 log.record(
                     "taint_refused",
-                    message_id=message_id,
+                    message_id=message.message_id,
                     actor=target.client_id,
                     topic=topic,
                     status=f"{level}->{target.grants.taint}",
+                    epoch=epoch,
+                    trace_id=trace_id,
                 )
                 continue
-            log.record("process_start", message_id=message_id, actor=target.client_id, topic=topic)
+            if target.options and not self._push_now(target, message):
+                continue
+            log.record(
+                "process_start",
+                message_id=message.message_id,
+                actor=target.client_id,
+                topic=topic,
+                epoch=epoch,
+                trace_id=trace_id,
+            )
             targets.append(target)
-        if targets:
-            # Fail closed, for every message: nothing is delivered without its audit row, so a
-            # peer that gets -32006 knows that nobody received the message and may resend it.
+        if not targets:
+            return targets  # fan_out commits the rows (and fetch commits before it reads)
+        try:
+            # Fail closed, for every message: nothing is delivered without its audit row, so
+            # a peer that gets -32006 knows that nobody received the message and may resend it.
             await log.commit()
+        except BusError:
+            message.aborted = True
+            # Its rows may still be written later: this one tells fetchMessages to skip it.
+            with contextlib.suppress(BusError):
+                log.record(
+                    "send_aborted",
+                    message_id=message.message_id,
+                    actor=actor,
+                    topic=topic,
+                    epoch=epoch,
+                    trace_id=trace_id,
+                )
+            raise
         return targets
 
     async def _fan_out(
         self,
         targets: list[Route[Link]],
-        topic: str,
-        payload: dict[str, Any],
-        message_id: str,
+        message: _Message,
         *,
         actor: str | None,
         rpc_id: str | None,
@@ -953,28 +1037,30 @@ class Bus:
         """Deliver to ``targets`` concurrently, record ``send_finish``, commit; return how many
         answered ``processed: true``."""
         log = self.log
-        params = {"topic": topic, "payload": payload}
-        if len(targets) == 1:
-            results = [await self._deliver(targets[0], params, message_id, topic)]
+        params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
+        if not targets:
+            results: list[bool] = []
+        elif len(targets) == 1:
+            results = [await self._deliver(targets[0], params, message)]
         else:
             results = await asyncio.gather(
-                *(self._deliver(target, params, message_id, topic) for target in targets)
+                *(self._deliver(target, params, message) for target in targets)
             )
         delivered = sum(results)
         log.record(
             "send_finish",
-            message_id=message_id,
+            message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
-            topic=topic,
+            topic=message.topic,
             status=f"delivered {delivered}/{len(targets)}",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
         )
         await log.commit()
         return delivered
 
-    async def _deliver(
-        self, route: Route[Link], params: dict[str, Any], message_id: str, topic: str
-    ) -> bool:
+    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: _Message) -> bool:
         status, error = "processed", None
         limit = self.limits.max_write_buffer
         target = route.handle
@@ -1004,13 +1090,178 @@ class Bus:
             self.on_delivered(status, _clock() - started)
         self.log.record(
             "process_finish",
-            message_id=message_id,
+            message_id=message.message_id,
             actor=route.client_id,
-            topic=topic,
+            topic=message.topic,
             status=status,
             error=error,
+            epoch=message.epoch,
+            trace_id=message.trace_id,
         )
         return status == "processed"
+
+    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.pushes)
+
+    def _push_now(self, route: Route[Link], message: _Message) -> bool:
+        """Whether ``route``'s subscriptions want ``message`` pushed now; if not, log why, and
+        hold it for the end of a debounce window if that is the reason."""
+        topic = message.topic
+        window = push_window(route.options_for(topic), message.relevance)
+        if window == 0:
+            return True
+        if window is not None:
+            held = self._held.get(route.handle)
+            if held is None:
+                held = self._held[route.handle] = _Held()
+            offer = held.debounce.offer(topic, message, window / 1000, _clock())
+            if offer.push:
+                return True
+            if offer.flush_at is not None:
+                loop = asyncio.get_running_loop()
+                held.timers[topic] = loop.call_at(
+                    offer.flush_at, self._flush_held, route.handle, topic
+                )
+        self.log.record(
+            "push_skipped",
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=topic,
+            status="min_relevance" if window is None else "debounce",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        return False
+
+    def _flush_held(self, conn: Link, topic: str) -> None:
+        """At the end of a debounce window: push the latest message held on ``topic``."""
+        held = self._held.get(conn)
+        if held is None:
+            return
+        held.timers.pop(topic, None)
+        due = held.debounce.due(topic, _clock())
+        route = self._router.route(conn)
+        if due is None or route is None or self._closing:
+            return
+        message, skipped = due
+        # Not if its sender was told -32006, nor once no subscription of the peer matches.
+        if message.aborted or not route.options_for(topic):
+            return
+        conn.spawn(self._push_held(route, message, skipped))
+
+    async def _push_held(self, route: Route[Link], message: _Message, skipped: int) -> None:
+        log = self.log
+        log.record(
+            "process_start",
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=message.topic,
+            status=f"debounced, skipped {skipped}",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        params: dict[str, Any] = {
+            "topic": message.topic,
+            "payload": message.payload,
+            "epoch": message.epoch,
+        }
+        if skipped:
+            params["skipped"] = skipped
+        with contextlib.suppress(BusError):  # unpushed, it stays fetchable
+            await log.commit()
+            await self._deliver(route, params, message)
+            await log.commit()
+
+    # Reading back
+
+    async def fetch(
+        self,
+        grants: Grants,
+        pattern: str,
+        since_epoch: int,
+        limit: int | None = None,
+        *,
+        only: FetchFilter | None = None,
+        rpc_id: str | None = None,
+    ) -> FetchResult:
+        """The messages after ``since_epoch`` on topics matching ``pattern`` that the peer with
+        ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport.
+
+        What "may receive" means is :mod:`bus.fetch`'s (the policy for ``pattern``, the taint
+        rule from each sender, no ``bcp:`` topic but for the declassifier, not its own). The
+        read is logged (a ``fetch`` row, committed before this returns).
+
+        Args:
+            grants: the reading peer's grants, as the policy gives them now.
+            pattern: a topic pattern (``*`` segments allowed).
+            since_epoch: the last epoch already seen; 0 for the oldest kept.
+            limit: the most messages to return; capped by ``max_fetch_messages`` (None: the cap).
+            only: further conditions on each message (type, correlation id, sender, time).
+            rpc_id: the request's id, for the log rows.
+
+        Raises:
+            InvalidParams: ``pattern`` is malformed.
+            Forbidden: the policy does not let this peer subscribe to ``pattern`` (logged).
+            EpochNotKept: ``since_epoch`` is outside what the log keeps.
+            ContentNotKept: the log keeps only digests (``log_content: digest``), or reached a
+                message kept as a digest by an earlier run.
+            AuditUnavailable: the log could not commit, or could not be read.
+            ShuttingDown: the bus is closing.
+        """
+        if self._closing:
+            raise ShuttingDown()
+        pattern = validate_pattern(pattern)
+        client_id = grants.client_id
+        if not grants.may_subscribe(pattern):
+            self.log.record(
+                "refused", rpc_id=rpc_id, actor=client_id, topic=pattern, status="fetch_denied"
+            )
+            raise Forbidden(f"{client_id} may not read {pattern!r}: the policy does not grant it")
+        if self.log_content == "digest":
+            raise ContentNotKept(
+                "This bus keeps only digests of messages (log_content: digest), not their "
+                "content: there is nothing to fetch"
+            )
+        cap = self.limits.max_fetch_messages
+        limit = cap if limit is None else max(1, min(limit, cap))
+        upto = self._epochs.last
+        # Every message given an epoch so far is then committed (or aborted): none can be
+        # missing below upto and turn up later.
+        await self.log.commit()
+        page = Page(grants, pattern, since=since_epoch, limit=limit, only=only)
+        try:
+            check_since(since_epoch, await self._history.oldest(), upto)
+            more = await self._history.fill(page, upto=upto, topic=_literal(pattern))
+        except sqlite3.Error as exc:
+            logger.error("fetch: reading the activity log failed: %r", exc)
+            raise AuditUnavailable(
+                "Activity log unavailable: it could not be read; retry later"
+            ) from exc
+        result = page.result(more=more, upto=upto)
+        self.log.record(
+            "fetch",
+            rpc_id=rpc_id,
+            actor=client_id,
+            topic=pattern,
+            status=f"{len(result.messages)} messages",
+            payload={
+                "sinceEpoch": since_epoch,
+                "nextEpoch": result.next_epoch,
+                "withheld": page.withheld,
+            },
+        )
+        await self.log.commit()
+        return result
+
+    async def _fetch_messages(self, route: Route[Link], request: Request) -> Any:
+        params = parse(FetchMessagesParams, request.params)
+        result = await self.fetch(
+            route.grants,
+            params.topic,
+            params.since_epoch,
+            params.limit,
+            rpc_id=_rpc_id(request),
+        )
+        return result.to_wire()
 
     # Slow consumers
 
@@ -1066,6 +1317,36 @@ class _SlowConsumer(Exception):
     """A delivery refused because the target has too many unread bytes."""
 
 
+@dataclass(slots=True)
+class _Message:
+    """One message on its way through the bus: what it is, and the epoch it was given."""
+
+    topic: str
+    payload: dict[str, Any]
+    message_id: str
+    type: str
+    trace_id: str | None = None
+    relevance: float | None = None
+    epoch: int = 0
+    """Given by :meth:`Bus._accept`; 0 until then."""
+    aborted: bool = False
+    """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
+
+
+@dataclass(slots=True)
+class _Held:
+    """One connection's debounce windows, and the timers that push what they hold."""
+
+    debounce: Debounce[_Message] = field(default_factory=Debounce)
+    timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+
+    def cancel(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        self.debounce.clear()
+
+
 def _bearer(ws: Socket) -> str | None:
     header = ws.request.headers.get("Authorization") if ws.request is not None else None
     if header and header[:7].lower() == "bearer ":
@@ -1086,6 +1367,11 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
         separators=(",", ":"),
         ensure_ascii=False,
     )
+
+
+def _literal(pattern: str) -> str | None:
+    """``pattern`` if it is a concrete topic (read through the topic index), else None."""
+    return None if "*" in pattern else pattern
 
 
 def _address(ws: Socket) -> str:

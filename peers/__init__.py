@@ -12,7 +12,7 @@ which are :class:`bus.errors.BusError` subclasses.
 
 from .approver import Approver
 from .bcp import Controller, Reader
-from .client import Handler, Message, Peer, Reply, backoff
+from .client import FetchPage, Handler, Message, Peer, Reply, backoff
 from .errors import (
     ConnectFailed,
     InvalidURL,
@@ -27,6 +27,7 @@ __all__ = [
     "Approver",
     "ConnectFailed",
     "Controller",
+    "FetchPage",
     "Handler",
     "InvalidURL",
     "MalformedMessage",

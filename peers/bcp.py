@@ -186,6 +186,7 @@ class Controller(_Agent):
         super().__init__(peer)
         self._waiting: dict[str, asyncio.Future[BcpResponseDelivery]] = {}
         self._on_delivery: DeliveryHandler | None = None
+        self._on_failure: DeliveryHandler | None = None
         peer.handle("bcp_response_delivery", self._delivered)
         peer.handle("bcp_query_failed", self._failed)
 
@@ -194,6 +195,16 @@ class Controller(_Agent):
         and answers to queries sent with :meth:`send_query`. Tell them apart by
         ``"subscription_id" in content``."""
         self._on_delivery = handler
+        return handler
+
+    def on_failure(self, handler: DeliveryHandler) -> DeliveryHandler:
+        """Register the one handler for ``bcp_query_failed`` contents that no :meth:`ask` is
+        waiting for: queries sent with :meth:`send_query`, or whose ``ask`` timed out.
+        Without one, such failures are only logged.
+
+        .. versionadded:: 0.2
+        """
+        self._on_failure = handler
         return handler
 
     async def send_query(
@@ -285,6 +296,8 @@ class Controller(_Agent):
         failure = QueryFailed(failed.query_id, failed.error.value, failed.detail)
         if future is not None and not future.done():
             future.set_exception(failure)
+        elif self._on_failure is not None:
+            await self._on_failure(message.content)
         else:
             logger.info("%s", failure)
         return Reply(True)

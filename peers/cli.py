@@ -24,6 +24,7 @@ from .chat.cli import add_chat
 from .gateway.commands import add_budget, add_demo, add_gateway
 from .gateway.runner import run_beside
 from .gateway.settings import GatewaySettings
+from .mcp.command import add_mcp
 from .system.cli import add_system
 from .terminal import add_online, add_terminal
 
@@ -46,6 +47,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_chat(sub)
     add_terminal(sub)
     add_online(bus_cli.actions_of(sub.choices["peers"]))
+    # MCP hosts as peers (docs/mcp.md).
+    add_mcp(sub)
 
 
 def gateway_beside(config: ServeConfig) -> bus_cli.RunBeside | None:

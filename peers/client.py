@@ -13,7 +13,9 @@
 A handler returns None (processed), a bool, or a :class:`Reply`; an exception it raises is
 answered ``processed: false``. Handlers run concurrently, so a handler may itself ``send``.
 When the connection drops, the peer reconnects with backoff, initializes again and re-subscribes
-(``reconnect=False`` turns that off).
+(``reconnect=False`` turns that off), then catches up: it fetches what was sent on its
+subscriptions after the last epoch it saw and hands it to the handlers in epoch order, before
+any new delivery, each message once (``resume=False`` turns that off).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import random
 import ssl
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -40,24 +42,35 @@ from websockets.protocol import State
 
 from bus import __version__
 from bus.calls import PendingCalls
-from bus.errors import AuthenticationFailed, BusError
+from bus.errors import AuditUnavailable, AuthenticationFailed, BusError, EpochNotKept, ShuttingDown
 from bus.local import Socket
 from bus.protocol import ErrorResponse, Notification, Request, Response, Session
+from bus.pushes import PushOptions, push_window
+from bus.topics import matches
+from schemas.bus import FetchMessagesResult, ListSubscriptionsResult, SubscriptionInfo
 
 from .errors import ConnectFailed, InvalidURL, PeerClosed, PeerError, PeerTimeout
 
 # PeerClosed is defined in .errors; it stays importable from here, where it always was.
-__all__ = ["Handler", "Message", "Peer", "PeerClosed", "Reply", "backoff"]
+__all__ = ["FetchPage", "Handler", "Message", "Peer", "PeerClosed", "Reply", "backoff"]
 
 logger = logging.getLogger("peers.client")
+
+CATCH_UP_PAGE = 500
+"""Messages asked for per ``fetchMessages`` call while catching up."""
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One delivery from the bus."""
+    """One delivery from the bus, pushed or fetched."""
 
     topic: str
     payload: dict[str, Any]
+    epoch: int | None = None
+    """The message's place in the bus's order (None from a bus older than epochs)."""
+    skipped: int | None = None
+    """On a push that ends a ``debounceMs`` window: how many messages on this topic were not
+    pushed in it (fetch them by epoch if you need them)."""
 
     @property
     def type(self) -> str:
@@ -76,6 +89,17 @@ class Message:
     def content(self) -> dict[str, Any]:
         content: dict[str, Any] = self.payload["content"]
         return content
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPage:
+    """One ``fetchMessages`` answer: messages oldest first, where to go on, whether to."""
+
+    messages: list[Message]
+    next_epoch: int
+    """Pass it as ``since_epoch`` to read on."""
+    more: bool
+    """Whether there may be more after :attr:`next_epoch`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +141,7 @@ class Peer:
             ``initialize``.
         connector: opens the connection instead of a WebSocket to ``url``; a peer in the bus's
             own process passes :meth:`bus.server.Bus.connect_local` (see :mod:`bus.local`).
+        resume: after a reconnect, fetch what was missed and hand it to the handlers first.
         cafile: for a ``wss://`` url, trust only the CA certificates in this PEM file (a private
             CA, a self-signed bus); by default the system's.
         ssl_context: for a ``wss://`` url, the TLS context to connect with (overrides
@@ -136,6 +161,7 @@ class Peer:
         request_timeout: float | None = 30.0,
         auth_header: bool = False,
         connector: Callable[[], Awaitable[Socket]] | None = None,
+        resume: bool = True,
         cafile: str | os.PathLike[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -151,7 +177,8 @@ class Peer:
         """The last ``initialize`` result."""
         self.connected = asyncio.Event()
         self._handlers: dict[str | None, Handler] = {}
-        self._subscriptions: list[str] = []
+        # pattern -> its subscribe params, restored after a reconnect
+        self._subscriptions: dict[str, dict[str, Any]] = {}
         self._ws: Socket | None = None
         self._session = Session()
         self._pending = PendingCalls()
@@ -161,6 +188,20 @@ class Peer:
         self._closing = False
         self._closed = PeerClosed(f"{client_id} is not connected")
         """What calls fail with while there is no connection: set when one ends."""
+        self.resume = resume
+        self.last_epoch: int | None = None
+        """The epoch a reconnect catches up from: the latest of the first ``initialize`` and
+        of the messages handed to handlers (None from a bus without epochs)."""
+        # Set while deliveries may reach the handlers; cleared while a reconnect catches up,
+        # so that pushes wait for the missed messages to be handed over first.
+        self._delivering = asyncio.Event()
+        self._delivering.set()
+        # While a catch-up is unfinished (from the reconnect until it succeeds), last_epoch
+        # stays put and the epochs handed meanwhile are remembered here instead, so that the
+        # next catch-up skips them.
+        self._catching_up = False
+        self._handed: set[int] = set()
+        self._fetched: set[int] = set()  # the last catch-up's epochs: pushes of them are dropped
 
     # Handlers
 
@@ -200,6 +241,23 @@ class Peer:
         return result
 
     async def _open(self) -> dict[str, Any]:
+        resuming = self.resume and self.last_epoch is not None
+        if resuming:
+            self._catching_up = True
+            self._delivering.clear()  # from initialize on, pushes wait for the catch-up
+        try:
+            result = await self._initialize()
+        except BaseException:
+            self._delivering.set()
+            raise
+        if self.last_epoch is None and type(result.get("epoch")) is int:
+            self.last_epoch = result["epoch"]
+        self.connected.set()
+        if resuming:
+            self._spawn(self._catch_up())
+        return result
+
+    async def _initialize(self) -> dict[str, Any]:
         self._ws = await self._connect()
         self._session = Session()
         reader = asyncio.create_task(self._read(self._ws))
@@ -211,15 +269,14 @@ class Peer:
             if not self.auth_header or self._connector is not None:  # no handshake, no header
                 params["auth"] = {"token": self._token}
             result: dict[str, Any] = await self.request("initialize", params, _ready=True)
-            for pattern in self._subscriptions:
-                await self.request("subscribe", {"topic": pattern}, _ready=True)
+            for subscription in self._subscriptions.values():
+                await self.request("subscribe", subscription, _ready=True)
         except BaseException:
             reader.cancel()
             await self._ws.close()
             raise
         self._reader = reader
         self.server_info = result
-        self.connected.set()
         return result
 
     async def _connect(self) -> Socket:
@@ -328,17 +385,34 @@ class Peer:
             if timer is not None:
                 timer.cancel()
 
-    async def subscribe(self, pattern: str) -> None:
-        """Subscribe to a topic pattern; it is restored after a reconnect."""
-        await self.request("subscribe", {"topic": pattern})
-        if pattern not in self._subscriptions:
-            self._subscriptions.append(pattern)
+    async def subscribe(
+        self, pattern: str, *, debounce_ms: int = 0, min_relevance: float = 0.0
+    ) -> None:
+        """Subscribe to a topic pattern; it is restored, with its options, after a reconnect.
+
+        Args:
+            debounce_ms: after a push on a topic, hold further messages on it for this long,
+                then push the latest (:attr:`Message.skipped` says how many were not).
+            min_relevance: do not push messages whose ``relevance`` is below this.
+        """
+        params: dict[str, Any] = {"topic": pattern}
+        if debounce_ms:
+            params["debounceMs"] = debounce_ms
+        if min_relevance:
+            params["minRelevance"] = min_relevance
+        await self.request("subscribe", params)
+        self._subscriptions[pattern] = params
 
     async def unsubscribe(self, pattern: str) -> None:
         """Drop a pattern. Raises :class:`bus.errors.SubscriptionNotFound` if not subscribed."""
         await self.request("unsubscribe", {"topic": pattern})
-        if pattern in self._subscriptions:
-            self._subscriptions.remove(pattern)
+        self._subscriptions.pop(pattern, None)
+
+    async def list_subscriptions(self) -> list[SubscriptionInfo]:
+        """This connection's subscriptions, sorted by pattern, with their options (0: off);
+        its own clientId is among them if the bus subscribed it there."""
+        result = ListSubscriptionsResult.model_validate(await self.request("listSubscriptions"))
+        return result.subscriptions
 
     async def send(
         self,
@@ -366,6 +440,26 @@ class Peer:
             "sendMessage", {"topic": topic, "payload": payload}
         )
         return result
+
+    async def fetch(self, pattern: str, since_epoch: int = 0, limit: int = 100) -> FetchPage:
+        """Read back the messages after ``since_epoch`` on topics matching ``pattern`` that this
+        peer may receive, oldest first (``fetchMessages``).
+
+        Raises:
+            EpochNotKept: the bus's log does not cover ``since_epoch``; its ``data`` says what
+                it keeps.
+            ContentNotKept: the bus keeps only digests of messages.
+            Forbidden: the policy does not let this peer read ``pattern``.
+        """
+        params = {"topic": pattern, "sinceEpoch": since_epoch, "limit": limit}
+        raw = await self.request("fetchMessages", params)
+        # Checked against the model, but handed on as sent: a handler sees the same payload
+        # whether the message was pushed or fetched.
+        result = FetchMessagesResult.model_validate(raw)
+        messages = [
+            Message(item["topic"], item["payload"], item["epoch"]) for item in raw["messages"]
+        ]
+        return FetchPage(messages, result.next_epoch, result.more)
 
     async def ping(self) -> dict[str, Any]:
         """Ask the bus for a sign of life."""
@@ -395,13 +489,18 @@ class Peer:
             case Response() | ErrorResponse():
                 self._pending.settle(event)
             case Request():
-                task = asyncio.create_task(self._process(event))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._process(event))
             case Notification():
                 pass
 
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _process(self, request: Request) -> None:
+        if not self._delivering.is_set():
+            await self._delivering.wait()
         reply = await self._call_handler(request)
         self._session.respond(request, reply.to_result())
         if self._ws is not None:
@@ -414,7 +513,20 @@ class Peer:
         payload = request.params.get("payload")
         if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
             return Reply(False, "invalid", "malformed processMessage params")
-        message = Message(str(request.params.get("topic")), payload)
+        message = Message(
+            str(request.params.get("topic")),
+            payload,
+            _optional_int(request.params.get("epoch")),
+            _optional_int(request.params.get("skipped")),
+        )
+        epoch = message.epoch
+        if epoch is not None and (epoch in self._fetched or epoch in self._handed):
+            return Reply(True, "duplicate", "already handed over by the catch-up")
+        self._saw(epoch)
+        return await self._hand(message)
+
+    async def _hand(self, message: Message) -> Reply:
+        """Call the handler of ``message``'s type and turn its outcome into a reply."""
         handler = self._handlers.get(message.type) or self._handlers.get(None)
         if handler is None:
             return Reply(False, "no_handler", f"no handler for {message.type}")
@@ -437,6 +549,76 @@ class Peer:
     def _fail_pending(self) -> None:
         self._pending.fail_all(self._closed)
 
+    # Catching up after a reconnect
+
+    def _saw(self, epoch: int | None) -> None:
+        """Note that the message at ``epoch`` goes to the handlers."""
+        if epoch is None:
+            return
+        if self._catching_up:
+            self._handed.add(epoch)
+        elif self.last_epoch is None or epoch > self.last_epoch:
+            self.last_epoch = epoch
+
+    async def _catch_up(self) -> None:
+        """Hand the handlers, in epoch order, what was sent after :attr:`last_epoch` on this
+        connection's subscriptions; then let the deliveries that waited through."""
+        since = self.last_epoch
+        assert since is not None
+        try:
+            subscriptions = await self.list_subscriptions()
+            fetched = await self._fetch_since(since, [s.topic for s in subscriptions])
+            self._fetched = set(fetched)
+            gap = _missed(subscriptions, fetched.values(), skip=self._handed)
+            for message in gap:
+                self._saw(message.epoch)
+                await self._hand(message)
+        except (PeerError, AuditUnavailable, ShuttingDown) as exc:
+            # The connection or the bus failed meanwhile: the next reconnect tries again from
+            # the same epoch, skipping what was handed.
+            logger.warning("%s: catching up from epoch %s failed: %s", self.client_id, since, exc)
+        except BusError as exc:  # the bus cannot give the rest (-32009, -32010): go on without
+            logger.error("%s: cannot catch up from epoch %s: %s", self.client_id, since, exc)
+            self._caught_up(since)
+        else:
+            self._caught_up(max(self._fetched, default=since))
+        finally:
+            self._delivering.set()
+
+    def _caught_up(self, epoch: int) -> None:
+        self._catching_up = False
+        self.last_epoch = max(epoch, *self._handed, self.last_epoch or 0)
+        self._handed.clear()
+
+    async def _fetch_since(self, since: int, patterns: list[str]) -> dict[int, Message]:
+        """Every message after ``since`` on ``patterns``, by epoch, each once.
+
+        Raises:
+            BusError: as :meth:`fetch`, but for an epoch the bus no longer keeps, from which
+                it reads what is kept, and says so in the log.
+        """
+        found: dict[int, Message] = {}
+        for pattern in patterns:
+            cursor, more = since, True
+            while more:
+                try:
+                    page = await self.fetch(pattern, cursor, limit=CATCH_UP_PAGE)
+                except EpochNotKept as exc:
+                    if cursor != since:
+                        raise
+                    cursor = _oldest_kept(exc)
+                    logger.error(
+                        "%s: messages on %s before epoch %s are gone: %s",
+                        self.client_id,
+                        pattern,
+                        cursor + 1,
+                        exc,
+                    )
+                    continue
+                found.update((m.epoch, m) for m in page.messages if m.epoch is not None)
+                cursor, more = page.next_epoch, page.more
+        return found
+
 
 def _closed(message: str, ws: Socket, cause: ConnectionClosed | None) -> PeerClosed:
     """The PeerClosed that calls on the closed ``ws`` fail with, chained to ``cause``."""
@@ -447,6 +629,51 @@ def _closed(message: str, ws: Socket, cause: ConnectionClosed | None) -> PeerClo
     closed = PeerClosed(message, code=ws.close_code, reason=getattr(ws, "close_reason", None) or "")
     closed.__cause__ = cause
     return closed
+
+
+def _missed(
+    subscriptions: Iterable[SubscriptionInfo], fetched: Iterable[Message], *, skip: Set[int]
+) -> list[Message]:
+    """What a catch-up hands the handlers: the ``fetched`` messages the ``subscriptions`` would
+    have pushed, in epoch order, but those in ``skip``.
+
+    As the bus pushes: a message below every matching subscription's ``minRelevance`` is left
+    out; on a topic where every matching subscription that wants it debounces, only the latest
+    is handed, with ``skipped`` counting the others.
+    """
+    subscriptions = list(subscriptions)
+    handed: list[Message] = []
+    held: dict[str, list[Message]] = {}
+    for message in sorted(fetched, key=lambda m: m.epoch or 0):
+        if message.epoch in skip:
+            continue
+        options = [
+            PushOptions(s.debounce_ms, s.min_relevance)
+            for s in subscriptions
+            if matches(s.topic, message.topic)
+        ]
+        relevance = message.payload.get("relevance")
+        window = push_window(options, relevance if isinstance(relevance, int | float) else None)
+        if window == 0:
+            handed.append(message)
+        elif window is not None:
+            held.setdefault(message.topic, []).append(message)
+    for messages in held.values():
+        latest = messages[-1]
+        skipped = len(messages) - 1 or None
+        handed.append(Message(latest.topic, latest.payload, latest.epoch, skipped))
+    return sorted(handed, key=lambda m: m.epoch or 0)
+
+
+def _oldest_kept(exc: EpochNotKept) -> int:
+    """The epoch to fetch from to read what the bus keeps, from its -32009 ``data``."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    oldest = data.get("oldestEpoch")
+    return oldest - 1 if type(oldest) is int and oldest > 0 else 0
+
+
+def _optional_int(value: Any) -> int | None:
+    return value if type(value) is int else None
 
 
 def _tls(url: str, cafile: str | os.PathLike[str] | None) -> ssl.SSLContext | None:

@@ -20,7 +20,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus.activity import ActivityLog
 from bus.assemble import running
@@ -36,6 +36,9 @@ from .client import Message, Peer, Reply
 from .gateway.gateway import Gateway
 from .gateway.runner import running_gateway
 from .gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from bus.http import HttpBinding
 
 __all__ = [
     "BcpHarness",
@@ -123,6 +126,8 @@ class BusHarness:
     log: ActivityLog
     credentials: Credentials
     db: Path
+    http: HttpBinding | None = None
+    """The HTTP binding, when ``running_bus(..., http=...)`` served one."""
 
     @property
     def url(self) -> str:
@@ -135,9 +140,9 @@ class BusHarness:
     @property
     def http_url(self) -> str:
         """``http://host:port`` of the HTTP binding (``running_bus(..., http=...)``)."""
-        if self.bus.http is None:
+        if self.http is None:
             raise RuntimeError("this bus has no HTTP binding: pass http=HttpSettings(port=0)")
-        return self.bus.http.url
+        return self.http.url
 
     async def webhook_peer(
         self,
@@ -148,13 +153,13 @@ class BusHarness:
     ) -> tuple[str, str]:
         """Create a webhook peer that the bus reaches at ``url`` and put it online now; return
         its token and its webhook secret."""
-        if self.bus.http is None:
+        if self.http is None:
             raise RuntimeError("this bus has no HTTP binding: pass http=HttpSettings(port=0)")
         token = self.token(client_id, roles)
         secret = self.credentials.set_webhook(client_id, url, subscriptions)
         record = self.credentials.identify(token)
         assert record is not None
-        await self.bus.http.webhooks.attach(record)
+        await self.http.webhooks.attach(record)
         return token, secret
 
     def peer(self, client_id: str, roles: Sequence[str] = (), **kwargs: Any) -> Peer:
@@ -194,9 +199,15 @@ async def running_bus(
         identities=identities,
         limits=limits,
         log_content=log_content,
-        http=http,
     ) as bus:
-        yield BusHarness(bus, bus.log, credentials, db)
+        if http is None or http.port is None:
+            yield BusHarness(bus, bus.log, credentials, db)
+            return
+        from bus.http import HttpBinding  # the http extra: imported only when asked for
+
+        async with HttpBinding(bus, http, host="127.0.0.1") as binding:
+            bus.http_url = binding.url
+            yield BusHarness(bus, bus.log, credentials, db, binding)
 
 
 @dataclass

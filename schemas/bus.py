@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from .common import TRACEPARENT_FORBIDDEN, TRACEPARENT_PATTERN, traceparent_problem
+
 __all__ = [
     "CLIENT_ID_PATTERN",
     "PRESENCE_MODELS",
@@ -25,10 +27,16 @@ __all__ = [
     "DELIVERY_STATUS_TYPE",
     "DeliveryStatus",
     "Envelope",
+    "Epoch",
+    "FetchMessagesParams",
+    "FetchMessagesResult",
+    "FetchedMessage",
     "InitializeParams",
     "InitializeResult",
     "LeaveReason",
     "ListPeersResult",
+    "ListSubscriptionsResult",
+    "MAX_DEBOUNCE_MS",
     "PeerJoined",
     "PeerInfo",
     "PeerInflight",
@@ -42,6 +50,9 @@ __all__ = [
     "ServerInfo",
     "SubscribeParams",
     "SubscribeResult",
+    "SubscriptionInfo",
+    "Traceparent",
+    "UnsubscribeParams",
 ]
 
 CLIENT_ID_PATTERN = r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9_-][A-Za-z0-9._-]{0,95}$"
@@ -52,7 +63,20 @@ ROLE_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 """A role name in the authorization policy (``controller``, ``gateway``, ``tg-peer``)."""
 
 _TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
-_TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+
+Traceparent = Annotated[
+    str,
+    Field(
+        pattern=TRACEPARENT_PATTERN, json_schema_extra={"not": {"pattern": TRACEPARENT_FORBIDDEN}}
+    ),
+]
+"""A W3C ``traceparent``; :func:`schemas.common.traceparent_problem` says what is wrong with one."""
+
+MAX_DEBOUNCE_MS = 86_400_000
+"""The longest ``debounceMs`` a subscription may ask for: one day."""
+
+Epoch = Annotated[int, Field(ge=0, le=(1 << 63) - 1)]
+"""A message's epoch: a 64-bit integer the bus gives each message it accepts, increasing."""
 
 
 class _Wire(BaseModel):
@@ -96,19 +120,51 @@ class Capabilities(_Wire):
 
 
 class InitializeResult(_Wire):
+    """``epoch`` is the latest epoch the bus had given when it answered (0 for none yet): a
+    peer that fetches from it later misses nothing that was sent after it connected."""
+
     server_id: str = Field(alias="serverId")
     server_info: ServerInfo = Field(alias="serverInfo")
     capabilities: Capabilities
+    epoch: Epoch
 
 
 class SubscribeParams(_Wire):
-    """``subscribe`` / ``unsubscribe``: ``topic`` is a pattern (``*`` segments allowed)."""
+    """``subscribe``: ``topic`` is a pattern (``*`` segments allowed).
+
+    ``debounceMs``: after a push on a topic, further messages on that topic within this many
+    milliseconds are not pushed; when the window ends the latest of them is, with ``skipped``.
+    ``minRelevance``: messages whose envelope ``relevance`` is below it are not pushed. Every
+    message stays fetchable by epoch. 0 (the default) turns either off.
+    """
+
+    topic: str = Field(min_length=1, max_length=256)
+    debounce_ms: int = Field(default=0, alias="debounceMs", ge=0, le=MAX_DEBOUNCE_MS)
+    min_relevance: float = Field(default=0.0, alias="minRelevance", ge=0, le=1)
+
+
+class UnsubscribeParams(_Wire):
+    """``unsubscribe``: ``topic`` is the pattern exactly as it was subscribed."""
 
     topic: str = Field(min_length=1, max_length=256)
 
 
 class SubscribeResult(_Wire):
     success: Literal[True] = True
+
+
+class SubscriptionInfo(_Wire):
+    """One subscription of this connection, with its options (0: off)."""
+
+    topic: str
+    debounce_ms: int = Field(alias="debounceMs", ge=0, le=MAX_DEBOUNCE_MS)
+    min_relevance: float = Field(alias="minRelevance", ge=0, le=1)
+
+
+class ListSubscriptionsResult(_Wire):
+    """``listSubscriptions``: this connection's subscriptions, sorted by pattern."""
+
+    subscriptions: list[SubscriptionInfo]
 
 
 class Envelope(_Wire):
@@ -120,7 +176,21 @@ class Envelope(_Wire):
     timestamp: AwareDatetime
     content: dict[str, Any]
     correlation_id: str | None = Field(default=None, alias="correlationId", max_length=128)
-    traceparent: str | None = Field(default=None, pattern=_TRACEPARENT_PATTERN)
+    traceparent: Traceparent | None = None
+    """W3C Trace Context ``traceparent`` (version 00 form, lowercase hex); the bus stores its
+    trace id with the message's log rows."""
+    relevance: float | None = Field(default=None, ge=0, le=1, strict=True)
+    """How relevant the sender rates this message, 0 to 1; subscriptions with a
+    ``minRelevance`` above it are not pushed it. A message without one is pushed to all."""
+
+    @field_validator("traceparent")
+    @classmethod
+    def _check_traceparent(cls, value: str | None) -> str | None:
+        # The pattern gives the form; W3C also forbids version ff and all-zero ids.
+        problem = None if value is None else traceparent_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class SendMessageParams(_Wire):
@@ -131,18 +201,26 @@ class SendMessageParams(_Wire):
 
 
 class SendMessageResult(_Wire):
-    """``deliveredTo`` counts the peers that answered ``processed: true``."""
+    """``deliveredTo`` counts the peers that answered ``processed: true``; ``epoch`` is the
+    message's place in the bus's order."""
 
     accepted: bool
     message_id: str = Field(alias="messageId")
     delivered_to: int = Field(alias="deliveredTo")
+    epoch: Epoch
 
 
 class ProcessMessageParams(_Wire):
-    """``processMessage``: what the bus sends each matching subscriber."""
+    """``processMessage``: what the bus sends each matching subscriber.
+
+    ``skipped`` is there on a push that ends a ``debounceMs`` window: how many earlier messages
+    on this topic were not pushed in it (fetch them by epoch if you need them).
+    """
 
     topic: str
     payload: Envelope
+    epoch: Epoch
+    skipped: int | None = Field(default=None, ge=1)
 
 
 class ProcessMessageResult(_Wire):
@@ -156,6 +234,36 @@ class ProcessMessageResult(_Wire):
 class PingResult(_Wire):
     pong: Literal[True] = True
     server_time: AwareDatetime = Field(alias="serverTime")
+
+
+class FetchMessagesParams(_Wire):
+    """``fetchMessages``: the messages after ``sinceEpoch`` on topics matching ``topic``.
+
+    ``sinceEpoch`` 0 means from the oldest message kept. ``limit`` is capped by the bus's
+    ``max_fetch_messages``.
+    """
+
+    topic: str = Field(min_length=1, max_length=256)
+    since_epoch: Epoch = Field(alias="sinceEpoch")
+    limit: int = Field(default=100, ge=1)
+
+
+class FetchedMessage(_Wire):
+    """One message read back from the log, as it was pushed: topic, envelope, epoch."""
+
+    epoch: Epoch
+    topic: str
+    payload: Envelope
+
+
+class FetchMessagesResult(_Wire):
+    """A page of messages, oldest first. Pass ``nextEpoch`` as the next ``sinceEpoch``; while
+    ``more`` is true there may be more (a page can hold fewer than ``limit`` and still have
+    more: the bus reads a bounded number of log rows per call)."""
+
+    messages: list[FetchedMessage]
+    next_epoch: Epoch = Field(alias="nextEpoch")
+    more: bool
 
 
 class PeerInflight(_Wire):

@@ -3,6 +3,7 @@ identifier aliases, the gateway's well-known names, the timestamp format."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Final, Literal, NewType
 
@@ -10,6 +11,8 @@ __all__ = [
     "APPROVAL_TOPIC",
     "GATEWAY_CLIENT_ID",
     "TAINT_LEVELS",
+    "TRACEPARENT_FORBIDDEN",
+    "TRACEPARENT_PATTERN",
     "ClientId",
     "TaintLevel",
     "Topic",
@@ -17,6 +20,8 @@ __all__ = [
     "step_down",
     "taint_rank",
     "timestamp",
+    "trace_id",
+    "traceparent_problem",
 ]
 
 ClientId = NewType("ClientId", str)
@@ -69,3 +74,35 @@ def step_down(level: TaintLevel) -> TaintLevel:
     if level == "none":
         return "none"
     return TAINT_LEVELS[max(1, taint_rank(level) - 1)]
+
+
+# W3C Trace Context (https://www.w3.org/TR/trace-context/#traceparent-header): version,
+# trace-id, parent-id and trace-flags, lowercase hex. The form is version 00's; a version other
+# than 00 is read the same way (its extra fields, if any, are refused rather than ignored).
+TRACEPARENT_PATTERN: Final = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+"""The form of a ``traceparent``: ``00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>``."""
+TRACEPARENT_FORBIDDEN: Final = r"^(?:ff-|[0-9a-f]{2}-0{32}-|[0-9a-f]{2}-[0-9a-f]{32}-0{16}-)"
+"""What W3C forbids within that form: version ``ff``, an all-zero trace id or parent id."""
+_TRACEPARENT_RE = re.compile(TRACEPARENT_PATTERN[1:-1])
+
+
+def traceparent_problem(value: str) -> str | None:
+    """Return what is wrong with ``value`` as a W3C ``traceparent``, or None if it is valid."""
+    if _TRACEPARENT_RE.fullmatch(value) is None:
+        return (
+            "expected 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, lowercase "
+            "(W3C Trace Context)"
+        )
+    version, trace, parent, _flags = value.split("-")
+    if version == "ff":
+        return "version ff is invalid"
+    if trace == "0" * 32:
+        return "the trace id is all zeros"
+    if parent == "0" * 16:
+        return "the parent id is all zeros"
+    return None
+
+
+def trace_id(traceparent: str) -> str:
+    """Return the trace id of a valid ``traceparent``: its 32 hex digits after the version."""
+    return traceparent[3:35]

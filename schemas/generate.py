@@ -48,8 +48,11 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "initialize.result": bus.InitializeResult,
     "subscribe.params": bus.SubscribeParams,
     "subscribe.result": bus.SubscribeResult,
-    "unsubscribe.params": bus.SubscribeParams,
+    "unsubscribe.params": bus.UnsubscribeParams,
     "unsubscribe.result": bus.SubscribeResult,
+    "listSubscriptions.result": bus.ListSubscriptionsResult,
+    "fetchMessages.params": bus.FetchMessagesParams,
+    "fetchMessages.result": bus.FetchMessagesResult,
     "sendMessage.params": bus.SendMessageParams,
     "sendMessage.result": bus.SendMessageResult,
     "ping.result": bus.PingResult,
@@ -67,6 +70,7 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "http.accepted": http.Accepted,
     "http.error": http.ErrorBody,
     "http.discovery": http.Discovery,
+    "http.messagesPage": http.MessagesPage,
     # The content of each BCP message type.
     **bcp.CONTENT_MODELS,
     # The content of each chat and agent type of the bootstrap flow (what the reference peers

@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import models_json_schema
 
-from .bus import _TRACEPARENT_PATTERN, _TYPE_PATTERN, SendMessageResult, SubscribeResult
+from .bus import (
+    _TYPE_PATTERN,
+    CLIENT_ID_PATTERN,
+    Epoch,
+    FetchedMessage,
+    ListSubscriptionsResult,
+    SendMessageResult,
+    SubscribeResult,
+    Traceparent,
+)
+from .common import TRACEPARENT_FORBIDDEN, TRACEPARENT_PATTERN, traceparent_problem
 from .jsonrpc import ErrorObject
 
 __all__ = [
@@ -32,6 +41,8 @@ __all__ = [
     "Discovery",
     "Endpoints",
     "ErrorBody",
+    "MessagesPage",
+    "MessagesQuery",
     "PostMessage",
     "SubscriptionBody",
     "WebhookSigning",
@@ -44,8 +55,6 @@ SIGNATURE_HEADER: Final = "X-Bcpbus-Signature"
 """``sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" under the peer's webhook secret>``."""
 TIMESTAMP_HEADER: Final = "X-Bcpbus-Timestamp"
 """Unix seconds when the bus signed the POST; part of what is signed, so it cannot be changed."""
-
-_TRACEPARENT = re.compile(_TRACEPARENT_PATTERN)
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -64,20 +73,15 @@ def check_traceparent(value: str) -> str:
     """Return ``value`` if it is a W3C Trace Context ``traceparent`` this bus accepts.
 
     Beyond the pattern (version, 32 and 16 lowercase hex digits, flags): version ``ff`` is
-    invalid, and so are an all-zero trace id or parent id (W3C Trace Context §3.2.2).
+    invalid, and so are an all-zero trace id or parent id (W3C Trace Context §3.2.2). The rules
+    are :func:`schemas.common.traceparent_problem`'s, as for the envelope's field.
 
     Raises:
         ValueError: it is not; the message says which part.
     """
-    if _TRACEPARENT.fullmatch(value) is None:
-        raise ValueError("expected 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>")
-    version, trace_id, parent_id, _flags = value.split("-")
-    if version == "ff":
-        raise ValueError("version ff is invalid")
-    if trace_id == "0" * 32:
-        raise ValueError("the trace id is all zeros")
-    if parent_id == "0" * 16:
-        raise ValueError("the parent id is all zeros")
+    problem = traceparent_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -98,7 +102,7 @@ class PostMessage(_Wire):
     content: dict[str, Any]
     message_id: str | None = Field(default=None, alias="messageId", min_length=1, max_length=128)
     correlation_id: str | None = Field(default=None, alias="correlationId", max_length=128)
-    traceparent: str | None = Field(default=None, pattern=_TRACEPARENT_PATTERN)
+    traceparent: Traceparent | None = None
 
     @field_validator("traceparent")
     @classmethod
@@ -107,9 +111,39 @@ class PostMessage(_Wire):
 
 
 class Accepted(_Wire):
-    """202: the message is accepted (authorized, logged) and is being delivered."""
+    """202: the message is accepted (authorized, logged) and is being delivered; ``epoch`` is
+    its place in the bus's order, as in the ``sendMessage`` result."""
 
     message_id: str = Field(alias="messageId")
+    epoch: Epoch
+
+
+class MessagesQuery(_Wire):
+    """``GET /v1/messages``'s query: what ``fetchMessages`` takes, and narrower filters.
+
+    ``since`` is the epoch after which to read (0: from the oldest kept); ``from`` the sender's
+    clientId; ``until`` a time: only messages the bus accepted before it.
+    """
+
+    topic: str = Field(min_length=1, max_length=256)
+    since: Epoch = 0
+    limit: int = Field(default=100, ge=1)
+    type: str | None = Field(default=None, pattern=_TYPE_PATTERN)
+    correlation_id: str | None = Field(
+        default=None, alias="correlationId", min_length=1, max_length=128
+    )
+    from_: str | None = Field(default=None, alias="from", pattern=CLIENT_ID_PATTERN)
+    until: AwareDatetime | None = None
+
+
+class MessagesPage(_Wire):
+    """``GET /v1/messages``: a page of messages, oldest first, as ``fetchMessages`` answers it,
+    and ``next``, the path and query of the next page (null when ``more`` is false)."""
+
+    messages: list[FetchedMessage]
+    next_epoch: Epoch = Field(alias="nextEpoch")
+    more: bool
+    next: str | None
 
 
 class ErrorBody(_Wire):
@@ -161,6 +195,8 @@ _BODIES: Final = (
     PostMessage,
     Accepted,
     SendMessageResult,
+    MessagesPage,
+    ListSubscriptionsResult,
     ErrorBody,
     SubscriptionBody,
     SubscribeResult,
@@ -174,6 +210,8 @@ _ERRORS: Final = {
     "404": "Not subscribed to that pattern (-32003)",
     "409": "This messageId was already accepted from this peer (-32008); or the peer has no "
     "webhook to subscribe (-32001)",
+    "410": "sinceEpoch is outside what the log keeps (-32009; data: oldestEpoch, "
+    "latestEpoch), or the log keeps only digests of messages (-32010)",
     "413": "The body is larger than max_frame_bytes (-32600)",
     "429": "A limit is reached; retry later (-32005)",
     "503": "The activity log is unavailable or the bus is shutting down (-32006, -32007)",
@@ -194,6 +232,23 @@ def _errors(*codes: str) -> dict[str, Any]:
 
 def _text(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}
+
+
+def _query_parameters() -> list[dict[str, Any]]:
+    """The query parameters of ``GET /v1/messages``, from :class:`MessagesQuery`."""
+    schema = MessagesQuery.model_json_schema(by_alias=True)
+    required = set(schema.get("required", ()))
+    parameters = []
+    for name, field in schema["properties"].items():
+        field = {key: value for key, value in field.items() if key != "title"}
+        choices = field.pop("anyOf", None)
+        if choices:  # optional: the query has the value, or not the parameter at all
+            field.update(choices[0])
+            field.pop("default", None)
+        parameters.append(
+            {"name": name, "in": "query", "required": name in required, "schema": field}
+        )
+    return parameters
 
 
 def _paths() -> dict[str, Any]:
@@ -218,7 +273,11 @@ def _paths() -> dict[str, Any]:
                         "in": "header",
                         "required": False,
                         "description": "W3C trace context; kept on the envelope",
-                        "schema": {"type": "string", "pattern": _TRACEPARENT_PATTERN},
+                        "schema": {
+                            "type": "string",
+                            "pattern": TRACEPARENT_PATTERN,
+                            "not": {"pattern": TRACEPARENT_FORBIDDEN},
+                        },
                     },
                 ],
                 "requestBody": {
@@ -230,9 +289,29 @@ def _paths() -> dict[str, Any]:
                     "200": _json(SendMessageResult, "Delivered (wait=true)"),
                     **_errors("400", "401", "403", "409", "413", "429", "503"),
                 },
-            }
+            },
+            "get": {
+                "operationId": "getMessages",
+                "summary": "Page through the messages after an epoch that the token's peer may "
+                "receive now (fetchMessages), oldest first",
+                "security": secured,
+                "parameters": _query_parameters(),
+                "responses": {
+                    "200": _json(MessagesPage, "A page; follow next while more is true"),
+                    **_errors("400", "401", "403", "410", "503"),
+                },
+            },
         },
         "/v1/subscriptions": {
+            "get": {
+                "operationId": "listSubscriptions",
+                "summary": "The token's webhook peer's subscriptions, with their options",
+                "security": secured,
+                "responses": {
+                    "200": _json(ListSubscriptionsResult, "Its subscriptions"),
+                    **_errors("401", "409", "503"),
+                },
+            },
             "post": {
                 "operationId": "subscribe",
                 "summary": "Subscribe the token's webhook peer to a pattern (until the bus "

@@ -25,6 +25,7 @@ def test_peers_reexports_the_sdk():
         "Approver",
         "ConnectFailed",
         "Controller",
+        "FetchPage",
         "Handler",
         "InvalidURL",
         "MalformedMessage",

@@ -70,6 +70,7 @@ __all__ = [
     "MAX_WORD_CHARS",
     "ValidationResult",
     "check_format",
+    "format_hint",
     "raw_length_limit",
     "validate_response",
 ]
@@ -438,6 +439,11 @@ def check_format(text: str, expected_format: ExpectedFormat) -> bool:
         expected_format: the question's format.
     """
     return _FORMAT_CHECKS[expected_format](text)
+
+
+def format_hint(expected_format: ExpectedFormat) -> str:
+    """Return what an answer of ``expected_format`` looks like, in a few words for a person."""
+    return _FORMAT_HINTS[expected_format]
 
 
 def _describe(value: object) -> str:

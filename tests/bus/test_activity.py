@@ -729,7 +729,7 @@ async def test_row_unwritable_keeps_what_it_can_and_a_digest(log: ActivityLog) -
     )
     payload = json.loads(row["payload_json"])
     original = [row["ts"], "process_start", "m1", "7", "agent:\ud83d", "agent:main", "ok"]
-    original += ['{"text":"\udfff"}', None]
+    original += ['{"text":"\udfff"}', None, None, None]  # error, epoch, trace_id
     assert payload == {
         "event": "process_start",
         "columns": ["actor", "payload_json"],

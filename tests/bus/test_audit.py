@@ -160,6 +160,8 @@ def test_no_filter_returns_all_rows_by_id(db: Path) -> None:
         "payload_json",
         "error",
         "chain",
+        "epoch",
+        "trace_id",
     }
 
 

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ConfigDict
 
 from bus.config import (
+    DEFAULT_MAX_FETCH_MESSAGES,
     DEFAULT_MAX_FRAME_BYTES,
     ConfigError,
     Count,
@@ -134,6 +135,16 @@ def test_read_section_errors_start_with_where(value, error):
     with pytest.raises(ConfigError) as caught:
         read_section(Section, value, "f.yaml: s")
     assert str(caught.value).startswith(error)
+
+
+@pytest.mark.parametrize("value", [0, None, 1.5])
+def test_max_fetch_messages_is_always_on_and_positive(tmp_path, value):
+    """max_fetch_messages cannot be turned off or set to zero: one answer must stay bounded."""
+    assert Limits().max_fetch_messages == DEFAULT_MAX_FETCH_MESSAGES
+    with pytest.raises(ConfigError, match="limits.max_fetch_messages"):
+        ServeConfig.from_mapping(
+            {"limits": {"max_fetch_messages": value}}, base=tmp_path, source="s"
+        )
 
 
 def test_audit_section_paths_are_relative_to_the_file(tmp_path):

@@ -16,7 +16,9 @@ from bus.config import HttpSettings, Limits
 from bus.errors import (
     AuditUnavailable,
     AuthenticationFailed,
+    ContentNotKept,
     DuplicateMessage,
+    EpochNotKept,
     Forbidden,
     InvalidParams,
     LimitExceeded,
@@ -264,6 +266,7 @@ def test_each_bus_error_has_an_http_status():
     assert http_status(DuplicateMessage()) == 409
     assert http_status(LimitExceeded()) == 429
     assert http_status(AuditUnavailable()) == 503
+    assert http_status(EpochNotKept()) == http_status(ContentNotKept()) == 410
 
 
 async def test_a_traceparent_header_is_checked_and_kept_on_the_envelope(tmp_path):
@@ -361,6 +364,8 @@ async def test_discovery_openapi_and_health_describe_this_bus(tmp_path):
     assert discovery["limits"]["max_frame_bytes"] == Limits().max_frame_bytes
     assert document["openapi"] == "3.1.0" and document["servers"] == [{"url": http_url}]
     assert set(document["paths"]) >= {"/v1/messages", "/.well-known/bcpbus", "/metrics"}
+    assert set(document["paths"]["/v1/messages"]) == {"get", "post"}
+    assert discovery["capabilities"]["epochs"] and "fetchMessages" in discovery["methods"]
     assert health.text == "ok\n"
 
 
@@ -381,7 +386,7 @@ async def test_a_websocket_bearer_header_still_works_beside_http(tmp_path):
             )
             answer = json.loads(await asyncio.wait_for(ws.recv(), scaled(5)))
         assert "result" in answer
-        assert h.bus.http is not None and h.bus.http.port != h.bus.port
+        assert h.http is not None and h.http.port != h.bus.port
 
 
 async def test_messages_still_being_delivered_are_bounded_by_max_requests(tmp_path):
@@ -409,3 +414,70 @@ async def test_messages_still_being_delivered_are_bounded_by_max_requests(tmp_pa
             third = await c.post("/v1/messages", json=body, headers=bearer(token))
             assert third.status_code == 202
         assert h.rows(event="limit_exceeded")[0]["status"] == "http_max_requests"
+
+
+async def test_an_http_only_peer_polls_what_it_may_read_page_by_page(tmp_path):
+    """A peer with no socket and no webhook reads with GET /v1/messages: its own topic's
+    messages after an epoch, oldest first, page by page through next, narrowed by the filters;
+    the 202 of a post carries the epoch."""
+    async with running_bus(tmp_path, http=settings()) as h:
+        token = h.token("tg:42")
+        async with h.peer("agent:w1") as agent, httpx.AsyncClient(base_url=h.http_url) as c:
+            posted = await c.post(
+                "/v1/messages",
+                json={"topic": "agent:w1", "type": "tg_message", "content": {}},
+                headers=bearer(token),
+            )
+            assert posted.status_code == 202
+            start = h.rows(message_id=posted.json()["messageId"], event="send_start")[0]
+            assert posted.json()["epoch"] == start["epoch"]
+            replies = [
+                await agent.send("tg:42", "tg_reply", {"n": n}, correlation_id=f"c{n % 2}")
+                for n in range(3)
+            ]
+            assert [r["deliveredTo"] for r in replies] == [0, 0, 0]  # tg:42 is not online
+            query = {"topic": "tg:42", "since": posted.json()["epoch"], "limit": 2}
+            first = await c.get("/v1/messages", params=query, headers=bearer(token))
+            assert first.status_code == 200, first.text
+            page = first.json()
+            assert [m["epoch"] for m in page["messages"]] == [r["epoch"] for r in replies[:2]]
+            assert page["more"] is True and page["next"].startswith("/v1/messages?")
+            rest = (await c.get(page["next"], headers=bearer(token))).json()
+            assert [m["payload"]["content"] for m in rest["messages"]] == [{"n": 2}]
+            assert rest["more"] is False and rest["next"] is None
+            narrowed = await c.get(
+                "/v1/messages",
+                params={"topic": "tg:42", "correlationId": "c0", "from": "agent:w1"},
+                headers=bearer(token),
+            )
+            assert [m["payload"]["content"] for m in narrowed.json()["messages"]] == [
+                {"n": 0},
+                {"n": 2},
+            ]
+            before = await c.get(
+                "/v1/messages",
+                params={"topic": "tg:42", "until": "2000-01-01T00:00:00Z"},
+                headers=bearer(token),
+            )
+            assert before.json()["messages"] == []
+        assert h.rows(event="fetch", actor="tg:42")
+
+
+async def test_get_messages_refusals_have_their_statuses(tmp_path):
+    """A topic the policy does not grant is 403, an epoch the log does not cover 410, an unknown
+    parameter 400; each error has its row."""
+    async with running_bus(tmp_path, http=settings()) as h:
+        token = h.token("tg:42")
+        async with httpx.AsyncClient(base_url=h.http_url) as c:
+            cases = [
+                ({"topic": "agent:w1"}, 403),
+                ({"topic": "tg:42", "since": h.bus.latest_epoch + 86_400_000_000}, 410),
+                ({"topic": "tg:42", "color": "red"}, 400),
+                ({"topic": "tg:42", "until": "yesterday"}, 400),
+            ]
+            for params, status in cases:
+                answer = await c.get("/v1/messages", params=params, headers=bearer(token))
+                assert answer.status_code == status, (params, answer.text)
+            assert answer.json()["error"]["code"] == -32602
+        await h.log.commit()
+        assert len(h.rows(event="rpc_error", actor="tg:42")) == 4

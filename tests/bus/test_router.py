@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bus.policy import Policy
+from bus.pushes import PLAIN, PushOptions
 from bus.router import Router
 
 POLICY = Policy.default()
@@ -93,3 +94,21 @@ def test_leaving_removes_every_pattern_from_the_index():
     router.leave("a")
     assert [r.handle for r in router.targets("agent:z")] == ["b"]
     assert router.targets("system:presence") == []
+
+
+def test_push_options_are_kept_per_pattern_and_dropped_with_it():
+    """Options replace on a second subscribe, plain options keep nothing, unsubscribe drops
+    them; options_for lists the options of every matching pattern."""
+    router = joined(("c1", "agent:w1"))
+    quiet = PushOptions(debounce_ms=500)
+    assert router.subscribe("c1", "agent:*", quiet) is True
+    router.subscribe("c1", "agent:w1")
+    route = router.route("c1")
+    assert route.options == {"agent:*": quiet}
+    assert sorted(route.options_for("agent:w1"), key=lambda o: o.debounce_ms) == [PLAIN, quiet]
+    assert route.options_for("system:x") == []
+    assert router.subscribe("c1", "agent:*", PLAIN) is False
+    assert route.options == {}
+    router.subscribe("c1", "agent:*", quiet)
+    router.unsubscribe("c1", "agent:*")
+    assert route.options == {}

@@ -26,6 +26,7 @@ from bus.server import BUS_CLIENT_ID, PRESENCE_TOPIC
 from peers import Message, Peer, Reply
 from peers.testing import Inbox, running_bus, scaled
 from schemas.bus import PRESENCE_MODELS, Envelope
+from schemas.common import timestamp
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 
@@ -58,13 +59,20 @@ async def test_two_peers_exchange_a_message_and_the_log_has_every_row(tmp_path):
             agent.handle(None, inbox)
             await agent.subscribe("agent:w1")
             result = await tg.send("agent:w1", "tg_message", {"text": "hello"}, message_id="m-1")
-            assert result == {"accepted": True, "messageId": "m-1", "deliveredTo": 1}
+            assert result == {
+                "accepted": True,
+                "messageId": "m-1",
+                "deliveredTo": 1,
+                "epoch": result["epoch"],
+            }
             message = await inbox.get()
+            assert message.epoch == result["epoch"] > 0
             assert message.content == {"text": "hello"}
             assert message.sender == "tg:42" and message.topic == "agent:w1"
             # Committed before the answer: readable at once from another connection.
             events = [row["event"] for row in h.rows(message_id="m-1")]
             assert events == ["send_start", "process_start", "process_finish", "send_finish"]
+            assert {row["epoch"] for row in h.rows(message_id="m-1")} == {result["epoch"]}
             start = h.rows(message_id="m-1", event="send_start")[0]
             envelope = json.loads(start["payload_json"])  # the whole envelope, as sent
             assert envelope["type"] == "tg_message" and envelope["content"] == {"text": "hello"}
@@ -556,3 +564,34 @@ async def test_anonymous_error_flood_is_cut_off(tmp_path):
         assert ws.close_code == 1008
         await h.log.commit()
         assert h.rows(event="limit_exceeded", status="anonymous_errors")
+
+
+async def test_traceparent_is_passed_on_and_its_trace_id_is_in_every_row(tmp_path):
+    """A valid traceparent reaches the subscriber unchanged and its trace id is stored in each
+    log row of the message; an invalid one (W3C forbids version ff) is -32602."""
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with running_bus(tmp_path) as h:
+        inbox = Inbox()
+        async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
+            agent.handle(None, inbox)
+            payload = {
+                "messageId": "traced",
+                "type": "tg_message",
+                "from": "tg:42",
+                "timestamp": timestamp(),
+                "content": {},
+                "traceparent": traceparent,
+            }
+            await tg.request("sendMessage", {"topic": "agent:w1", "payload": payload})
+            assert (await inbox.get()).payload["traceparent"] == traceparent
+            rows = h.rows(message_id="traced")
+            assert [row["event"] for row in rows] == [
+                "send_start",
+                "process_start",
+                "process_finish",
+                "send_finish",
+            ]
+            assert {row["trace_id"] for row in rows} == {"4bf92f3577b34da6a3ce929d0e0e4736"}
+            bad = {**payload, "messageId": "bad", "traceparent": "ff" + traceparent[2:]}
+            with pytest.raises(InvalidParams, match="traceparent"):
+                await tg.request("sendMessage", {"topic": "agent:w1", "payload": bad})

@@ -62,10 +62,37 @@ _strings = st.one_of(
     st.text(max_size=140),
     st.sampled_from(["tg_message", "tg:42", "tg_message\n", "tg:42\n", "", "x" * 129]),
 )
-_values = st.one_of(_strings, st.integers(), st.none(), st.booleans(), st.lists(st.integers()))
+_TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+_traceparents = st.one_of(
+    st.sampled_from(
+        [
+            _TRACE,
+            "ff" + _TRACE[2:],
+            _TRACE[:3] + "0" * 32 + _TRACE[35:],
+            _TRACE[:36] + "0" * 16 + _TRACE[52:],
+            _TRACE.upper(),
+            _TRACE + "\n",
+            _TRACE + "-01",
+            "01" + _TRACE[2:],
+        ]
+    ),
+    st.text(alphabet="0123456789abcdef-", min_size=50, max_size=58),
+)
+_numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-2, 2), st.booleans()
+)
+_values = st.one_of(
+    _strings,
+    st.integers(),
+    st.none(),
+    st.booleans(),
+    st.lists(st.integers()),
+    _traceparents,
+    _numbers,
+)
 _keys = st.sampled_from(
     ["messageId", "type", "from", "timestamp", "content", "correlationId", "traceparent",
-     "message_id", "from_", "extra"]
+     "relevance", "message_id", "from_", "extra"]
 )  # fmt: skip
 
 
@@ -99,6 +126,7 @@ def test_fast_path_accepts_only_what_the_model_accepts(params):
     if fields is None:
         return
     model = SendMessageParams.model_validate(params)
+    assert fields == read_send_message_slowly(params)
     assert (fields.topic, fields.message_id, fields.type, fields.sender) == (
         model.topic,
         model.payload.message_id,
@@ -115,14 +143,33 @@ def test_fast_timestamp_check_accepts_only_aware_datetimes(text):
         AWARE.validate_python(text)
 
 
+def read_send_message_slowly(params: Any) -> Any:
+    """What read_send_message gives when the model validates (the fast path deferred)."""
+    model = SendMessageParams.model_validate(params)
+    payload = model.payload
+    trace = payload.traceparent
+    return (
+        model.topic,
+        payload.message_id,
+        payload.type,
+        payload.from_,
+        payload.relevance,
+        None if trace is None else trace[3:35],
+    )
+
+
 def test_fast_path_takes_the_usual_message():
-    """A well-formed message, optional fields included, needs no model validation."""
+    """A well-formed message, optional fields included, needs no model validation; the trace id
+    and relevance come out of it."""
     payload = {
         **VALID["payload"],
         "correlationId": "c-1",
-        "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        "traceparent": _TRACE,
+        "relevance": 0.25,
     }
-    assert _fast_send_message({"topic": "agent:main", "payload": payload}) is not None
+    fields = _fast_send_message({"topic": "agent:main", "payload": payload})
+    assert fields is not None
+    assert (fields.trace_id, fields.relevance) == ("4bf92f3577b34da6a3ce929d0e0e4736", 0.25)
     assert _fast_send_message(VALID) is not None
 
 
@@ -136,6 +183,13 @@ def test_fast_path_takes_the_usual_message():
         {"messageId": ""},
         {"content": []},
         {"extra": 1},
+        {"traceparent": "ff" + _TRACE[2:]},  # version ff is invalid
+        {"traceparent": _TRACE[:3] + "0" * 32 + _TRACE[35:]},  # all-zero trace id
+        {"traceparent": _TRACE[:36] + "0" * 16 + _TRACE[52:]},  # all-zero parent id
+        {"traceparent": _TRACE.upper()},  # W3C: lowercase only
+        {"relevance": 1.5},
+        {"relevance": True},
+        {"relevance": "0.5"},
     ],
 )
 def test_invalid_params_get_the_models_error(change):
