@@ -275,34 +275,39 @@ async def test_order_is_preserved_across_batches(tmp_path: Path) -> None:
 
 
 async def test_inserts_take_few_distinct_sizes(log: ActivityLog) -> None:
-    """Whatever the batch sizes, the INSERTs take few row counts: sqlite3 keeps a prepared
-    statement (about 1.4 KiB a row) for each of the last 128 it ran, so one per batch size grew
-    the bus's memory with every new size the load produced."""
-    inserts = Inserts(log)
+    """Whatever the batch sizes, the INSERTs SQLite prepares take few sizes: sqlite3 keeps the
+    last 128 statements it ran (about 1.6 KiB a row each), so one per batch size grew the bus's
+    memory with every new size the load produced. Each batch is still one transaction."""
+    statements: list[str] = []
+    assert log._thread is not None and log._conn is not None
+    await log._thread.run(log._conn.set_trace_callback, statements.append)
     for size in range(1, 201):
         for i in range(size):
             log.record("process_start", message_id=f"{size}-{i}")
         async with asyncio.timeout(TIMEOUT):
             await log.commit()
-    assert sum(inserts.batches) == log.rows_committed == sum(range(1, 201))
-    sizes = set(inserts.batches)
-    assert len(sizes) <= 26  # 1..8, then 4 per doubling up to 192: not 200
-    assert sum(sizes) <= 1200  # rows of all the statements cached; one per size: 20,100
+    await log._thread.run(log._conn.set_trace_callback, None)
+    inserts = [sql for sql in statements if sql.startswith("INSERT INTO activity_log")]
+    assert log.batches_committed == 200  # SQLite traces each row's trigger too: count sizes
+    sizes = {sql.count("),(") + 1 for sql in inserts}
+    assert len(sizes) <= 27  # 1..8, then 4 per doubling up to 224: not 200
+    assert sum(sizes) <= 1500  # rows of all the statements kept; one per size: 20,100
+    ids = [row["message_id"] for row in read_rows(log.path)]
+    assert ids == [f"{size}-{i}" for size in range(1, 201) for i in range(size)]
 
 
 def test_statement_rows_keep_three_significant_bits() -> None:
-    """Each INSERT takes one of 35 sizes up to 1,000 rows, leaving under a quarter for later."""
+    """Batches of up to 896 rows take 35 statement sizes, each under a quarter too long."""
     from bus.activity import _statement_rows
 
     sizes = set()
-    for pending in range(1, 3000):
-        rows = _statement_rows(pending, 1000)
-        wanted = min(pending, 1000)
-        assert 0 < rows <= wanted
-        assert wanted - rows < max(1, wanted / 4)
-        sizes.add(rows)
-    assert len(sizes) == 35
-    assert _statement_rows(5, 7) == 5 and _statement_rows(1000, 7) == 7
+    for rows in range(1, 897):
+        size = _statement_rows(rows)
+        assert rows <= size < max(rows + 1, rows * 1.25)
+        assert _statement_rows(size) == size == _statement_rows(size, up=False)
+        sizes.add(size)
+    assert len(sizes) == 35 and max(sizes) == 896
+    assert _statement_rows(1000, up=False) == 896 and _statement_rows(7, up=False) == 7
 
 
 async def test_commit_with_nothing_pending_returns_at_once(log: ActivityLog) -> None:
@@ -385,13 +390,13 @@ async def test_rows_recorded_during_a_write_form_the_next_batch(log: ActivityLog
     first = asyncio.create_task(log.commit())
     async with asyncio.timeout(TIMEOUT):
         await inserts.entered.wait()
-    for i in range(48):  # a size one INSERT takes whole (_statement_rows)
+    for i in range(50):
         log.record("send_start", message_id=f"m{i}")
-    rest = [asyncio.create_task(log.commit()) for _ in range(48)]
+    rest = [asyncio.create_task(log.commit()) for _ in range(50)]
     inserts.release.set()
     async with asyncio.timeout(TIMEOUT):
         await asyncio.gather(first, *rest)
-    assert inserts.batches == [1, 48]
+    assert inserts.batches == [1, 50]
     assert log.batches_committed == 2
 
 
