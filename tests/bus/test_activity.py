@@ -274,6 +274,42 @@ async def test_order_is_preserved_across_batches(tmp_path: Path) -> None:
     assert [row["message_id"] for row in read_rows(log.path)] == [str(i) for i in range(1000)]
 
 
+async def test_inserts_take_few_distinct_sizes(log: ActivityLog) -> None:
+    """Whatever the batch sizes, the INSERTs SQLite prepares take few sizes: sqlite3 keeps the
+    last 128 statements it ran (about 1.6 KiB a row each), so one per batch size grew the bus's
+    memory with every new size the load produced. Each batch is still one transaction."""
+    statements: list[str] = []
+    assert log._thread is not None and log._conn is not None
+    await log._thread.run(log._conn.set_trace_callback, statements.append)
+    for size in range(1, 201):
+        for i in range(size):
+            log.record("process_start", message_id=f"{size}-{i}")
+        async with asyncio.timeout(TIMEOUT):
+            await log.commit()
+    await log._thread.run(log._conn.set_trace_callback, None)
+    inserts = [sql for sql in statements if sql.startswith("INSERT INTO activity_log")]
+    assert log.batches_committed == 200  # SQLite traces each row's trigger too: count sizes
+    sizes = {sql.count("),(") + 1 for sql in inserts}
+    assert len(sizes) <= 27  # 1..8, then 4 per doubling up to 224: not 200
+    assert sum(sizes) <= 1500  # rows of all the statements kept; one per size: 20,100
+    ids = [row["message_id"] for row in read_rows(log.path)]
+    assert ids == [f"{size}-{i}" for size in range(1, 201) for i in range(size)]
+
+
+def test_statement_rows_keep_three_significant_bits() -> None:
+    """Batches of up to 896 rows take 35 statement sizes, each under a quarter too long."""
+    from bus.activity import _statement_rows
+
+    sizes = set()
+    for rows in range(1, 897):
+        size = _statement_rows(rows)
+        assert rows <= size < max(rows + 1, rows * 1.25)
+        assert _statement_rows(size) == size == _statement_rows(size, up=False)
+        sizes.add(size)
+    assert len(sizes) == 35 and max(sizes) == 896
+    assert _statement_rows(1000, up=False) == 896 and _statement_rows(7, up=False) == 7
+
+
 async def test_commit_with_nothing_pending_returns_at_once(log: ActivityLog) -> None:
     """commit() with every row already on disk returns without a transaction."""
     async with asyncio.timeout(TIMEOUT):
