@@ -115,9 +115,12 @@ class RawReceiver:
 
     answer: Callable[[bytes], bytes]
     chunk: int = 1 << 16
+    pause: float = 0.0
+    """Seconds between two writes: the pace of a slow answer, not a synchronization."""
     bodies: list[bytes] = field(default_factory=list)
     sent: int = 0
     _server: asyncio.Server | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -131,9 +134,15 @@ class RawReceiver:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             length = 0
@@ -145,10 +154,15 @@ class RawReceiver:
             self.bodies.append(body)
             answer = self.answer(body)
             for start in range(0, len(answer), self.chunk):
+                if reader.at_eof():
+                    break  # the bus hung up
                 writer.write(answer[start : start + self.chunk])
                 await writer.drain()
                 self.sent += min(self.chunk, len(answer) - start)
+                if self.pause:
+                    await asyncio.sleep(self.pause)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the bus hung up: what a cap or a timeout does
         finally:
+            self._tasks.discard(task)
             writer.close()
