@@ -28,7 +28,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @asynccontextmanager
-async def serving_http(cwd: Path) -> AsyncIterator[tuple[str, str]]:
+async def serving_http(cwd: Path, *more: str) -> AsyncIterator[tuple[str, str]]:
     """`bcpbus serve --port 0 --http-port 0 --no-gateway`; yield (ws URL, http URL)."""
     process = await asyncio.create_subprocess_exec(
         *BCPBUS,
@@ -38,6 +38,7 @@ async def serving_http(cwd: Path) -> AsyncIterator[tuple[str, str]]:
         "--http-port",
         "0",
         "--no-gateway",
+        *more,
         cwd=cwd,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -84,7 +85,10 @@ async def test_serve_with_http_reaches_a_webhook_peer_from_the_peers_file(tmp_pa
         added = run("peers", "add", "tg:7", "--webhook", receiver.url, cwd=tmp_path)
         _, receiver.secret = added.stdout.split()
         agent = run("peers", "add", "agent:w1", cwd=tmp_path).stdout.strip()
-        async with serving_http(tmp_path) as (ws_url, http_url):
+        # The receiver is on 127.0.0.1: the operator allows webhooks on private addresses.
+        (tmp_path / "bcpbus.yaml").write_text("http:\n  allow_private_webhooks: true\n")
+        config = ("--config", str(tmp_path / "bcpbus.yaml"))
+        async with serving_http(tmp_path, *config) as (ws_url, http_url):
             async with Peer(ws_url, "agent:w1", agent) as w1:
                 result = await w1.send("tg:7", "tg_reply", {"text": "hi"}, message_id="w-1")
                 assert result["deliveredTo"] == 1
