@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl as _ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -77,6 +78,7 @@ from .params import parse
 from .protocol import Request
 from .router import Route as BusRoute
 from .server import Bus
+from .startup import StartupError
 from .webhooks import Webhooks
 
 __all__ = ["BodyTooLarge", "HttpBinding", "http_status", "listen"]
@@ -123,12 +125,32 @@ class HttpBinding:
         settings: port, host, webhook timeouts; ``port`` None is taken as 0.
         host: the interface when ``settings.host`` is None (``bcpbus serve`` passes the
             WebSocket's).
+        ssl: serve ``https://`` with this context: the bus's own
+            (:func:`bus.tls.server_context`) when it serves ``wss://``.
+
+    Raises:
+        StartupError: the bus serves ``wss://`` and ``ssl`` is None: the same tokens would
+            cross the HTTP port in plaintext.
     """
 
-    def __init__(self, bus: Bus, settings: HttpSettings, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: HttpSettings,
+        *,
+        host: str = "127.0.0.1",
+        ssl: _ssl.SSLContext | None = None,
+    ) -> None:
+        if ssl is None and bus.url.startswith("wss://"):
+            raise StartupError(
+                "the bus serves wss:// but the HTTP binding was given no TLS context: it will "
+                "not serve the same tokens over plain http://"
+            )
         self.bus = bus
         self.settings = settings
         self.host = settings.host or host
+        self.ssl = ssl
+        """The TLS context of ``https://``; None serves plain ``http://``."""
         self.metrics = Metrics(bus)
         self.webhooks = Webhooks(bus, bus.credentials, settings)
         self.app = Starlette(
@@ -173,6 +195,9 @@ class HttpBinding:
             timeout_graceful_shutdown=int(self.bus.limits.shutdown_grace or 10) or 1,
         )
         config.load()
+        # The bus's own context, so the certificate, the TLS versions and a reload of the
+        # files are the WebSocket port's (uvicorn would build one of its own from paths).
+        config.ssl = self.ssl
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[sock])
@@ -192,9 +217,10 @@ class HttpBinding:
 
     @property
     def url(self) -> str:
-        """``http://host:port``."""
+        """``http://host:port``, or ``https://`` with TLS."""
         host = self.host if ":" not in self.host else f"[{self.host}]"
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.ssl is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     async def close(self) -> None:
         """Stop listening, finish the requests in flight (``shutdown_grace``), let the
