@@ -84,7 +84,7 @@ DEFAULT_HTTP_MAX_REQUESTS = 1_000
 DEFAULT_HTTP_MAX_CONNECTIONS = 1_000
 DEFAULT_HTTP_HEADER_TIMEOUT = 10.0
 DEFAULT_HTTP_BODY_TIMEOUT = 10.0
-DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT = 5.0
+DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT = 5
 DEFAULT_HTTP_MAX_HEADER_BYTES = 16 << 10
 DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS = 32
 DEFAULT_HTTP_REFUSAL_LOG_INTERVAL = 10.0
@@ -210,11 +210,10 @@ class HttpSettings:
     from the end of its last response; then it is closed (an idle keep-alive one as well)."""
     body_timeout: Seconds | None = DEFAULT_HTTP_BODY_TIMEOUT
     """Seconds a request may take to send its body, authenticated or not; past it the answer
-    is 408 (-32011) and the connection is closed."""
-    keep_alive_timeout: Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)] = (
-        DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT
-    )
-    """Seconds an idle connection is kept open for the client's next request."""
+    is 408 (-32600), with a ``limit_exceeded`` row, and the connection is closed."""
+    keep_alive_timeout: Annotated[StrictInt, Field(ge=1)] = DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT
+    """Whole seconds an idle connection is kept open for the client's next request (at most
+    ``header_timeout``)."""
     # Logging
     refusal_log_interval: Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)] = (
         DEFAULT_HTTP_REFUSAL_LOG_INTERVAL
