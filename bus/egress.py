@@ -7,9 +7,14 @@ POST into the network it runs in. So, unless ``http.allow_private_webhooks`` is 
 
 - at start, a webhook whose URL names a non-public IP address or ``localhost`` is not attached
   (:func:`private_host`), with an ``auth_failed`` row (status ``private_webhook``);
-- at every connection, the name is resolved here and each address checked before connecting
-  (:class:`PublicOnly`), so a name that resolves to a private address, now or after a DNS
-  change, fails the attempt as a connection error (``refused`` in ``delivery_status``).
+- at every connection, the name is resolved by the bus and each address checked before
+  connecting (:func:`refusal`, in :class:`bus.webhooks.PublicOnly`), so a name that resolves
+  to a private address, now or after a DNS change, fails the attempt as a connection error
+  (``refused`` in ``delivery_status``);
+- ``bcpbus peers add --webhook`` refuses such a URL unless given ``--allow-private-webhook``.
+
+This module is pure (no I/O, no HTTP library), so the CLI checks a URL without the ``http``
+extra.
 
 "Public" is :attr:`ipaddress.IPv4Address.is_global` and not multicast: loopback, private
 (RFC 1918, ``fc00::/7``), link-local, shared (``100.64.0.0/10``), reserved and unspecified
@@ -18,16 +23,11 @@ addresses are all refused; an IPv4-mapped IPv6 address is judged as its IPv4 add
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import socket
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-import httpcore
-
-__all__ = ["PublicOnly", "is_public", "private_host"]
+__all__ = ["is_public", "private_host", "refusal"]
 
 
 def is_public(address: str) -> bool:
@@ -44,8 +44,8 @@ def is_public(address: str) -> bool:
 def private_host(url: str) -> str | None:
     """The host of ``url`` if it is an IP address that is not public, or ``localhost``.
 
-    A name is not resolved here (start must not wait on DNS): :class:`PublicOnly` checks what
-    it resolves to at each connection.
+    A name is not resolved here (start must not wait on DNS): what it resolves to is checked at
+    each connection (:func:`refusal`).
     """
     host = (urlsplit(url).hostname or "").rstrip(".").lower()
     if host == "localhost" or host.endswith(".localhost"):
@@ -57,59 +57,16 @@ def private_host(url: str) -> str | None:
     return None if is_public(host) else host
 
 
-class PublicOnly(httpcore.AsyncNetworkBackend):
-    """An httpcore network backend that connects to public addresses only.
+def refusal(host: str, addresses: Sequence[str]) -> str | None:
+    """Why ``host``, resolved to ``addresses``, may not be connected to; None if it may.
 
-    It resolves the host itself, refuses if any address it resolves to is not public (a name
-    with one private address among public ones could be steered to it), and connects to the
-    first: the address checked is the address connected to. TLS still verifies the name.
-
-    Args:
-        inner: the backend that makes the connections (httpcore's default).
+    One non-public address among public ones refuses them all: the resolver or the peer could
+    steer the connection to it.
     """
-
-    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
-        self._inner = inner
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        """Resolve ``host``, check every address, connect to the first.
-
-        Raises:
-            httpcore.ConnectError: it does not resolve, or resolves to a non-public address.
-        """
-        try:
-            async with asyncio.timeout(timeout):
-                infos = await asyncio.get_running_loop().getaddrinfo(
-                    host, port, type=socket.SOCK_STREAM
-                )
-        except (OSError, TimeoutError) as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
-        addresses = [str(info[4][0]) for info in infos]
-        refused = [address for address in addresses if not is_public(address)]
-        if not addresses or refused:
-            raise httpcore.ConnectError(
-                f"{host} resolves to {', '.join(refused) or 'nothing'}, not a public address "
-                "(set http.allow_private_webhooks to allow it)"
-            )
-        return await self._inner.connect_tcp(
-            addresses[0], port, timeout, local_address, socket_options
-        )
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        """Never: a webhook is a URL."""
-        raise httpcore.ConnectError("webhooks are not called over Unix sockets")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+    refused = [address for address in addresses if not is_public(address)]
+    if addresses and not refused:
+        return None
+    return (
+        f"{host} resolves to {', '.join(refused) or 'nothing'}, not a public address "
+        "(set http.allow_private_webhooks to allow it)"
+    )

@@ -44,9 +44,10 @@ import contextlib
 import itertools
 import logging
 import random
+import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,13 +62,20 @@ from . import __version__
 from ._json import dumps, loads
 from .config import HttpSettings
 from .credentials import Credentials, PeerRecord, Webhook
-from .egress import PublicOnly, private_host
+from .egress import private_host, refusal
 from .errors import AuthenticationFailed, BusError, InternalError
 from .policy import may_flow
 from .presence import BUS_CLIENT_ID
 from .server import Bus
 
-__all__ = ["RETRY_STATUSES", "WebhookFailed", "WebhookLink", "Webhooks", "retry_delays"]
+__all__ = [
+    "RETRY_STATUSES",
+    "PublicOnly",
+    "WebhookFailed",
+    "WebhookLink",
+    "Webhooks",
+    "retry_delays",
+]
 
 logger = logging.getLogger("bus.webhooks")
 
@@ -492,7 +500,7 @@ def _printable(text: str) -> str:
 
 
 def _transport(*, public_only: bool) -> httpx.AsyncHTTPTransport:
-    """httpx's own transport, connecting through :class:`bus.egress.PublicOnly` unless
+    """httpx's own transport, connecting through :class:`PublicOnly` unless
     ``public_only`` is false."""
     transport = httpx.AsyncHTTPTransport(
         trust_env=False, limits=httpx.Limits(max_connections=100, max_keepalive_connections=20)
@@ -503,3 +511,58 @@ def _transport(*, public_only: bool) -> httpx.AsyncHTTPTransport:
         assert isinstance(pool, httpcore.AsyncConnectionPool)
         pool._network_backend = PublicOnly(pool._network_backend)
     return transport
+
+
+class PublicOnly(httpcore.AsyncNetworkBackend):
+    """An httpcore network backend that connects to public addresses only.
+
+    It resolves the host itself, refuses if any address it resolves to is not public (a name
+    with one private address among public ones could be steered to it), and connects to the
+    first: the address checked is the address connected to. TLS still verifies the name.
+
+    Args:
+        inner: the backend that makes the connections (httpcore's default).
+    """
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self._inner = inner
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        """Resolve ``host``, check every address, connect to the first.
+
+        Raises:
+            httpcore.ConnectError: it does not resolve, or resolves to a non-public address.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError) as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        addresses = [str(info[4][0]) for info in infos]
+        reason = refusal(host, addresses)
+        if reason is not None:
+            raise httpcore.ConnectError(reason)
+        return await self._inner.connect_tcp(
+            addresses[0], port, timeout, local_address, socket_options
+        )
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        """Never: a webhook is a URL."""
+        raise httpcore.ConnectError("webhooks are not called over Unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
