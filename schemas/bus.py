@@ -24,6 +24,7 @@ __all__ = [
     "Auth",
     "Capabilities",
     "ClientInfo",
+    "BUS_MESSAGE_MODELS",
     "DELIVERY_STATUS_TYPE",
     "DeliveryFailure",
     "DeliveryStatus",
@@ -383,3 +384,11 @@ PRESENCE_MODELS: dict[str, type[BaseModel]] = {
     "peer_left": PeerLeft,
 }
 """The content model of each presence ``type``: ``PRESENCE_MODELS[type].model_validate(c)``."""
+
+BUS_MESSAGE_MODELS: dict[str, type[BaseModel]] = {
+    **PRESENCE_MODELS,
+    DELIVERY_STATUS_TYPE: DeliveryStatus,
+}
+"""The content model of every message ``system:bus`` sends, by ``type``. Its messages are
+untainted, so readers (``fetchMessages``, the MCP inbox) pass one on only as its model reads it:
+add a new one here, or it is withheld."""

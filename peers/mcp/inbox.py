@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from peers.bcp import render_for_prompt
 from peers.client import Message
 from schemas.bcp import UNTRUSTED_NOTICE, BcpResponseDelivery
-from schemas.bus import DELIVERY_STATUS_TYPE, PRESENCE_MODELS, DeliveryStatus
+from schemas.bus import BUS_MESSAGE_MODELS
 from schemas.common import timestamp
 
 __all__ = ["DEFAULT_INBOX_SIZE", "Entry", "Inbox", "present"]
@@ -97,15 +97,11 @@ def present(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 _BUS = "system:bus"
-_BUS_MODELS: dict[str, type[BaseModel]] = {
-    **PRESENCE_MODELS,
-    DELIVERY_STATUS_TYPE: DeliveryStatus,
-}
 
 
 def _from_bus(message_type: Any, content: Any) -> dict[str, Any]:
     """The content of a message from the bus, as its model reads it, or withheld."""
-    model = _BUS_MODELS.get(message_type) if isinstance(message_type, str) else None
+    model = BUS_MESSAGE_MODELS.get(message_type) if isinstance(message_type, str) else None
     if model is None:
         return {"notice": "a message from the bus of a type it does not send, not shown"}
     try:

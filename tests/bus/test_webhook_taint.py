@@ -88,3 +88,29 @@ async def test_an_untainted_webhook_s_status_number_reaches_its_sender(tmp_path)
     status = DeliveryStatus.model_validate(arrived.content)
     assert (status.reason, status.http_status) == ("http_error", 503)
     assert MARKER not in seen(arrived.payload)
+
+
+def _status(message_id: str, content: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "messageId": message_id,
+        "type": "delivery_status",
+        "from": "system:bus",
+        "timestamp": "2026-11-21T10:15:30.125Z",
+        "content": content,
+    }
+
+
+async def test_a_delivery_status_logged_with_a_webhook_s_text_is_never_fetched(tmp_path):
+    """A delivery_status in the log in the form that carried the webhook's words (`error`) is
+    withheld from fetchMessages; one that reads as the model is fetched."""
+    codes = {"messageId": "m-1", "topic": "agent:main", "target": "tg:42", "status": "failed"}
+    codes |= {"reason": "timeout", "attempts": 1}
+    old = {**codes, "reason": "http_503", "error": f"503 {HOSTILE}"}
+    async with running_bus(tmp_path) as h:
+        for message_id, content in (("status-old", old), ("status-new", codes)):
+            envelope = _status(message_id, content)
+            await h.bus.publish("agent:main", envelope, message_id, "delivery_status", sender=None)
+        async with h.peer("agent:main") as main:
+            page = await main.fetch("agent:main", 0)
+    assert [m.payload["messageId"] for m in page.messages] == ["status-new"]
+    assert MARKER not in seen([m.payload for m in page.messages])
