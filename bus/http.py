@@ -394,6 +394,10 @@ class HttpBinding:
                 **asdict(self.bus.limits),
                 "webhook_timeout": self.settings.webhook_timeout,
                 "webhook_attempts": self.settings.webhook_attempts,
+                "webhook_max_answer_bytes": self.settings.webhook_max_answer_bytes,
+                "http_header_timeout": self.settings.header_timeout,
+                "http_body_timeout": self.settings.body_timeout,
+                "http_max_anonymous_per_address": self.settings.max_anonymous_per_address,
             },
         )
         return JSONResponse(discovery.model_dump(mode="json", by_alias=True))
