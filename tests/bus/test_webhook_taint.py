@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from bus.identities import PeerIdentity
@@ -38,7 +39,8 @@ def seen(value: Any) -> str:
 
 async def test_a_tainted_webhook_s_reason_phrase_never_reaches_the_controller(tmp_path):
     """A reader at a webhook answers 503 with a hostile reason phrase: the controller's
-    delivery_status, its fetchMessages and its MCP inbox hold codes only; the log has the text."""
+    delivery_status, its fetchMessages, its MCP inbox and /metrics hold codes only; the log
+    has the text."""
     mcp_bridge = pytest.importorskip("peers.mcp.bridge")
     http = settings(webhook_attempts=2)
     async with running_bus(tmp_path, identities=READER, http=http) as h:
@@ -58,6 +60,8 @@ async def test_a_tainted_webhook_s_reason_phrase_never_reaches_the_controller(tm
                 arrived = list(bridge.inbox)[0]
                 page = await main.fetch("agent:main", 0)
                 snapshot = bridge.snapshot()
+                async with httpx.AsyncClient(base_url=h.http_url) as c:
+                    metrics = (await c.get("/metrics")).text
             finally:
                 await bridge.close()
         assert len(receiver.bodies) == 2
@@ -70,6 +74,7 @@ async def test_a_tainted_webhook_s_reason_phrase_never_reaches_the_controller(tm
     assert MARKER not in seen([m.payload for m in page.messages])
     assert MARKER not in seen(snapshot)
     assert "delivery_status" in seen(snapshot)
+    assert MARKER not in metrics and "bcpbus_deliveries_total" in metrics
     failed = h.rows(message_id="q-1", event="delivery_failed")
     assert failed[0]["status"] == "http_503" and MARKER in failed[0]["error"]
 
