@@ -70,11 +70,12 @@ async def test_slowloris_sockets_from_one_address_lock_nobody_out(tmp_path):
             for _, writer in sockets:
                 writer.close()
         total = h.http.refusals.total
-        assert total["anonymous_cap"] >= 180 and total["header_timeout"] >= 1
-    rows = h.rows(event="http_refused")
-    assert len(rows) == 1
-    payload = json.loads(rows[0]["payload_json"])
-    assert payload["reasons"]["anonymous_cap"] == total["anonymous_cap"]
+        # Each socket is closed once: past the cap as it comes, or by the header timeout (the
+        # last ones, and more if opening 200 took longer than header_timeout on a busy machine).
+        assert total["anonymous_cap"] + total["header_timeout"] == 200
+        assert total["anonymous_cap"] >= 100 and total["header_timeout"] >= 1
+    payloads = [json.loads(row["payload_json"]) for row in h.rows(event="http_refused")]
+    assert sum(p["reasons"].get("anonymous_cap", 0) for p in payloads) == total["anonymous_cap"]
 
 
 async def test_a_request_whose_headers_or_body_crawl_is_cut_off(tmp_path):
@@ -126,7 +127,7 @@ async def test_an_idle_connection_is_closed_and_a_busy_one_is_not(tmp_path):
 async def test_five_hundred_anonymous_refusals_write_a_bounded_number_of_rows(tmp_path):
     """500 requests with no token or a wrong one: each answered 401, none with a row of its
     own; the log gets one http_refused row per interval with the counts."""
-    async with running_bus(tmp_path, http=settings()) as h:
+    async with running_bus(tmp_path, http=settings(refusal_log_interval=60.0)) as h:
         async with httpx.AsyncClient(base_url=h.http_url) as c:
             for number in range(500):
                 headers = bearer(f"bcpbus_wrong{number}") if number % 2 else {}
@@ -135,7 +136,7 @@ async def test_five_hundred_anonymous_refusals_write_a_bounded_number_of_rows(tm
         await h.log.commit()
         assert h.rows(event="auth_failed") == h.rows(event="rpc_error") == []
     rows = h.rows(event="http_refused")
-    assert 1 <= len(rows) <= 2  # one per 10 s interval, and one at close
+    assert len(rows) == 1  # one per interval (60 s here), and one when the binding stops
     payloads = [json.loads(row["payload_json"]) for row in rows]
     assert sum(p["total"] for p in payloads) == 500
     assert sum(p["reasons"].get("unknown_token", 0) for p in payloads) == 250
