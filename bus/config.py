@@ -203,7 +203,8 @@ class HttpSettings:
     request; past it the oldest of them still waiting for its request headers is closed, so
     that sockets held open by one address cannot lock out a peer from the same address."""
     max_header_bytes: Annotated[StrictInt, Field(ge=1024)] = DEFAULT_HTTP_MAX_HEADER_BYTES
-    """Largest request head (request line and headers); a larger one is answered 400."""
+    """Bytes of a request head (request line and headers) held while it is unfinished; past
+    them it is answered 400 and the connection closed (h11's ``max_incomplete_event_size``)."""
     # Timeouts
     header_timeout: Seconds | None = DEFAULT_HTTP_HEADER_TIMEOUT
     """Seconds a connection may take to send a request's headers, counted from its opening or

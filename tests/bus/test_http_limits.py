@@ -140,3 +140,16 @@ async def test_five_hundred_anonymous_refusals_write_a_bounded_number_of_rows(tm
     payloads = [json.loads(row["payload_json"]) for row in rows]
     assert sum(p["total"] for p in payloads) == 500
     assert sum(p["reasons"].get("unknown_token", 0) for p in payloads) == 250
+
+
+async def test_a_request_head_past_max_header_bytes_is_refused(tmp_path):
+    """Headers that grow past max_header_bytes before they end are answered 400 and the
+    connection closed: the bus never buffers more of a head than that."""
+    async with running_bus(tmp_path, http=settings(max_header_bytes=4096)) as h:
+        assert h.http is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", h.http.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: bus\r\nX-Big: " + b"a" * 8192)
+        async with asyncio.timeout(scaled(5)):
+            answer = await reader.read()
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
