@@ -416,10 +416,12 @@ class HttpBinding:
     # Helpers
 
     async def _authenticate(self, request: HTTPRequest, rpc: Request) -> BusRoute[Any]:
-        """The route of the peer whose token the request carries.
+        """The route of the peer whose token the request carries; its connection stops
+        counting against the per-address cap of anonymous ones.
 
         Raises:
-            AuthenticationFailed: no such peer; the rows are committed first.
+            AuthenticationFailed: no such peer: counted in :attr:`refusals` (one row per
+                interval), or, when the policy refuses its roles, logged and committed first.
         """
         address = request.client.host if request.client is not None else "unknown"
         token = _bearer(request.headers.get("authorization"))
