@@ -14,9 +14,10 @@ of ``max_connections``, and every real request got 503. So the binding serves HT
   them that is waiting for headers. A real peer's new connection sends its headers at once and
   authenticates, so sockets held open from its own address cannot keep it out.
 
-Refusals of anonymous clients (a bad token, a connection closed by these rules) are counted by
-:class:`Refusals` and written as one ``http_refused`` row per interval, never one row each: an
-anonymous client cannot grow the log at will.
+Refusals of anonymous clients (a bad token, a request that is not HTTP, a connection closed by
+these rules) are counted by :class:`Refusals` and written as one ``http_refused`` row per
+interval, never one row each: an anonymous client cannot grow the log at will, nor the
+process's own log (uvicorn's "Invalid HTTP request received." warning is counted instead).
 
 The rules sit on uvicorn's ``H11Protocol`` (its ``connection_made``, ``data_received``,
 ``on_response_complete`` and ``cycle``) because ASGI does not see a connection before its
@@ -39,6 +40,21 @@ from .activity import ActivityLog
 __all__ = ["ConnectionGuard", "Refusals", "address_key", "guarded_protocol"]
 
 logger = logging.getLogger("bus.http")
+
+_INVALID = "Invalid HTTP request received."
+"""What uvicorn logs, as a warning, for each request h11 cannot read."""
+
+
+class _Counted(logging.Filter):
+    """Drops uvicorn's line per unreadable request: :class:`Refusals` counts those."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != _INVALID
+
+
+_connections = logging.getLogger("bus.http.connections")
+"""The logger of the binding's connections (uvicorn's ``uvicorn.error`` otherwise)."""
+_connections.addFilter(_Counted())
 
 _MAX_LISTED = 20
 """Addresses one ``http_refused`` row lists by name; the rest are summed as ``others``."""
@@ -79,7 +95,7 @@ class Refusals:
 
     def count(self, reason: str, address: str) -> None:
         """Count one refusal: ``reason`` is a code (``unknown_token``, ``no_credential``,
-        ``header_timeout``, ``anonymous_cap``), ``address`` the client's IP."""
+        ``bad_request``, ``header_timeout``, ``anonymous_cap``), ``address`` the client's IP."""
         self._counts[reason, address_key(address)] += 1
         self.total[reason] += 1
 
@@ -186,6 +202,7 @@ class _Guarded(H11Protocol):
     _served = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.logger = _connections
         super().connection_made(transport)
         self.guard.opened(self)
         if not transport.is_closing():
@@ -206,6 +223,11 @@ class _Guarded(H11Protocol):
         super().on_response_complete()
         if self.waiting() and not self.transport.is_closing():
             self._arm()
+
+    def send_400_response(self, msg: str) -> None:
+        host = self.client[0] if self.client else "unknown"
+        self.guard.refusals.count("bad_request", host)
+        super().send_400_response(msg)
 
     def waiting(self) -> bool:
         """Whether no request is being handled: idle, or its next headers not all in."""

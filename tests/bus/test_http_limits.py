@@ -153,3 +153,21 @@ async def test_a_request_head_past_max_header_bytes_is_refused(tmp_path):
             answer = await reader.read()
         writer.close()
         assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+
+
+async def test_requests_that_are_not_http_are_counted_not_logged_each(tmp_path, caplog):
+    """Bytes that are not an HTTP request get 400; they are counted into http_refused and put
+    no line of their own in the process's log."""
+    async with running_bus(tmp_path, http=settings()) as h:
+        assert h.http is not None
+        for _ in range(50):
+            reader, writer = await asyncio.open_connection("127.0.0.1", h.http.port)
+            writer.write(b"\x16\x03\x01 not http\r\n\r\n")
+            async with asyncio.timeout(scaled(5)):
+                answer = await reader.read()
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 400")
+        assert h.http.refusals.total["bad_request"] == 50
+    assert "Invalid HTTP request" not in caplog.text
+    (row,) = h.rows(event="http_refused")
+    assert json.loads(row["payload_json"])["reasons"] == {"bad_request": 50}
