@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .refusals import Refusals, address_key
+from .refusals import address_key
 
-__all__ = ["ConnectionGuard", "guarded_protocol"]
+__all__ = ["ConnectionGuard", "Counts", "guarded_protocol"]
 
 logger = logging.getLogger("bus.http")
 
@@ -44,7 +44,7 @@ _INVALID = "Invalid HTTP request received."
 
 
 class _Counted(logging.Filter):
-    """Drops uvicorn's line per unreadable request: :class:`Refusals` counts those."""
+    """Drops uvicorn's line per unreadable request: the guard counts those."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != _INVALID
@@ -53,6 +53,14 @@ class _Counted(logging.Filter):
 _connections = logging.getLogger("bus.http.connections")
 """The logger of the binding's connections (uvicorn's ``uvicorn.error`` otherwise)."""
 _connections.addFilter(_Counted())
+
+
+class Counts(Protocol):
+    """Where a guard counts the connections it closes: :class:`~bus.refusals.Refusals` for
+    the bus; any object with this method for a server without an audit log (``bcpbus mcp``)."""
+
+    def count(self, reason: str, address: str) -> None:
+        """Count one refusal (``header_timeout``, ``anonymous_cap``, ``bad_request``)."""
 
 
 class ConnectionGuard:
@@ -66,7 +74,7 @@ class ConnectionGuard:
     """
 
     def __init__(
-        self, refusals: Refusals, *, per_address: int | None, header_timeout: float | None
+        self, refusals: Counts, *, per_address: int | None, header_timeout: float | None
     ) -> None:
         self.refusals = refusals
         self.per_address = per_address
