@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from schemas import bcp, bus, chat, http, jsonrpc
 from schemas.agents import AgentDefinition
+from schemas.risk import RiskReport
 
 __all__ = ["DEFAULT_DIRECTORY", "MODELS", "check", "render", "write"]
 
@@ -78,6 +79,8 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     **chat.CONTENT_MODELS,
     # Agent definitions: the YAML frontmatter of agents/*.md.
     "agent_definition": AgentDefinition,
+    # The risk report of `bcpbus agents check --json` (a tool's input, not a wire object).
+    "agents_check": RiskReport,
 }
 """Schema name (the file name without ``.json``) -> the model it is generated from."""
 
