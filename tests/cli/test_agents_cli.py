@@ -35,7 +35,9 @@ def test_fifty_unsealed_words_fail_strict_with_a_readable_verdict(tmp_path):
     # Without --strict the report is the same, and the exit code 0.
     assert run("agents", "check", str(agents), cwd=tmp_path).returncode == 0
     # A limit that allows it passes.
-    wide = run("agents", "check", str(agents), "--strict", "--max-unsealed-words", "50", cwd=tmp_path)
+    wide = run(
+        "agents", "check", str(agents), "--strict", "--max-unsealed-words", "50", cwd=tmp_path
+    )
     assert wide.returncode == 0, wide.stdout
 
 

@@ -1,4 +1,4 @@
-"""The risk report: unsealed words, bits and timing per spec, verdicts, seals (peers/gateway/risk.py)."""
+"""The risk report of peers/gateway/risk.py: words, bits and timing per spec, verdicts, seals."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from bus.identities import default_agents_dir
 from peers.gateway.risk import (
