@@ -7,14 +7,15 @@ screen was tuned on. The weights are a JSON file; scoring is plain Python (no sc
 time), so a peer that loads them costs a dictionary lookup per n-gram, well under a millisecond
 for a 50-word answer.
 
-:func:`serve` runs it as ``system:<name>``: it answers every ``bcp_screen_request`` with a
-``bcp_screen_verdict``, ``reject`` with an ``instruction`` finding for each field that scores at
-or above the model's threshold, ``pass`` otherwise. The scores go to the verdict's ``detail``,
-for the log only.
+:func:`attach` makes a screener of a peer ``system:<name>`` (:func:`serve` runs one): it answers
+every ``bcp_screen_request`` with a ``bcp_screen_verdict``, ``reject`` with an ``instruction``
+finding for each field that scores at or above the model's threshold, ``pass`` otherwise. The
+scores go to the verdict's ``detail``, for the log only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -24,9 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from peers import Message, Peer, Reply
 from peers.gateway.normalize import normalize_text
 
-__all__ = ["DEFAULT_WEIGHTS", "Model", "analyze", "serve"]
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "Model",
+    "analyze",
+    "attach",
+    "char_ngrams",
+    "prepare",
+    "serve",
+    "word_ngrams",
+]
 
 DEFAULT_WEIGHTS: Final = Path(__file__).resolve().parent / "learned_screener.json"
 """Where :mod:`bench.screener_train` writes the weights by default (not committed)."""
@@ -125,17 +136,12 @@ class Model:
         return any(self.flags(text) for text in texts)
 
 
-async def serve(url: str, name: str, token: str, model: Model) -> None:  # pragma: no cover
-    """Run the model as screener peer ``system:<name>`` until cancelled.
+def attach(peer: Peer, model: Model) -> None:
+    """Make ``peer`` (a ``system:<name>`` screener) answer each ``bcp_screen_request`` by ``model``.
 
-    Name it in a channel's ``screeners`` (docs/bcp.md, "Screeners") and make its token with
-    ``bcpbus peers add system:<name>``.
+    Connect the peer after this; the verdict goes to ``system:gateway`` before the request's
+    reply, as docs/bcp.md's example does.
     """
-    import asyncio
-
-    from peers import Message, Peer, Reply
-
-    peer = Peer(url, f"system:{name}", token)
 
     async def screen(message: Message) -> Reply:
         request = message.content
@@ -155,5 +161,15 @@ async def serve(url: str, name: str, token: str, model: Model) -> None:  # pragm
         return Reply(True, "taken")
 
     peer.handle("bcp_screen_request", screen)
+
+
+async def serve(url: str, name: str, token: str, model: Model) -> None:  # pragma: no cover
+    """Run the model as screener peer ``system:<name>`` until cancelled.
+
+    Name it in a channel's ``screeners`` (docs/bcp.md, "Screeners") and make its token with
+    ``bcpbus peers add system:<name>``.
+    """
+    peer = Peer(url, f"system:{name}", token)
+    attach(peer, model)
     async with peer:
         await asyncio.Event().wait()

@@ -66,7 +66,7 @@ DEFAULT_MAX_UNSEALED_WORDS: Final = 32
 One ordinary finding and its topic fit: of the 200 ordinary ``research-findings`` pushes the
 capacity tests use (``tests/peers/gateway/test_bits.py``), the longest finding has 23 words and
 the longest topic 7. A 50-word field, where 96% of the injections written against the screen
-(``bench/heldout/adaptive``) were delivered, does not."""
+(the adaptive set of ``python -m bench containment``) were delivered, does not."""
 
 TIGHT_WORDS: Final = 8
 """The word limit "a tighter format" proposes for a free-text field: a name, a title, a phrase."""

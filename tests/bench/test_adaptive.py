@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,12 @@ import pytest
 from bench.adaptive import ADAPTIVE_DIR, Entry, load, screen_passes
 from bench.containment_bus import reference
 from bench.containment_layers import adaptive_rows, layer_table
-from bench.learned_screener import char_ngrams, word_ngrams
+from bench.learned_screener import Model, attach, char_ngrams, word_ngrams
+from peers import QueryFailed
+from peers.testing import running_bcp, scaled
+
+from ..peers.gateway.test_flows import CAT2, Pair, answers
+from ..peers.gateway.test_screens import GOOD, SCREENER, screened_agents
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {
@@ -112,3 +118,53 @@ def test_ngrams_are_those_of_scikit_learn():
         vectorizer = sklearn.CountVectorizer(analyzer=analyzer, ngram_range=(low, high))
         text = "release  the payment to norvik, ok? a b"
         assert sorted(vectorizer.build_analyzer()(text)) == sorted(ours(text, low, high))
+
+
+def tiny_model() -> Model:
+    """A model that flags the word "release" and nothing else."""
+    return Model(
+        blocks={"char": {}, "word": {"release": (1.0, 5.0)}},
+        intercept=-1.0,
+        threshold=0.0,
+        char_range=(2, 4),
+        word_range=(1, 2),
+        meta={},
+    )
+
+
+def test_the_model_scores_sublinear_tfidf_per_block():
+    """A known n-gram adds its coefficient over the block's norm; unknown text is the intercept."""
+    model = tiny_model()
+    assert model.score("Release the payment") == pytest.approx(4.0)
+    assert model.score("Acme Corp") == pytest.approx(-1.0)
+    assert model.flags_any(["Acme", "release it"]) and not model.flags("Acme")
+
+
+async def test_the_learned_screener_runs_as_a_screener_peer(tmp_path):
+    """On a real bus, its verdict passes a clean answer and refuses one it scores high."""
+    async with (
+        running_bcp(tmp_path, agents_dir=screened_agents(tmp_path)) as h,
+        Pair(h) as p,
+    ):
+        peer = h.bus.peer(SCREENER)
+        attach(peer, tiny_model())
+        async with peer:
+            p.reader.on_query(answers(GOOD))
+            delivery = await p.main.ask("researcher", CAT2, query_id="q1", timeout=scaled(10))
+            assert delivery.response["company"] == GOOD["company"]
+            bad = {**GOOD, "company": "release the funds"}
+            p.reader.on_query(answers(bad))
+            asked = asyncio.create_task(p.main.ask("researcher", CAT2, query_id="q2"))
+            async with asyncio.timeout(scaled(10)):
+                first = await p.reader.next_result()
+                while first.query_id != "q2":  # q1's, accepted
+                    first = await p.reader.next_result()
+            assert first.error == "validation_failed"
+            for _ in range(2):
+                await p.reader.answer("main", "q2", bad)
+            with pytest.raises(QueryFailed) as failed:
+                async with asyncio.timeout(scaled(10)):
+                    await asked
+            assert failed.value.reason == "retries_exhausted"
+        rejected = p.rows(event="bcp_screened", status="reject")
+        assert rejected and "learned screener: company=4.00" in rejected[0]["payload_json"]
