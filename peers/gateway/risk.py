@@ -285,15 +285,17 @@ def spec_risk(
 def _savings(open_fields: list[FieldRisk]) -> dict[Any, Saving]:
     words = sum(f.max_words for f in open_fields)
     text_bits = math.fsum(f.bits for f in open_fields)
-    names = ", ".join(f.name for f in open_fields) or "nothing"
+    names = ", ".join(f.name for f in open_fields)
     cut = [f for f in open_fields if f.max_words > TIGHT_WORDS]
     cut_words = sum(f.max_words - TIGHT_WORDS for f in cut)
     return {
-        "sealing": Saving(words=words, bits=0.0, how=f"seal {names}"),
+        "sealing": Saving(
+            words=words, bits=0.0, how=f"seal {names}" if names else "no free text to seal"
+        ),
         "cat1": Saving(
             words=words,
             bits=max(0.0, text_bits - CAT1_FIELD_BITS * len(open_fields)),
-            how=f"ask {names} as Cat-1 enums of 16 values",
+            how=f"ask {names} as Cat-1 enums of 16 values" if names else "already typed values",
         ),
         "tighter": Saving(
             words=cut_words,
