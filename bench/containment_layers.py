@@ -93,4 +93,4 @@ def layer_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _share(part: int, whole: int) -> str:
-    return f"{part} ({100.0 * part / whole:.1f}%)" if whole else "0"
+    return f"{part:,} ({100.0 * part / whole:.1f}%)" if whole else "0"

@@ -109,7 +109,7 @@ def _latency(model: Model, texts: Iterable[str]) -> float:
 
 
 def _pct(part: int, whole: int) -> str:
-    return f"{part} ({100.0 * part / whole:.1f}%)" if whole else "0"
+    return f"{part:,} ({100.0 * part / whole:.1f}%)" if whole else "0"
 
 
 def verdict(rows: list[dict[str, Any]]) -> tuple[bool, str]:
