@@ -13,8 +13,8 @@ the definitions alone, before anything runs, as pure functions:
   specs the definitions fix stay within ``max_unsealed_words`` (what ``--strict`` checks).
 
 A field marked ``sealed: true`` counts as sealed: the controller would get a handle, not the
-text. Agent definitions do not accept the key yet, so :func:`load_sealed` reads it from the
-raw files and strips it before the definitions are checked.
+text. Agent definitions do not accept the key yet, so :func:`strip_seals` reads it from the
+raw file and removes it before the definitions are checked.
 
 ``bcpbus agents check`` prints the report (:mod:`peers.gateway.risk_command`); ``bcpbus
 serve`` prints each channel's verdict at start.
@@ -23,24 +23,14 @@ serve`` prints each channel's verdict at start.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
-from schemas.agents import (
-    AgentDefinition,
-    Channel,
-    DefinitionError,
-    Subscription,
-    build_channels,
-    check_agents,
-    parse_agent,
-)
+from schemas.agents import AgentDefinition, Channel, Subscription, build_channels
 from schemas.bcp import MAX_WORDS_LIMIT, Category, QuerySpec
 from schemas.risk import ChannelRisk, FieldRisk, RiskReport, Saving, SpecKind, SpecRisk
 
@@ -54,9 +44,9 @@ __all__ = [
     "Seals",
     "channel_risk",
     "delivery_quantum",
-    "load_sealed",
     "report",
     "spec_risk",
+    "strip_seals",
     "timing_bits",
 ]
 
@@ -88,6 +78,14 @@ class Seals:
 
     marks: frozenset[tuple[str, str, str, str | None]] = frozenset()
 
+    @classmethod
+    def of(cls, controller: str, marks: Iterable[tuple[str, str, str | None]]) -> Seals:
+        """The seals :func:`strip_seals` found in ``controller``'s definition."""
+        return cls(frozenset((controller, *mark) for mark in marks))
+
+    def __or__(self, other: Seals) -> Seals:
+        return Seals(self.marks | other.marks)
+
     def sealed(self, controller: str, reader: str, spec_id: str, field: str) -> bool:
         """Return whether ``field`` of the spec is sealed, itself or with its whole spec."""
         return any((controller, reader, spec_id, name) in self.marks for name in (field, None))
@@ -96,52 +94,38 @@ class Seals:
 # Loading
 
 
-def load_sealed(directory: str | os.PathLike[str]) -> tuple[dict[str, AgentDefinition], Seals]:
-    """Load a folder of definitions as :func:`schemas.agents.load_agents` does, keeping seals.
+def strip_seals(text: str) -> tuple[str, set[tuple[str, str, str | None]]]:
+    """Remove every ``sealed: true`` of a subscription or its questions from a definition file.
 
-    A ``sealed: true`` on a subscription (or one of its questions) is recorded and removed
-    before the definitions are checked, since they do not accept the key yet.
+    UPDATE when sealed values land: definitions will accept the key, and the report will read it
+    from the parsed models instead.
 
-    Raises:
-        DefinitionError: as :func:`~schemas.agents.load_agents`.
-        OSError: the folder or a file cannot be read.
+    Returns:
+        The file's text without the keys (unchanged when there are none: errors then keep their
+        line numbers), and each mark as ``(peer, subscription id, question id or None)``.
     """
-    paths = sorted(
-        p for p in Path(directory).glob("*.md") if p.is_file() and p.name.lower() != "readme.md"
+    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
+    close = next(
+        (i for i, line in enumerate(lines[1:], start=1) if line.strip() in ("---", "...")), None
     )
-    definitions: list[AgentDefinition] = []
-    marks: set[tuple[str, str, str, str | None]] = set()
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise DefinitionError(str(path), "frontmatter", "the file is not UTF-8") from exc
-        text, found = _strip_seals(text)
-        definitions.append(parse_agent(text, source=str(path)))
-        marks.update((definitions[-1].name, *mark) for mark in found)
-    return check_agents(definitions), Seals(frozenset(marks))
-
-
-def _strip_seals(text: str) -> tuple[str, set[tuple[str, str, str | None]]]:
-    head, sep, rest = text.removeprefix("\ufeff").partition("\n")
-    front, close, body = rest.partition("\n---")
+    if not lines or lines[0].strip() != "---" or close is None:
+        return text, set()  # parse_agent reports it
     try:
-        data = yaml.safe_load(front) if head.strip() == "---" and close else None
+        data = yaml.safe_load("".join(lines[1:close]))
     except yaml.YAMLError:
         return text, set()  # parse_agent reports it, with its line
     found: set[tuple[str, str, str | None]] = set()
-    if not isinstance(data, dict):
-        return text, found
-    for channel in _dicts(data.get("bcp_channels")):
+    for channel in _dicts(data.get("bcp_channels") if isinstance(data, dict) else None):
+        peer = str(channel.get("peer"))
         for spec in _dicts(channel.get("subscriptions")):
             if spec.pop("sealed", None) is True:
-                found.add((str(channel.get("peer")), str(spec.get("id")), None))
+                found.add((peer, str(spec.get("id")), None))
             for question in _dicts(spec.get("questions")):
                 if question.pop("sealed", None) is True:
-                    found.add((str(channel.get("peer")), str(spec.get("id")), question.get("id")))
+                    found.add((peer, str(spec.get("id")), str(question.get("id"))))
     if not found:
         return text, found
-    return f"---\n{yaml.safe_dump(data, sort_keys=False)}---{body}", found
+    return f"---\n{yaml.safe_dump(data, sort_keys=False)}---\n{''.join(lines[close + 1 :])}", found
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:

@@ -13,11 +13,12 @@ from peers.gateway.risk import (
     DEFAULT_MAX_UNSEALED_WORDS,
     OBSERVED_RESOLUTION_S,
     TIGHT_WORDS,
-    load_sealed,
     report,
     spec_risk,
+    strip_seals,
     timing_bits,
 )
+from peers.gateway.risk_command import load_sealed
 from schemas.agents import DefinitionError, Subscription
 from schemas.bcp import QuerySpec
 
@@ -102,6 +103,15 @@ def test_a_broken_definition_is_still_a_definition_error(tmp_path):
     folder = write_agents(tmp_path / "agents", sealed=", sealed: true, max_wordz: 3")
     with pytest.raises(DefinitionError, match="boss.md"):
         load_sealed(folder)
+
+
+def test_stripping_a_file_without_seals_leaves_it_as_it_was():
+    """No seal, no rewrite: a definition error keeps its line number."""
+    text = BOSS % ""
+    assert strip_seals(text) == (text, set())
+    assert strip_seals("no frontmatter") == ("no frontmatter", set())
+    stripped, marks = strip_seals(BOSS % ", sealed: true")
+    assert marks == {("reader", "notes", "note")} and "sealed" not in stripped
 
 
 def test_timing_is_unbounded_without_a_rate_limit_and_grows_with_the_window():
