@@ -91,7 +91,7 @@ class Seals:
         return any((controller, reader, spec_id, name) in self.marks for name in (field, None))
 
 
-# Loading
+# Seals
 
 
 def strip_seals(text: str) -> tuple[str, set[tuple[str, str, str | None]]]:
@@ -238,7 +238,7 @@ def spec_risk(
     open_fields = [f for f in fields if f.free_text and not f.sealed]
     words = sum(f.max_words for f in open_fields)
     bits = spec_bits(spec)
-    count = int(budget_bits // (bits + _OUTCOME_BIT)) if bits + _OUTCOME_BIT > 0 else 0
+    count = int(budget_bits // (bits + _OUTCOME_BIT))
     window = _window(spec, query_ttl)
     timing = timing_bits(window, quantum_s)
     gated = kind != "ad_hoc"
