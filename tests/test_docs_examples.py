@@ -30,11 +30,12 @@ not compared. Special cases, all visible in the printed text:
   ``bcpbus serve`` without ``--port`` gets one, and ``bcpbus system``, ``chat``, ``approve``,
   ``gateway`` and ``mcp`` without ``--url`` get that bus's.
 
-The scenarios run side by side, :data:`PARALLEL` at a time, each with its own directory, ports
-and bus. A ``python`` block runs as a program (``python -c``) in the same directory and environment. A
+A ``python`` block runs as a program (``python -c``) in the same directory and environment. A
 ``console`` block runs its ``$ `` lines as commands. Checks beyond the exit codes, for the
 scenarios whose output the text promises, are in :data:`CHECKS`; the state a scenario's text
 assumes but does not make (a database holding the approval it shows) is made by :data:`SETUPS`.
+The scenarios run side by side, :data:`PARALLEL` at a time, each with its own directory, ports
+and bus.
 """
 
 from __future__ import annotations
