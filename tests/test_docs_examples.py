@@ -69,7 +69,7 @@ _MARKER = re.compile(r"^<!--\s*example:\s*(.*?)\s*-->$")
 _NAME = re.compile(r"^[A-Za-z0-9-]+$")
 _ASSIGN = re.compile(r"""^(?:export\s+)?([A-Za-z_]\w*)=("[^"]*"|'[^']*'|\$\([^)]*\)|\S*)$""")
 _EXIT = re.compile(r"\bexit (\d+)\b")
-_CONNECTS = re.compile(r"^bcpbus (?:system|chat|approve|gateway|mcp)\b")
+_CONNECTS = re.compile(r"(?:^|\|\s*)bcpbus (?:system|chat|approve|gateway|mcp)\b")
 _STATUS = re.compile(r"^#?\s*(\d{3})\b")
 
 
@@ -282,10 +282,10 @@ class Scenario:
     def url_of(self, text: str) -> str:
         """Give a command that connects to the bus and reads no ``$BCPBUS_URL`` the free port
         as ``--url``, unless it names one."""
-        match = _CONNECTS.match(text)
+        match = _CONNECTS.search(text)
         if match is None or "--url" in text:
             return text
-        return f"{match.group(0)} --url {self.env['BCPBUS_URL']}{text[match.end() :]}"
+        return f"{text[: match.end()]} --url {self.env['BCPBUS_URL']}{text[match.end() :]}"
 
     def foreground(self, script: str, where: str, expected: int) -> Run:
         result = subprocess.run(
@@ -412,9 +412,16 @@ def _walk_through(runs: list[Run]) -> None:
     assert '"topic":"system:presence"' in listed.stdout.replace(" ", ""), listed.stdout
 
 
+def _try_it(runs: list[Run]) -> None:
+    """docs/bootstrap.md's chat gets the echo agent started and each of its lines answered."""
+    piped = next(run for run in runs if run.command.startswith("printf"))
+    assert "echo 1: hello" in piped.stdout and "echo 2: how are you?" in piped.stdout, piped
+
+
 CHECKS: dict[str, Callable[[list[Run]], None]] = {
     "README.md:own-bus": _own_bus,
     "bcp.md:sdk": _sdk,
+    "bootstrap.md:try-it": _try_it,
     "http.md:walk-through": _walk_through,
 }
 
