@@ -467,6 +467,11 @@ def test_every_runnable_block_is_marked():
     assert problems(runnable_blocks()) == []
 
 
+def test_every_check_and_setup_names_a_scenario():
+    """A scenario renamed in the docs cannot silently lose its checks or its setup."""
+    assert set(CHECKS) | set(SETUPS) <= set(scenarios())
+
+
 def test_an_unmarked_block_is_reported():
     """A block with no marker, a skip without a reason and a bad name are each named."""
     text = "\n".join(
