@@ -455,6 +455,7 @@ SETUPS: dict[str, Callable[[Path], None]] = {
     "approvals.md:approve": _pending_approval,
     "audit.md:read": _demo_log,
     "bootstrap.md:try-it": _repository_agents,
+    "bcp.md:risk": _repository_agents,
 }
 
 
