@@ -4,20 +4,25 @@ This is the one place that sees every layer, so the command line is assembled he
 :func:`bus.cli.main` brings ``serve``, ``init``, ``peers`` and ``audit``; this module adds
 ``approve`` (:mod:`peers.approver_cli`), ``gateway``, ``budget`` and ``demo``
 (:mod:`peers.gateway.commands`), ``pub``, ``sub``, ``req`` and ``peers online``
-(:mod:`peers.terminal`), and gives ``serve`` the gateway to run beside the bus. Every import
-is at the top: a command that fails to import stops ``bcpbus`` with the error, it does not go
-missing.
+(:mod:`peers.terminal`), and gives ``serve`` the gateway to run beside the bus, with the
+console (:mod:`peers.console`) when the HTTP binding is on. Every import but the console's is
+at the top: a command that fails to import stops ``bcpbus`` with the error, it does not go
+missing; the console needs the ``http`` extra, which ``serve`` asks for only with
+``--http-port``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import partial
 
 from bus import cli as bus_cli
 from bus.config import ServeConfig
+from bus.reload import Reloader
+from bus.server import Bus
 
 from .approver_cli import add_approve
 from .chat.cli import add_chat
@@ -61,7 +66,22 @@ def gateway_beside(config: ServeConfig) -> bus_cli.RunBeside | None:
     settings = GatewaySettings.from_mapping(config.gateway, where=f"{config.source}: gateway")
     if not settings.enabled or config.agents_dir is None:
         return None
-    return partial(run_beside, agents_dir=config.agents_dir, settings=settings)
+    gateway = partial(run_beside, agents_dir=config.agents_dir, settings=settings)
+    if config.http.port is None:
+        return gateway
+    return partial(_with_console, gateway)
+
+
+@contextlib.asynccontextmanager
+async def _with_console(
+    gateway: bus_cli.RunBeside, bus: Bus, reloader: Reloader
+) -> AsyncIterator[object]:
+    """The gateway, and the console on the HTTP binding's port (docs/console.md)."""
+    # Imported here: the console needs the http extra, like the binding it is served on.
+    from .console import run_console
+
+    async with gateway(bus, reloader) as running, run_console(bus, reloader):
+        yield running
 
 
 if __name__ == "__main__":  # pragma: no cover

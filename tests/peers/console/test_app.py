@@ -1,0 +1,99 @@
+"""The console over plain HTTP against a real bus: headers, cookies, CSRF, who may sign in."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from peers.console import COOKIE
+
+from .conftest import rig
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found is not None
+    return found.group(1)
+
+
+async def sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
+    page = await client.get("/signin")
+    return await client.post("/signin", data={"csrf": csrf_of(page.text), "token": token})
+
+
+async def test_every_response_carries_the_strict_headers(tmp_path):
+    """Pages, redirects and static files all carry the CSP and the other security headers."""
+    async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
+        for path in ("/signin", "/approvals", "/static/console.css", "/static/nope.js"):
+            response = await client.get(path)
+            headers = response.headers
+            assert headers["content-security-policy"].startswith("default-src 'self';")
+            assert "unsafe-inline" not in headers["content-security-policy"]
+            assert headers["x-frame-options"] == "DENY"
+            assert headers["x-content-type-options"] == "nosniff"
+            assert headers["referrer-policy"] == "no-referrer"
+        assert (await client.get("/approvals")).status_code == 303
+        assert (await client.get("/static/nope.js")).status_code == 404
+        assert (
+            (await client.get("/static/console.js"))
+            .headers["content-type"]
+            .startswith("text/javascript")
+        )
+        page = (await client.get("/signin")).text
+        assert "<script src=" in page and "style=" not in page and "<script>" not in page
+
+
+async def test_sign_in_sets_a_strict_cookie_and_sign_out_ends_the_session(tmp_path):
+    """The session cookie is HttpOnly, SameSite=Strict, path-scoped; sign-out ends it."""
+    async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
+        response = await sign_in(client, r.token("human:alice"))
+        assert response.status_code == 303 and response.headers["location"].endswith("/approvals")
+        cookie = next(c for c in response.headers.get_list("set-cookie") if c.startswith(COOKIE))
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+        assert "Secure" not in cookie  # plain http here; https makes it Secure
+        page = await client.get("/approvals")
+        assert page.status_code == 200 and "human:alice" in page.text
+        refused = await client.post("/signout", data={"csrf": "wrong"})
+        assert refused.status_code == 403
+        out = await client.post("/signout", data={"csrf": csrf_of(page.text)})
+        assert out.status_code == 303
+        assert (await client.get("/approvals")).status_code == 303
+        [signed_in] = r.rows(event="console_sign_in")
+        assert (signed_in["actor"], signed_in["status"]) == ("human:alice", "approver")
+        assert r.rows(event="console_sign_out", status="signed_out")
+
+
+async def test_sign_in_needs_the_forms_csrf_and_an_approver_or_auditor_token(tmp_path):
+    """No CSRF, an unknown token, or a peer that is neither approver nor auditor: refused."""
+    async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
+        token = r.token("human:alice")
+        no_csrf = await client.post("/signin", data={"token": token})
+        assert no_csrf.status_code == 401 and COOKIE not in no_csrf.cookies
+        unknown = await sign_in(client, "bcpbus_nope")
+        assert unknown.status_code == 401 and "Sign-in refused" in unknown.text
+        assert r.rows(event="auth_failed")
+        agent = await sign_in(client, r.token("agent:main"))
+        assert agent.status_code == 401
+        assert r.rows(event="console_sign_in", status="refused", actor="agent:main")
+        auditor = await sign_in(client, r.token("auditor:carol"))
+        assert auditor.status_code == 303
+        assert r.rows(event="console_sign_in", status="auditor", actor="auditor:carol")
+
+
+async def test_a_decision_needs_the_sessions_csrf_and_a_form(tmp_path):
+    """A decision without the session's CSRF token, or not a form, is refused before the bus."""
+    async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
+        await sign_in(client, r.token("human:alice"))
+        forged = await client.post("/approvals/ap-1", data={"decision": "approve", "csrf": "x"})
+        assert forged.status_code == 403
+        as_json = await client.post("/approvals/ap-1", json={"decision": "approve"})
+        assert as_json.status_code == 403
+        assert not r.rows(event="send_start", actor="human:alice")
+
+
+async def test_the_live_stream_needs_a_session(tmp_path):
+    """Without a session the event stream answers 401 instead of streaming."""
+    async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
+        response = await client.get("/events")
+        assert response.status_code == 401
