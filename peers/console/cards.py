@@ -19,8 +19,8 @@ from ..approver import StoredApproval
 __all__ = ["Card", "card"]
 
 _KINDS = {
-    "response": "A reader's answer waits for your decision",
-    "escalation": "A controller asks to escalate to a Cat-3 summary",
+    "response": "A reader's answer",
+    "escalation": "A controller's escalation to a Cat-3 summary",
 }
 _DONE = {
     "approved": "Approved",
@@ -82,7 +82,8 @@ def card(approval: StoredApproval, now: datetime | None = None) -> Card:
     return Card(
         approval_id=approval.approval_id,
         kind=kind,
-        title=_KINDS.get(kind, kind or "Approval"),
+        title=_KINDS.get(kind, kind or "An approval")
+        + (" waits for a decision" if is_open else ""),
         controller=_text(request.get("controller")),
         reader=_text(request.get("reader")),
         taint=_text(request.get("taint", "high")),

@@ -226,6 +226,9 @@ async def test_hostile_reader_text_renders_inert(browser, tmp_path):
         assert "<img src=x onerror=" in text and "javascript:alert" in text
         assert "admin⟨U+202E⟩override⟨U+202C⟩ zero⟨U+200B⟩width" in text
         assert LONG_WORD in text
+        if (path := screenshot_path("hostile.png")) is not None:
+            await page.locator("#card-ap-hostile h3").scroll_into_view_if_needed()
+            await page.screenshot(path=path, timeout=WAIT_MS * 3)
         await page.goto(f"{r.url}/audit?query=q-hostile#query")
         await page.locator(".untrusted .text").first.wait_for()
         await assert_inert(page, dialogs)
@@ -280,6 +283,8 @@ async def test_the_audit_page_and_a_phone(browser, tmp_path):
         await page.get_by_role("button", name="Verify the whole log now").click()
         verdict = page.locator("#chain .verdict")
         assert "rows intact" in await verdict.inner_text()
+        await page.goto(f"{r.url}/audit?query=q-1#query")
+        assert "approval_rejected" in await page.locator("#query table").inner_text()
         if (path := screenshot_path("audit.png")) is not None:
             await page.screenshot(path=path, full_page=True)
         phone_context, phone, _ = await open_page(
@@ -290,7 +295,7 @@ async def test_the_audit_page_and_a_phone(browser, tmp_path):
         width = await phone.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
         assert width[0] <= width[1], width
         if (path := screenshot_path("approvals-phone.png")) is not None:
-            await phone.screenshot(path=path, full_page=True)
+            await phone.screenshot(path=path)
         assert dialogs == []
         pending.cancel()
         await asyncio.gather(pending, return_exceptions=True)
