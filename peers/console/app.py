@@ -241,6 +241,7 @@ class Console:
         viewer = await self.viewer(request)
         if viewer is None:
             return self.to_signin("ended" if COOKIE in request.cookies else None)
+        await self.feed.refresh()
         flash, viewer.session.flash = viewer.session.flash, []
         return self.render("approvals.html", viewer=viewer, flash=flash, **self._lists())
 
@@ -323,6 +324,11 @@ class Console:
     async def _stream(self, request: Request, viewer: Viewer) -> AsyncIterator[str]:
         """Server-sent events: ``approvals`` with the lists' HTML whenever they change, and
         ``signout`` when the session ends (the script then goes to the sign-in page)."""
+        with self.feed.watching():
+            async for event in self._events_of(request, viewer):
+                yield event
+
+    async def _events_of(self, request: Request, viewer: Viewer) -> AsyncIterator[str]:
         shown, quiet = -1, 0.0
         template = self.env.get_template("_lists.html")
         while not self._closing.is_set():

@@ -3,8 +3,9 @@
 The log is the record: an approval is a ``bcp_approval_requested`` row and, once decided, a
 ``bcp_approval_decided`` row (the gateway's own, whichever process it runs in; see
 :mod:`peers.gateway.core.approvals`). :class:`ApprovalFeed` reads them once from the start, then
-every ``interval`` seconds reads the rows written since the last one it saw: a range of row
-ids, so each read costs what was written meanwhile, not the size of the log. Whoever waits on
+every ``interval`` seconds while a page watches it (and whenever a page is loaded) reads the
+rows written since the last one it saw: a range of row ids, so each read costs what was written
+meanwhile, not the size of the log. Whoever waits on
 :meth:`ApprovalFeed.wait_changed` (a page's live stream) wakes when an approval arrives or is
 decided, by whomever: the console, ``bcpbus approve``, another approver, the expiry timer.
 """
@@ -16,7 +17,7 @@ import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ class ApprovalFeed:
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._watchers = 0
+        self._watched = asyncio.Event()
 
     @property
     def approvals(self) -> list[StoredApproval]:
@@ -63,8 +66,22 @@ class ApprovalFeed:
         """The approval with this id, if kept."""
         return self._approvals.get(approval_id)
 
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Keep reading the log every ``interval`` seconds while inside this block (a live
+        stream is open); with nobody watching, the feed reads only when :meth:`refresh` is
+        called (a page is loaded)."""
+        self._watchers += 1
+        self._watched.set()
+        try:
+            yield
+        finally:
+            self._watchers -= 1
+            if not self._watchers:
+                self._watched.clear()
+
     async def start(self) -> None:
-        """Read the log's approvals, then keep reading what is written."""
+        """Read the log's approvals, then keep reading what is written while watched."""
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="console-feed")
 
@@ -105,6 +122,7 @@ class ApprovalFeed:
 
     async def _run(self) -> None:
         while True:
+            await self._watched.wait()
             await asyncio.sleep(self.interval)
             await self.refresh()
 

@@ -77,7 +77,8 @@ async def test_an_approval_appears_live_and_approving_it_delivers(browser, tmp_p
         assert "main (controller) ← researcher (reader)" in await card.inner_text()
         if (path := screenshot_path("approvals.png")) is not None:
             await page.screenshot(path=path, full_page=True)
-        await card.get_by_role("button", name="Approve").click()
+        await card.get_by_role("button", name="Approve").focus()
+        await page.keyboard.press("Enter")  # the keyboard alone decides
         delivery = await asyncio.wait_for(task, scaled(10))
         assert delivery.response == {"summary": "Enterprise prices change in March."}
         await page.get_by_text("the gateway took the decision").wait_for()

@@ -23,33 +23,34 @@ async def test_the_feed_reads_requests_and_decisions_and_wakes_waiters(tmp_path)
         await feed.start()
         try:
             assert [a.approval_id for a in feed.approvals] == ["ap-1"]
-            version = feed.version
-            waiter = asyncio.create_task(feed.wait_changed(version, scaled(5)))
-            log.record("send_start", payload={"unrelated": True})
-            log.record(
-                "bcp_approval_decided",
-                actor="human:bob",
-                status="approved",
-                payload={"approval_id": "ap-1", "reason": "fine"},
-            )
-            requested(log, "ap-2")
-            await log.commit()
-            assert await waiter > version
-            ap1 = feed.get("ap-1")
-            assert ap1 is not None and (ap1.status, ap1.decided_by) == ("approved", "human:bob")
-            assert feed.get("ap-2") is not None and feed.get("ap-2").status == "pending"
-            # Only the newest decided approvals are kept.
-            requested(log, "ap-3")
-            for approval_id in ("ap-2", "ap-3"):
+            with feed.watching():  # a live stream is open: the feed reads on its own
+                version = feed.version
+                waiter = asyncio.create_task(feed.wait_changed(version, scaled(5)))
+                log.record("send_start", payload={"unrelated": True})
                 log.record(
                     "bcp_approval_decided",
-                    actor="system:gateway",
-                    status="expired",
-                    payload={"approval_id": approval_id},
+                    actor="human:bob",
+                    status="approved",
+                    payload={"approval_id": "ap-1", "reason": "fine"},
                 )
-            await log.commit()
-            await feed.refresh()
-            assert [a.approval_id for a in feed.approvals] == ["ap-3"]
+                requested(log, "ap-2")
+                await log.commit()
+                assert await waiter > version
+                ap1 = feed.get("ap-1")
+                assert ap1 is not None and (ap1.status, ap1.decided_by) == ("approved", "human:bob")
+                assert feed.get("ap-2") is not None and feed.get("ap-2").status == "pending"
+                # Only the newest decided approvals are kept.
+                requested(log, "ap-3")
+                for approval_id in ("ap-2", "ap-3"):
+                    log.record(
+                        "bcp_approval_decided",
+                        actor="system:gateway",
+                        status="expired",
+                        payload={"approval_id": approval_id},
+                    )
+                await log.commit()
+                await feed.refresh()
+                assert [a.approval_id for a in feed.approvals] == ["ap-3"]
         finally:
             await feed.close()
 
