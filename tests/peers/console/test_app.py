@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import httpx
 
 from peers.console import COOKIE
+from peers.testing import scaled
 
-from .conftest import rig
+from .conftest import CAT3, rig
 
 
 def csrf_of(html: str) -> str:
@@ -97,3 +99,40 @@ async def test_the_live_stream_needs_a_session(tmp_path):
     async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
         response = await client.get("/events")
         assert response.status_code == 401
+
+
+CAT1 = {"category": 1, "fields": [{"name": "ok", "type": "boolean"}]}
+
+
+async def test_an_escalation_shows_its_justification_and_is_decided_through_the_form(tmp_path):
+    """An escalation's card shows the controller's reason as text, offers no edit, and a posted
+    approval is the approver's own decision in the log."""
+    async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
+
+        async def handler(query: dict) -> dict:
+            return {"ok": True} if query.get("category") == 1 else {"summary": "Fine."}
+
+        r.reader.on_query(handler)
+        await r.main.ask("researcher", CAT1, task_id="t", timeout=scaled(10))
+        why = "<b>Need</b> the \u202egist"
+        task = asyncio.create_task(
+            r.main.ask("researcher", CAT3, task_id="t", escalation_justification=why, timeout=60)
+        )
+        await sign_in(client, r.token("human:alice"))
+        async with asyncio.timeout(scaled(10)):
+            while (
+                "Why the controller escalates" not in (page := await client.get("/approvals")).text
+            ):
+                await r.console.feed.wait_changed(r.console.feed.version, 1.0)
+        assert '&lt;b&gt;Need&lt;/b&gt; the <span class="cp">⟨U+202E⟩</span>gist' in page.text
+        assert "Send the edit" not in page.text
+        approval_id = re.search(r'id="card-(ap-[0-9a-f]+)"', page.text)[1]
+        decided = await client.post(
+            f"/approvals/{approval_id}", data={"csrf": csrf_of(page.text), "decision": "approve"}
+        )
+        assert decided.status_code == 303
+        assert "the gateway took the decision" in (await client.get("/approvals")).text
+        [row] = r.rows(event="bcp_approval_decided")
+        assert (row["actor"], row["status"]) == ("human:alice", "approved")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
