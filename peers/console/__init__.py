@@ -5,7 +5,8 @@ process: :func:`run_console` mounts :class:`Console` there for as long as the bu
 sign in with the token of an approver (``human:NAME``: they decide) or an auditor
 (``auditor:NAME``: they read); see docs/console.md.
 
-- :mod:`.app`: the routes, sessions checked on each request, the live stream;
+- :mod:`.app`: the routes, sessions checked on each request;
+- :mod:`.live`: the approvals page's live stream (server-sent events);
 - :mod:`.decide`: a decision sent as the approver, as ``bcpbus approve`` sends it;
 - :mod:`.feed`: the approvals, followed in the activity log;
 - :mod:`.audit_page` and :mod:`.charts`: the audit page and its charts;

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -22,7 +21,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -36,6 +35,7 @@ from .audit_page import AuditPage
 from .cards import card
 from .decide import send_decision
 from .feed import ApprovalFeed
+from .live import LiveStream
 from .sessions import Session, Sessions, SessionSettings, same_secret
 from .web import FormError, SecurityHeaders, client_address, read_form, templates
 
@@ -47,7 +47,6 @@ COOKIE = "bcpbus_console"
 """The session cookie: the session's id, nothing else."""
 _SIGNIN_COOKIE = "bcpbus_console_signin"  # the sign-in form's CSRF value, before any session
 _STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
-_KEEPALIVE = 15.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,9 @@ class Console:
         self.feed = ApprovalFeed(bus.log.path, interval=interval)
         self.env = templates()
         self.audit = AuditPage(self)
-        self._closing = asyncio.Event()
+        self.live = LiveStream(self)
+        self.closing = asyncio.Event()
+        """Set by :meth:`close`: live streams end."""
         routes = [
             Route("/", self._home, methods=["GET"]),
             Route("/signin", self._signin_page, methods=["GET"]),
@@ -94,7 +95,7 @@ class Console:
             Route("/signout", self._signout, methods=["POST"]),
             Route("/approvals", self._approvals, methods=["GET"]),
             Route("/approvals/{approval_id}", self._decide, methods=["POST"]),
-            Route("/events", self._events, methods=["GET"]),
+            Route("/events", self.live.endpoint, methods=["GET"]),
             Route("/audit", self.audit.page, methods=["GET"]),
             Route("/audit/verify", self.audit.verify, methods=["POST"]),
             Route("/static/{name}", self._static, methods=["GET"]),
@@ -111,7 +112,7 @@ class Console:
 
     async def close(self) -> None:
         """End every live stream and stop following the log. Idempotent."""
-        self._closing.set()
+        self.closing.set()
         await self.feed.close()
 
     async def __aenter__(self) -> Console:
@@ -243,9 +244,10 @@ class Console:
             return self.to_signin("ended" if COOKIE in request.cookies else None)
         await self.feed.refresh()
         flash, viewer.session.flash = viewer.session.flash, []
-        return self.render("approvals.html", viewer=viewer, flash=flash, **self._lists())
+        return self.render("approvals.html", viewer=viewer, flash=flash, **self.lists())
 
-    def _lists(self) -> dict[str, Any]:
+    def lists(self) -> dict[str, Any]:
+        """The approval cards: ``pending`` oldest first, ``decided`` newest first."""
         now = datetime.now(UTC)
         cards = [card(approval, now) for approval in self.feed.approvals]
         pending = [c for c in cards if c.status == "pending"]
@@ -310,39 +312,6 @@ class Console:
         except FormError:
             return None
         return form if same_secret(form.get("csrf"), viewer.session.csrf) else None
-
-    # The live stream
-
-    async def _events(self, request: Request) -> Response:
-        viewer = await self.viewer(request, touch=False)
-        if viewer is None:
-            return Response("sign in first\n", status_code=401, media_type="text/plain")
-        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        stream = self._stream(request, viewer)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-
-    async def _stream(self, request: Request, viewer: Viewer) -> AsyncIterator[str]:
-        """Server-sent events: ``approvals`` with the lists' HTML whenever they change, and
-        ``signout`` when the session ends (the script then goes to the sign-in page)."""
-        with self.feed.watching():
-            async for event in self._events_of(request, viewer):
-                yield event
-
-    async def _events_of(self, request: Request, viewer: Viewer) -> AsyncIterator[str]:
-        shown, quiet = -1, 0.0
-        template = self.env.get_template("_lists.html")
-        while not self._closing.is_set():
-            if await self.viewer(request, touch=False) is None:
-                yield f"event: signout\ndata: {self.base}/signin?why=ended\n\n"
-                return
-            if shown != self.feed.version or quiet >= _KEEPALIVE:
-                shown, quiet = self.feed.version, 0.0
-                html = template.render(base=self.base, viewer=viewer, **self._lists())
-                yield "event: approvals\n" + "".join(f"data: {line}\n" for line in html.split("\n"))
-                yield "\n"
-            # Wake on a change, and at least once a second to see the session still holds.
-            version = await self.feed.wait_changed(shown, 1.0)
-            quiet += 1.0 if version == shown else 0.0
 
     # Static files and cookies
 

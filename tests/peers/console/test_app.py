@@ -7,7 +7,7 @@ import re
 
 import httpx
 
-from peers.console import COOKIE
+from peers.console import COOKIE, live
 from peers.testing import scaled
 
 from .conftest import CAT3, rig
@@ -94,11 +94,19 @@ async def test_a_decision_needs_the_sessions_csrf_and_a_form(tmp_path):
         assert not r.rows(event="send_start", actor="human:alice")
 
 
-async def test_the_live_stream_needs_a_session(tmp_path):
-    """Without a session the event stream answers 401 instead of streaming."""
+async def test_the_live_stream_needs_a_session_and_is_capped_per_session(tmp_path, monkeypatch):
+    """Without a session the stream answers 401; with one it sends the lists, and one stream
+    more than a session may hold is 429."""
+    monkeypatch.setattr(live, "MAX_STREAMS_PER_SESSION", 1)
     async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
-        response = await client.get("/events")
-        assert response.status_code == 401
+        assert (await client.get("/events")).status_code == 401
+        await sign_in(client, r.token("human:alice"))
+        async with client.stream("GET", "/events") as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.aiter_lines()
+            assert await anext(lines) == "event: approvals"
+            assert "Waiting for a decision" in await anext(lines) + await anext(lines)
+            assert (await client.get("/events")).status_code == 429
 
 
 CAT1 = {"category": 1, "fields": [{"name": "ok", "type": "boolean"}]}
