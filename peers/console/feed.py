@@ -17,8 +17,10 @@ import contextlib
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +43,24 @@ class ApprovalFeed:
         db: the activity log (the bus's SQLite file).
         interval: seconds between two reads of the new rows.
         keep_decided: decided approvals kept to show; older ones are dropped.
+        horizon: seconds of the log the first read covers (found through the ``ts`` index), so
+            that a long log costs the start nothing; an approval asked earlier was decided or
+            expired long since (``approval_timeout`` is minutes), and ``bcpbus approve list
+            --all`` still has it.
     """
 
-    def __init__(self, db: str | Path, *, interval: float = 0.5, keep_decided: int = 50) -> None:
+    def __init__(
+        self,
+        db: str | Path,
+        *,
+        interval: float = 0.5,
+        keep_decided: int = 50,
+        horizon: float = 86400.0,
+    ) -> None:
         self.db = Path(db)
         self.interval = interval
         self.keep_decided = keep_decided
+        self.horizon = horizon
         self.version = 0
         """Counts the changes; pass it to :meth:`wait_changed`."""
         self._approvals: dict[str, StoredApproval] = {}
@@ -81,8 +95,8 @@ class ApprovalFeed:
                 self._watched.clear()
 
     async def start(self) -> None:
-        """Read the log's approvals, then keep reading what is written while watched."""
-        await self.refresh()
+        """Start reading the log's approvals (in the background: a page that asks meanwhile
+        waits for the first read), then what is written while watched."""
         self._task = asyncio.create_task(self._run(), name="console-feed")
 
     async def close(self) -> None:
@@ -99,7 +113,8 @@ class ApprovalFeed:
         """Read the rows written since the last read now; return whether anything changed."""
         async with self._lock:
             try:
-                rows, last = await asyncio.to_thread(_read, self.db, self._after)
+                since = None if self._after else _iso(time.time() - self.horizon)
+                rows, last = await asyncio.to_thread(_read, self.db, self._after, since)
             except (OSError, sqlite3.Error, ValueError) as exc:
                 logger.warning("console: cannot read approvals from %s: %s", self.db, exc)
                 return False
@@ -121,6 +136,7 @@ class ApprovalFeed:
         return self.version
 
     async def _run(self) -> None:
+        await self.refresh()
         while True:
             await self._watched.wait()
             await asyncio.sleep(self.interval)
@@ -157,14 +173,20 @@ class ApprovalFeed:
             del self._approvals[approval.approval_id]
 
 
-def _read(db: Path, after: int) -> tuple[list[tuple[Any, ...]], int]:
-    """The approval rows after row ``after`` and the last row id, in one read transaction."""
+def _read(db: Path, after: int, since: str | None) -> tuple[list[tuple[Any, ...]], int]:
+    """The approval rows after row ``after`` (and at or after the time ``since``) and the last
+    row id, in one read transaction."""
     rows: list[tuple[Any, ...]] = []
     with read_only(db) as conn:
         conn.row_factory = None
         conn.execute("BEGIN")
         (last,) = conn.execute("SELECT COALESCE(MAX(id), 0) FROM activity_log").fetchone()
         start = after
+        if since is not None:
+            (first,) = conn.execute(
+                "SELECT MIN(id) FROM activity_log WHERE ts >= ?", (since,)
+            ).fetchone()
+            start = max(after, (first or last + 1) - 1)
         while start < last:
             batch = conn.execute(
                 "SELECT id, ts, event, actor, status, payload_json FROM activity_log "
@@ -178,6 +200,12 @@ def _read(db: Path, after: int) -> tuple[list[tuple[Any, ...]], int]:
             start = batch[-1][0]
         conn.execute("COMMIT")
     return rows, int(last)
+
+
+def _iso(seconds: float) -> str:
+    """A time as the log's ``ts`` column writes it (UTC, microseconds), for comparing."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _object(text: Any) -> dict[str, Any]:

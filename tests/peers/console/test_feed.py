@@ -22,6 +22,7 @@ async def test_the_feed_reads_requests_and_decisions_and_wakes_waiters(tmp_path)
         feed = ApprovalFeed(log.path, interval=0.05, keep_decided=1)
         await feed.start()
         try:
+            await feed.refresh()
             assert [a.approval_id for a in feed.approvals] == ["ap-1"]
             with feed.watching():  # a live stream is open: the feed reads on its own
                 version = feed.version
@@ -63,3 +64,19 @@ async def test_a_wait_times_out_when_nothing_changes(tmp_path):
         await feed.refresh()
         assert await feed.wait_changed(feed.version, 0.01) == feed.version
         assert not await feed.refresh()
+
+
+async def test_the_first_read_covers_the_horizon_only(tmp_path):
+    """Rows older than the horizon are skipped at the start; every row after it is read."""
+    async with ActivityLog(tmp_path / "log.db") as log:
+        requested(log, "ap-old")
+        await log.commit()
+        feed = ApprovalFeed(log.path, horizon=-60)  # the horizon starts a minute from now
+        assert not await feed.refresh() and feed.approvals == []
+        requested(log, "ap-new")
+        await log.commit()
+        assert await feed.refresh()
+        assert [a.approval_id for a in feed.approvals] == ["ap-new"]
+        everything = ApprovalFeed(log.path)
+        await everything.refresh()
+        assert [a.approval_id for a in everything.approvals] == ["ap-old", "ap-new"]
