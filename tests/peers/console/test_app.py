@@ -6,8 +6,10 @@ import asyncio
 import re
 
 import httpx
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
-from peers.console import COOKIE, live
+from peers.console import COOKIE, PATH, live
 from peers.testing import scaled
 
 from .conftest import CAT3, rig
@@ -144,3 +146,21 @@ async def test_an_escalation_shows_its_justification_and_is_decided_through_the_
         assert (row["actor"], row["status"]) == ("human:alice", "approved")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_over_https_the_cookies_are_secure(tmp_path):
+    """Served over TLS (the request's scheme is https), every cookie the console sets is Secure."""
+    async with rig(tmp_path) as r:
+        app = Starlette(routes=[Mount(PATH, app=r.console)])
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+        async with httpx.AsyncClient(
+            transport=transport, base_url=f"https://console.test{PATH}"
+        ) as client:
+            page = await client.get("/signin")
+            assert "Secure" in page.headers["set-cookie"]
+            response = await sign_in(client, r.token("human:alice"))
+            assert response.status_code == 303
+            cookie = next(
+                c for c in response.headers.get_list("set-cookie") if c.startswith(COOKIE)
+            )
+            assert "Secure" in cookie and "HttpOnly" in cookie
