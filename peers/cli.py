@@ -57,16 +57,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def gateway_beside(config: ServeConfig) -> bus_cli.RunBeside | None:
-    """The gateway that ``bcpbus serve`` runs beside the bus, or None when it is turned off or
-    there are no agent definitions.
+    """What ``bcpbus serve`` runs beside the bus: the gateway, unless it is turned off or there
+    are no agent definitions, and the console (docs/console.md) when the HTTP binding is on;
+    None for neither.
 
     Raises:
         ConfigError: the config's ``gateway:`` section has an unknown key or a bad value.
     """
     settings = GatewaySettings.from_mapping(config.gateway, where=f"{config.source}: gateway")
-    if not settings.enabled or config.agents_dir is None:
-        return None
-    gateway = partial(run_beside, agents_dir=config.agents_dir, settings=settings)
+    gateway = None
+    if settings.enabled and config.agents_dir is not None:
+        gateway = partial(run_beside, agents_dir=config.agents_dir, settings=settings)
     if config.http.port is None:
         return gateway
     return partial(_with_console, gateway)
@@ -74,13 +75,17 @@ def gateway_beside(config: ServeConfig) -> bus_cli.RunBeside | None:
 
 @contextlib.asynccontextmanager
 async def _with_console(
-    gateway: bus_cli.RunBeside, bus: Bus, reloader: Reloader
+    gateway: bus_cli.RunBeside | None, bus: Bus, reloader: Reloader
 ) -> AsyncIterator[object]:
-    """The gateway, and the console on the HTTP binding's port (docs/console.md)."""
+    """The gateway (if any), and the console on the HTTP binding's port."""
     # Imported here: the console needs the http extra, like the binding it is served on.
     from .console import run_console
 
-    async with gateway(bus, reloader) as running, run_console(bus, reloader):
+    async with contextlib.AsyncExitStack() as stack:
+        running = (
+            None if gateway is None else await stack.enter_async_context(gateway(bus, reloader))
+        )
+        await stack.enter_async_context(run_console(bus, reloader))
         yield running
 
 

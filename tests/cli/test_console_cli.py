@@ -62,3 +62,35 @@ async def test_serve_with_http_serves_the_console_and_an_approver_signs_in(tmp_p
     stderr = (await process.stderr.read()).decode()  # type: ignore[union-attr]
     assert code == 0, stderr
     assert f"console: {http}/console/" in stderr
+
+
+async def test_the_console_is_served_without_the_gateway_too(tmp_path):
+    """With --no-gateway (a gateway in a process of its own) the console is still served, and
+    serve says the gateway is off."""
+    process = await asyncio.create_subprocess_exec(
+        *BCPBUS,
+        "serve",
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--no-gateway",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(scaled(30)):
+            await process.stdout.readline()  # listening on ws://...
+            http = (await process.stdout.readline()).decode().strip().removeprefix("http on ")
+        async with httpx.AsyncClient(base_url=f"{http}/console") as client:
+            assert (await client.get("/signin")).status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(scaled(30)):
+            code = await process.wait()
+    stderr = (await process.stderr.read()).decode()  # type: ignore[union-attr]
+    assert code == 0, stderr
+    assert "bcpbus: gateway: off" in stderr and f"console: {http}/console/" in stderr
