@@ -74,7 +74,9 @@ def gateway_beside(config: ServeConfig) -> bus_cli.RunBeside | None:
         gateway = partial(_beside_with_verdicts, agents_dir=config.agents_dir, settings=settings)
     if config.http.port is None:
         return gateway
-    return partial(_with_console, gateway)
+    return partial(
+        _with_console, gateway, agents_dir=config.agents_dir, query_ttl=settings.query_ttl
+    )
 
 
 @contextlib.asynccontextmanager
@@ -90,7 +92,12 @@ async def _beside_with_verdicts(
 
 @contextlib.asynccontextmanager
 async def _with_console(
-    gateway: bus_cli.RunBeside | None, bus: Bus, reloader: Reloader
+    gateway: bus_cli.RunBeside | None,
+    bus: Bus,
+    reloader: Reloader,
+    *,
+    agents_dir: Path | None,
+    query_ttl: float,
 ) -> AsyncIterator[object]:
     """The gateway (if any), and the console on the HTTP binding's port."""
     # Imported here: the console needs the http extra, like the binding it is served on.
@@ -100,7 +107,8 @@ async def _with_console(
         running = (
             None if gateway is None else await stack.enter_async_context(gateway(bus, reloader))
         )
-        await stack.enter_async_context(run_console(bus, reloader))
+        console = run_console(bus, reloader, agents_dir=agents_dir, query_ttl=query_ttl)
+        await stack.enter_async_context(console)
         yield running
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from bus.reload import Reloader
 from bus.server import Bus
@@ -33,17 +34,24 @@ PATH = "/console"
 
 
 @contextlib.asynccontextmanager
-async def run_console(bus: Bus, reloader: Reloader | None = None) -> AsyncIterator[Console | None]:
+async def run_console(
+    bus: Bus,
+    reloader: Reloader | None = None,
+    *,
+    agents_dir: Path | None = None,
+    query_ttl: float = 300.0,
+) -> AsyncIterator[Console | None]:
     """Serve the console on the bus's HTTP binding for the duration of the ``async with``
     block; without a binding (no ``--http-port``) there is nothing to serve it on: None.
 
     ``reloader`` is not needed: each request checks the bus's credentials and policy as they
-    are after the latest reload.
+    are after the latest reload. ``agents_dir`` and ``query_ttl`` give the audit page each
+    channel's risk report.
     """
     if bus.http_mount is None:
         yield None
         return
-    async with Console(bus, base=PATH) as console:
+    async with Console(bus, base=PATH, agents_dir=agents_dir, query_ttl=query_ttl) as console:
         bus.http_mount(PATH, console)
         if reloader is not None and bus.http_url is not None:
             reloader.say(f"bcpbus: console: {bus.http_url}{PATH}/")

@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -69,6 +70,9 @@ class Console:
         base: the path it is mounted at.
         sessions: timeouts and the cap of sessions.
         interval: seconds between two reads of the log's new approval rows.
+        agents_dir: the agent definitions, for the audit page's risk report of each channel
+            (``bcpbus agents check``); None shows none.
+        query_ttl: the gateway's ``query_ttl``, which the report's timing bits use.
     """
 
     def __init__(
@@ -78,8 +82,12 @@ class Console:
         base: str = "/console",
         sessions: SessionSettings | None = None,
         interval: float = 0.5,
+        agents_dir: Path | None = None,
+        query_ttl: float = 300.0,
     ) -> None:
         self.bus = bus
+        self.agents_dir = agents_dir
+        self.query_ttl = query_ttl
         self.base = base
         self.sessions = Sessions(sessions)
         self.feed = ApprovalFeed(bus.log.path, interval=interval)

@@ -3,7 +3,8 @@
 Everything is read from the activity log with the functions behind ``bcpbus audit``
 (:mod:`bus.audit`), on a thread, read-only: bits per channel and their history as a chart
 (:mod:`peers.console.charts`), refusals by reason, one query's timeline (the question, every
-raw answer the reader sent, escaped, the value delivered, every row), and the log's head.
+raw answer the reader sent, escaped, the value delivered, every row), and the log's head; and
+from the agent definitions, each channel's risk report (``bcpbus agents check``).
 Verifying the whole chain reads every row (about nine seconds a million rows), so it runs when
 someone asks (``POST /console/audit/verify``), one at a time, and the page shows the latest
 result with its time.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -22,12 +24,15 @@ from starlette.responses import RedirectResponse, Response
 
 from bus import audit
 
+from ..gateway.risk_command import check
 from .charts import bits_history, draw
 
 if TYPE_CHECKING:
     from .app import Console
 
 __all__ = ["AuditPage", "Checked"]
+
+logger = logging.getLogger("peers.console")
 
 _MAX_QUERY_ID = 128
 
@@ -81,6 +86,12 @@ class AuditPage:
         except ValueError:
             head = None
         detail = audit.query_detail(db, query_id) if query_id else None
+        risk = None
+        if self.console.agents_dir is not None:
+            try:
+                risk = check(self.console.agents_dir, query_ttl=self.console.query_ttl)
+            except (OSError, ValueError) as exc:
+                logger.warning("console: no risk report: %s", exc)
         if detail is not None:
             detail["rows"] = [_timeline_row(row) for row in detail["rows"]]
         return {
@@ -88,6 +99,7 @@ class AuditPage:
             "refusals": audit.refusals_per_reason(db),
             "head": head,
             "detail": detail,
+            "risk": risk,
             "to_json": _json,
         }
 

@@ -91,9 +91,10 @@ class Rig:
 @contextlib.asynccontextmanager
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     """Start everything on free ports; close it all on exit."""
+    directory = agents(tmp_path)
     async with (
-        running_bcp(tmp_path, agents_dir=agents(tmp_path), http=HttpSettings(port=0)) as h,
-        run_console(h.bus.bus) as console,
+        running_bcp(tmp_path, agents_dir=directory, http=HttpSettings(port=0)) as h,
+        run_console(h.bus.bus, agents_dir=directory) as console,
     ):
         assert console is not None
         main, reader = h.controller("main"), h.reader("researcher")

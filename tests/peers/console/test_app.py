@@ -6,10 +6,12 @@ import asyncio
 import re
 
 import httpx
+from markupsafe import escape
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from peers.console import COOKIE, PATH, live
+from peers.gateway.risk_command import check
 from peers.testing import scaled
 
 from .conftest import CAT3, rig
@@ -164,3 +166,15 @@ async def test_over_https_the_cookies_are_secure(tmp_path):
                 c for c in response.headers.get_list("set-cookie") if c.startswith(COOKIE)
             )
             assert "Secure" in cookie and "HttpOnly" in cookie
+
+
+async def test_the_audit_page_shows_each_channels_risk_report(tmp_path):
+    """The audit page carries the risk verdict of every channel of the agent definitions."""
+    async with rig(tmp_path) as r, httpx.AsyncClient(base_url=r.url) as client:
+        await sign_in(client, r.token("auditor:carol"))
+        page = await client.get("/audit")
+        assert page.status_code == 200
+        risk = page.text.split('id="risk"', 1)[1].split("</section>", 1)[0]
+        [channel] = check(r.console.agents_dir, query_ttl=300.0).channels
+        assert "bcp:main:researcher" in risk and str(escape(channel.verdict)) in risk
+        assert "ad_hoc cat-3" in risk
