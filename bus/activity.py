@@ -176,6 +176,9 @@ EVENTS: frozenset[str] = frozenset(
         # malformed; payload: screener, findings, its detail (logged here, never passed on).
         "bcp_screened",
         "bcp_budget_reset",  # `bcpbus budget reset`: a channel starts a new budget session
+        # The console (peers.console, docs/console.md): actor the clientId signed in with.
+        "console_sign_in",  # status approver | auditor | refused; payload: the address
+        "console_sign_out",  # status signed_out | token_revoked | role_revoked
     }
 )
 """The event names bcpbus writes. :meth:`ActivityLog.record` accepts any string, so a new event

@@ -93,11 +93,11 @@ async def running(
                 yield bus
                 return
             async with _http_binding(bus, http, host, ssl) as binding:
-                bus.http_url = binding.url
+                bus.http_url, bus.http_mount = binding.url, binding.mount
                 try:
                     yield bus
                 finally:
-                    bus.http_url = None
+                    bus.http_url, bus.http_mount = None, None
 
 
 @contextlib.asynccontextmanager

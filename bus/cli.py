@@ -389,8 +389,8 @@ def _serve(args: argparse.Namespace) -> int:
         config = replace(config, http=replace(config.http, port=args.http_port))
     beside: Beside | None = args.beside
     if args.no_gateway:
+        # What runs beside still runs (the console, with --http-port); the gateway does not.
         config = replace(config, gateway={**config.gateway, "enabled": False})
-        beside = None
     elif beside is None:
         print(
             "bcpbus: note: this command line serves the bus alone, without the BCP gateway; "
@@ -486,7 +486,7 @@ async def serve(
             peers=len(Credentials.load(config.peers_file)),
             agents_dir=agents_dir,
             agents=agents,
-            gateway=run_beside is not None,
+            gateway=run_beside is not None and config.gateway.get("enabled", True) is not False,
             db=config.db,
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
         ):

@@ -49,7 +49,8 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
 
 from schemas.common import timestamp
 from schemas.http import (
@@ -190,6 +191,14 @@ class HttpBinding:
         self._socket: socket.socket | None = None
         self._requests: set[asyncio.Task[Any]] = set()
         self._closing = False
+
+    def mount(self, path: str, app: ASGIApp) -> None:
+        """Serve ``app`` under ``path`` on this binding's port, beside its own routes.
+
+        For what runs beside the bus and has pages of its own (the console, :mod:`peers.console`,
+        at ``/console``). Call it before or after :meth:`start`.
+        """
+        self.app.router.routes.append(Mount(path, app=app))
 
     # Lifecycle
 

@@ -163,6 +163,10 @@ class Bus:
         """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.http`) when the bus was
         assembled with one (:func:`bus.assemble.running`), else None. The binding imports the
         bus, never the other way round."""
+        self.http_mount: Callable[[str, Any], None] | None = None
+        """Serves an ASGI app under a path on the HTTP binding's port
+        (:meth:`bus.http.HttpBinding.mount`) while there is one, else None: how what runs beside
+        the bus (the console) adds its pages."""
         self.on_delivered: Callable[[str, float], None] | None = None
         """Told each delivery's outcome (``process_finish`` status) and how many seconds the
         ``processMessage`` call took; :mod:`bus.metrics` sets it."""

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -41,6 +40,8 @@ from peers.approver import (
     Approver,
     Decision,
     StoredApproval,
+    decision_refusal,
+    edited_response,
     neutralize,
     read_approval,
     read_approvals,
@@ -48,7 +49,7 @@ from peers.approver import (
 )
 from peers.client import Peer, PeerClosed
 from schemas.bcp import BcpApprovalRequest, DecisionRefusal
-from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
+from schemas.common import APPROVAL_TOPIC
 
 from .tokens import TOKEN_ENV, find_token
 
@@ -279,7 +280,7 @@ async def _decide(
     if taken:
         print(f"{done} {approval_id}: the gateway took the decision")
         return EXIT_OK
-    why = _refusal(db, message_id)
+    why = decision_refusal(db, message_id)
     code, _, detail = (why or "").partition(": ")
     if code == DecisionRefusal.ALREADY_DECIDED and detail:
         # Someone decided first, or it expired: say so first, not as a generic refusal.
@@ -294,17 +295,6 @@ async def _decide(
         f"see `bcpbus approve show {approval_id}`"
     )
     return EXIT_REFUSED
-
-
-def _refusal(db: Path, message_id: str) -> str | None:
-    """The gateway's answer to the decision, ``"<code>: <detail>"`` (a :class:`DecisionRefusal`),
-    from the activity log if it is at hand."""
-    with contextlib.suppress(FileNotFoundError, ValueError, sqlite3.Error):
-        rows = audit.query_rows(db, message_id=message_id, event="process_finish")
-        for row in rows:
-            if row.get("actor") == GATEWAY_CLIENT_ID and row.get("error"):
-                return neutralize(str(row["error"]))
-    return None
 
 
 # approve watch
@@ -411,15 +401,10 @@ class _Watch:
         if text is None or not text.strip():
             return None
         try:
-            value = json.loads(text)
+            return edited_response(text, request.spec.category)
         except ValueError:
-            value = None
-        if isinstance(value, dict):
-            return value
-        if request.spec.category == 3:
-            return {"summary": text.strip()}
-        self.say('not a JSON object, e.g. {"q1": "answer"}')
-        return None
+            self.say('not a JSON object, e.g. {"q1": "answer"}')
+            return None
 
     async def _send(
         self,

@@ -218,7 +218,7 @@ async def running_bus(
         from bus.http import HttpBinding  # the http extra: imported only when asked for
 
         async with HttpBinding(bus, http, host="127.0.0.1") as binding:
-            bus.http_url = binding.url
+            bus.http_url, bus.http_mount = binding.url, binding.mount
             yield BusHarness(bus, bus.log, credentials, db, binding)
 
 
