@@ -153,6 +153,7 @@ EVENTS: frozenset[str] = frozenset(
         "webhook_retry",
         "delivery_failed",
         "http_refused",  # bus.http: anonymous refusals counted per interval; payload: counts
+        "ws_refused",  # the WebSocket port's, the same way (bus.refusals); payload: counts
         # The log itself.
         "chain_start",  # a chain segment starts; status new | migrated | broken_log_accepted
         "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)

@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_MAX_SUBSCRIPTIONS",
     "DEFAULT_MAX_WRITE_BUFFER",
     "DEFAULT_PROCESS_TIMEOUT",
+    "DEFAULT_REFUSAL_LOG_INTERVAL",
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
     "DEFAULT_HTTP_BODY_TIMEOUT",
@@ -87,7 +88,8 @@ DEFAULT_HTTP_BODY_TIMEOUT = 10.0
 DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT = 5
 DEFAULT_HTTP_MAX_HEADER_BYTES = 16 << 10
 DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS = 32
-DEFAULT_HTTP_REFUSAL_LOG_INTERVAL = 10.0
+DEFAULT_REFUSAL_LOG_INTERVAL = 10.0
+DEFAULT_HTTP_REFUSAL_LOG_INTERVAL = DEFAULT_REFUSAL_LOG_INTERVAL
 DEFAULT_WEBHOOK_MAX_ANSWER_BYTES = 64 << 10
 
 _T = TypeVar("_T")
@@ -156,6 +158,14 @@ class Limits:
     """Seconds a ``messageId`` is remembered per sender; None turns duplicate refusal off."""
     shutdown_grace: Seconds | None = DEFAULT_SHUTDOWN_GRACE
     """Seconds a closing bus waits for the requests in flight to be answered."""
+    # Logging
+    refusal_log_interval: Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)] = (
+        DEFAULT_REFUSAL_LOG_INTERVAL
+    )
+    """Sockets that never initialized are refused (a wrong token, a handshake past the anonymous
+    caps, no ``initialize`` in time, errors before it) without a row each: the refusals are
+    counted and written as one ``ws_refused`` row per this many seconds, so an anonymous
+    client cannot grow the log at will."""
 
 
 @dataclass(frozen=True)

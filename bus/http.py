@@ -64,7 +64,7 @@ from schemas.http import (
 
 from . import __version__
 from ._json import loads
-from .admission import ConnectionGuard, Refusals, guarded_protocol
+from .admission import ConnectionGuard, guarded_protocol
 from .config import HttpSettings
 from .errors import (
     AuthenticationFailed,
@@ -79,6 +79,7 @@ from .fetch import FetchFilter, log_time
 from .metrics import CONTENT_TYPE, Metrics
 from .params import parse
 from .protocol import Request
+from .refusals import Refusals
 from .router import Route as BusRoute
 from .server import Bus
 from .startup import StartupError

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -165,6 +166,17 @@ class BusHarness:
     def peer(self, client_id: str, roles: Sequence[str] = (), **kwargs: Any) -> Peer:
         """A :class:`Peer` with a fresh credential; use it with ``async with``."""
         return Peer(self.url, client_id, self.token(client_id, roles), **kwargs)
+
+    async def refused(self) -> dict[str, int]:
+        """Write the WebSocket refusals counted so far as their ``ws_refused`` row (the bus
+        writes one per interval) and return the reasons summed over every such row."""
+        self.bus.refusals.flush()
+        await self.log.commit()
+        reasons: dict[str, int] = {}
+        for row in self.rows(event="ws_refused"):
+            for reason, count in json.loads(row["payload_json"])["reasons"].items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return reasons
 
     def rows(self, **where: Any) -> list[dict[str, Any]]:
         """Committed activity-log rows whose columns equal ``where``, in order."""
