@@ -290,3 +290,20 @@ def test_a_key_beside_the_database_is_taken_with_a_warning(
     with caplog.at_level(logging.WARNING, "bus.activity"):
         load_signing_key(signer[0], db=signer[0].parent / "bcpbus.db")
     assert "lies in the activity log's directory" in caplog.text
+
+
+async def test_a_checkpoint_file_that_cannot_be_written_does_not_stop_the_log(
+    tmp_path: Path, signer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rows are committed and a warning says the checkpoint was not written."""
+    sink = Checkpointer(load_signing_key(signer[0]), tmp_path / "missing-dir" / "cp")
+    async with (
+        asyncio.timeout(TIMEOUT),
+        ActivityLog(
+            tmp_path / "bcpbus.db", checkpoints=sink, head_every_rows=1, head_every_seconds=None
+        ) as log,
+    ):
+        await log.write("send_start", message_id="a")
+        await log.write("send_start", message_id="b")
+    assert "could not write the activity log's head" in caplog.text
+    assert audit.verify(tmp_path / "bcpbus.db").rows == 3
