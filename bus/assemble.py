@@ -81,7 +81,8 @@ async def running(
     checkpoints = None
     if audit.sign and audit.signing_key is not None:
         target = audit.checkpoints or default_checkpoints_path(db)
-        checkpoints = Checkpointer(_signing_key(audit.signing_key, db), target)
+        key = _signing_key(audit.signing_key, db)
+        checkpoints = Checkpointer(key, target, syslog=audit.syslog)
     log = ActivityLog(
         db,
         key_file=audit.key_file,

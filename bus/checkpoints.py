@@ -31,13 +31,15 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import json
 import logging
 import os
+import socket
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -47,6 +49,7 @@ __all__ = [
     "Checkpointer",
     "Findings",
     "KeyExposed",
+    "SYSLOG_MARKER",
     "Note",
     "SigningKey",
     "VerifierKey",
@@ -314,8 +317,12 @@ class Note:
 def read_notes(text: str) -> list[Note]:
     """Split a checkpoint file (notes one after the other, a blank line between two) into notes.
 
-    A note whose signature lines are missing is kept with none, so that :func:`check` reports it.
+    A syslog file works too: the lines that hold :data:`SYSLOG_MARKER` are read, the rest
+    ignored. A note whose signature lines are missing is kept with none, so that :func:`check`
+    reports it.
     """
+    if f"{SYSLOG_MARKER} " in text:
+        return _syslog_notes(text)
     notes: list[Note] = []
     body: list[str] = []
     signatures: list[tuple[str, bytes]] = []
@@ -341,6 +348,19 @@ def read_notes(text: str) -> list[Note]:
                 start = number
             body.append(line)
     flush()
+    return notes
+
+
+def _syslog_notes(text: str) -> list[Note]:
+    notes = []
+    for number, line in enumerate(text.split("\n"), 1):
+        _, marker, rest = line.partition(f"{SYSLOG_MARKER} ")
+        try:
+            note = json.loads(rest) if marker else None
+        except ValueError:
+            note = None
+        if isinstance(note, str):
+            notes += [replace(found, line=number) for found in read_notes(note)]
     return notes
 
 
@@ -415,17 +435,22 @@ def _check_note(
 
 
 class Checkpointer:
-    """Signs the head as it moves and appends each checkpoint to a file (a
-    :class:`~bus.chain.HeadSink`; database thread).
+    """Signs the head as it moves and appends each checkpoint to a file, and sends it to syslog
+    if asked (a :class:`~bus.chain.HeadSink`; database thread).
 
     Args:
         key: the signing key; its name is the checkpoints' origin.
         path: the file, created 0600 if missing.
+        syslog: a syslog daemon to send each checkpoint to as well, one datagram each:
+            ``HOST:PORT`` (UDP) or the path of a Unix socket (``/dev/log``); None for none.
     """
 
-    def __init__(self, key: SigningKey, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, key: SigningKey, path: str | os.PathLike[str], *, syslog: str | None = None
+    ) -> None:
         self.key = key
         self.path = Path(path)
+        self._syslog = None if syslog is None else _Syslog(syslog)
         self._file: TextIO | None = None
         self._last: tuple[int, str] | None = None
 
@@ -433,7 +458,7 @@ class Checkpointer:
         """Sign ``head`` and append it, unless it is the one signed last.
 
         Raises:
-            OSError: the file cannot be written; the next head will be tried.
+            OSError: the file cannot be written or syslog reached; the next head will be tried.
         """
         if head == self._last:
             return
@@ -444,9 +469,44 @@ class Checkpointer:
         self._file.write(note + "\n")
         self._file.flush()
         self._last = head
+        if self._syslog is not None:
+            self._syslog.send(note)
 
     def close(self) -> None:
         if self._file is not None:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
+        if self._syslog is not None:
+            self._syslog.close()
+
+
+SYSLOG_MARKER = "bcpbus-checkpoint"
+"""What precedes a checkpoint in a syslog line: the note follows as one JSON string."""
+
+
+class _Syslog:
+    """Checkpoints as syslog datagrams (RFC 3164: ``<13>bcpbus: bcpbus-checkpoint "..."``,
+    facility user, severity notice). A datagram never blocks the log's thread for long, and a
+    note of about 200 bytes fits any syslog daemon's limit. The note goes as a JSON string, one
+    line, so that :func:`read_notes` finds it again in the daemon's file."""
+
+    def __init__(self, address: str) -> None:
+        if address.startswith("/"):
+            self._target: Any = address
+            family = socket.AF_UNIX
+        else:
+            host, sep, port = address.rpartition(":")
+            if not sep or not port.isdigit():
+                raise ValueError(f"syslog {address!r}: give HOST:PORT or a socket path")
+            family, _, _, _, self._target = socket.getaddrinfo(
+                host.strip("[]"), int(port), type=socket.SOCK_DGRAM
+            )[0]
+        self._socket = socket.socket(family, socket.SOCK_DGRAM)
+
+    def send(self, note: str) -> None:
+        line = f"<13>bcpbus: {SYSLOG_MARKER} {json.dumps(note)}"
+        self._socket.sendto(line.encode(), self._target)
+
+    def close(self) -> None:
+        self._socket.close()

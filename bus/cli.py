@@ -200,6 +200,11 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         help="append signed checkpoints to FILE (default: the --db path plus .checkpoints)",
     )
     serve.add_argument(
+        "--audit-syslog",
+        metavar="ADDRESS",
+        help="send each checkpoint to syslog as well: HOST:PORT (UDP) or a socket such as /dev/log",
+    )
+    serve.add_argument(
         "--no-checkpoints", action="store_true", help="sign no checkpoints of the activity log"
     )
     serve.add_argument(
@@ -425,6 +430,7 @@ def _serve(args: argparse.Namespace) -> int:
             "key_file": args.audit_key,
             "signing_key": args.signing_key,
             "checkpoints": args.audit_checkpoints,
+            "syslog": args.audit_syslog,
             "sign": False if args.no_checkpoints else None,
             "head": args.audit_head,
             "head_every_rows": args.audit_head_rows,

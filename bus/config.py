@@ -167,6 +167,9 @@ class AuditSettings:
     checkpoints: StrictStr | None = None
     """Where signed checkpoints are appended; None for the database's path plus
     ``.checkpoints``."""
+    syslog: StrictStr | None = None
+    """A syslog daemon each checkpoint is sent to as well: ``HOST:PORT`` (UDP) or a Unix socket
+    path such as ``/dev/log``; None for none."""
     sign: StrictBool = True
     """Whether ``bcpbus serve`` signs checkpoints at all (``false`` turns them off)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import socket
 import sqlite3
 import stat
 from pathlib import Path
@@ -307,3 +308,40 @@ async def test_a_checkpoint_file_that_cannot_be_written_does_not_stop_the_log(
         await log.write("send_start", message_id="b")
     assert "could not write the activity log's head" in caplog.text
     assert audit.verify(tmp_path / "bcpbus.db").rows == 3
+
+
+async def test_checkpoints_sent_to_syslog_verify_from_the_daemons_file(
+    tmp_path: Path, signer
+) -> None:
+    """Each checkpoint goes to a syslog daemon (here a UDP socket) as one line; the file the
+    daemon writes is a checkpoint file verify reads, other lines ignored."""
+    daemon = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    daemon.bind(("127.0.0.1", 0))
+    daemon.setblocking(False)
+    try:
+        db = tmp_path / "bcpbus.db"
+        sink = Checkpointer(
+            load_signing_key(signer[0]),
+            f"{db}.checkpoints",
+            syslog=f"127.0.0.1:{daemon.getsockname()[1]}",
+        )
+        async with (
+            asyncio.timeout(TIMEOUT),
+            ActivityLog(db, checkpoints=sink, head_every_rows=2, head_every_seconds=None) as log,
+        ):
+            for n in range(4):
+                await log.write("send_start", message_id=f"m-{n}")
+        lines = ["Nov 26 20:00:00 host sshd[1]: unrelated"]
+        while True:
+            try:
+                lines.append("Nov 26 20:00:01 host " + daemon.recv(4096).decode())
+            except BlockingIOError:
+                break
+    finally:
+        daemon.close()
+    assert len(lines) >= 3 and lines[1].split(" host ")[1].startswith("<13>bcpbus: ")
+    syslog_file = tmp_path / "syslog"
+    syslog_file.write_text("\n".join(lines) + "\n")
+    result = audit.verify(db, pubkey=signer[1], checkpoints=[syslog_file])
+    assert result.ok and result.signed is not None and result.signed.last == 5
+    assert result.signed.signed == len(lines) - 1
