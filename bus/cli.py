@@ -35,7 +35,7 @@ from schemas.agents import load_agents
 from . import __version__, audit
 from .assemble import running
 from .chain_v1 import default_key_path
-from .checkpoints import create_signing_key
+from .checkpoints import create_signing_key, default_checkpoints_path
 from .config import AuditSettings, ConfigError, ServeConfig
 from .credentials import Credentials, CredentialsError, validate_webhook_url
 from .errors import BusError
@@ -547,6 +547,7 @@ async def serve(
             gateway=run_beside is not None,
             db=config.db,
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            checkpoints=_checkpoints_line(config),
         ):
             say(f"bcpbus: {line}")
         # Printed once the gateway is subscribed too: "listening" means ready for BCP.
@@ -870,6 +871,19 @@ def default_signing_key_path() -> Path:
     directory (``$XDG_CONFIG_HOME/bcpbus``, else ``~/.config/bcpbus``), not the database's."""
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return Path(base) / "bcpbus" / "signing.key"
+
+
+def _checkpoints_line(config: ServeConfig) -> str:
+    """What the start-up summary says of the log's checkpoints."""
+    settings = config.audit
+    if not settings.sign or settings.signing_key is None:
+        return "off (nothing signs the activity log: give --signing-key)"
+    target = settings.checkpoints or default_checkpoints_path(config.db)
+    syslog = f" and to syslog {settings.syslog}" if settings.syslog else ""
+    return (
+        f"signed with {settings.signing_key}, appended to {target}{syslog}; auditors check "
+        f"them with `bcpbus audit verify --pubkey {settings.signing_key}.pub`"
+    )
 
 
 def _default_signing_key(settings: AuditSettings) -> AuditSettings:
