@@ -834,8 +834,6 @@ def _audit_verify(args: argparse.Namespace) -> int:
         broken = segment.get("broken") or {}
         why = f": row {broken.get('row')}: {broken.get('why')}" if broken else ""
         print(f"note: row {segment['id']} ({segment['ts']}) starts a new chain segment{why}")
-    for note in result.notes:
-        print(f"note: {note}")
     if result.ok:
         row_id, chain = result.head or (0, "none")
         signed = ""
@@ -843,15 +841,18 @@ def _audit_verify(args: argparse.Namespace) -> int:
             found = result.signed
             signed = f"; {found.signed} checkpoints verify, the last at row {found.last}"
         print(f"ok: {result.rows} rows intact; head {row_id}:{chain}{signed}")
-        return 0
-    first, *more = result.problems
-    where = f"row {first.row}" if first.row is not None else str(db)
-    print(f"{where}: {audit.neutralize(first.why)}")
-    if more:
-        print(
-            f"and {len(more)} more problems; the next: " + "; ".join(_problem(p) for p in more[:3])
-        )
-    return 1
+    else:
+        first, *more = result.problems
+        where = f"row {first.row}" if first.row is not None else str(db)
+        print(f"{where}: {audit.neutralize(first.why)}")
+        if more:
+            print(
+                f"and {len(more)} more problems; the next: "
+                + "; ".join(_problem(p) for p in more[:3])
+            )
+    for note in result.notes:  # after the verdict, which scripts read first
+        print(f"note: {note}")
+    return 0 if result.ok else 1
 
 
 def _audit_keygen(args: argparse.Namespace) -> int:
