@@ -215,7 +215,12 @@ def create_signing_key(path: str | os.PathLike[str], name: str) -> tuple[Path, V
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         _write_new(partial, key.to_text(), 0o600)
-        os.link(partial, path)
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a filesystem without hard links: create the name itself
+            _write_new(path, key.to_text(), 0o600)
     finally:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
