@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from bus import audit, cli
-from bus.activity import SCHEMA, ActivityLog
-from bus.chain import GENESIS, INTEGER_COLUMNS, canonical_row
+from bus.activity import COLUMNS, SCHEMA, ActivityLog
+from bus.chain import GENESIS, INTEGER_COLUMNS, Chainer, canonical_row
 from bus.chain_v1 import encode_row as encode_v1, fields_of as fields_v1
 from bus.checkpoints import (
     Checkpoint,
@@ -345,3 +346,41 @@ async def test_checkpoints_sent_to_syslog_verify_from_the_daemons_file(
     result = audit.verify(db, pubkey=signer[1], checkpoints=[syslog_file])
     assert result.ok and result.signed is not None and result.signed.last == 5
     assert result.signed.signed == len(lines) - 1
+
+
+_TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), _TEXT), min_size=len(COLUMNS) - 3, max_size=len(COLUMNS) - 3
+    ),
+    epoch=st.one_of(st.none(), st.integers(min_value=0, max_value=2**63 - 1)),
+)
+def test_the_writers_encoding_is_what_verify_reads_back(values, epoch) -> None:
+    """Any row the writer chains (text, numbers as text, an epoch) verifies once SQLite has
+    stored it with the column's affinity: the writer's class letters are the stored ones."""
+    row = (
+        "2026-05-09T10:00:00.000000Z",
+        "send_start",
+        *values[1:],
+        None if epoch is None else str(epoch),
+        values[0],
+    )
+    params, _, head = Chainer(COLUMNS).link([row], 0, None)
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(SCHEMA)
+    names = ",".join(("id", *COLUMNS, "chain"))
+    conn.execute(
+        f"INSERT INTO activity_log ({names}) VALUES ({','.join('?' * len(params))})", params
+    )
+    conn.row_factory = sqlite3.Row
+    stored = dict(conn.execute("SELECT * FROM activity_log").fetchone())
+    conn.close()
+    assert (
+        hashlib.sha256(
+            GENESIS + canonical_row({k: v for k, v in stored.items() if k != "chain"})
+        ).hexdigest()
+        == head
+    )
