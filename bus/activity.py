@@ -426,6 +426,8 @@ class ActivityLog:
         self._writer = asyncio.create_task(self._run(), name=f"activity-writer {self.path}")
         self._writer.add_done_callback(self._writer_done)
         self._heads.start(self._ship_head_later)
+        # Sign the head as found and checked: a checkpoint vouches for the log from the start.
+        await thread.run(self._ship_head)
         logger.info("activity log open: %s", self.path)
 
     async def close(self) -> None:

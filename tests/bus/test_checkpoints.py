@@ -105,9 +105,9 @@ def test_an_intact_signed_log_verifies_with_the_public_key_alone(
     written at close, signs the last row."""
     code, line = verify(db, signer[1], capsys)
     assert code == 0 and line.startswith("ok: 32 rows intact")
-    assert "4 checkpoints verify, the last at row 32" in line
+    assert "5 checkpoints verify, the last at row 32" in line
     notes = read_notes(Path(f"{db}.checkpoints").read_text())
-    assert [Checkpoint.from_text(n.text).size for n in notes] == [11, 21, 31, 32]
+    assert [Checkpoint.from_text(n.text).size for n in notes] == [1, 11, 21, 31, 32]
 
 
 def test_a_signed_note_reads_as_go_sumdb_note_writes_it() -> None:
@@ -240,7 +240,7 @@ async def test_a_replaced_or_emptied_log_is_caught(
             log.record("send_start", message_id=f"other-{n}")
     assert audit.verify(db).ok
     code, line = verify(db, signer[1], capsys)
-    assert code == 1 and "row 11 is not the row it signed" in line
+    assert code == 1 and "row 1 is not the row it signed" in line
     tamper(db, DROP_TRIGGERS + "DELETE FROM activity_log;" + TRIGGERS)
     code, line = verify(db, signer[1], capsys)
     assert code == 1 and "the log ends at row 0" in line
