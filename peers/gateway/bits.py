@@ -48,12 +48,21 @@ from functools import cache
 from importlib import resources
 from typing import Final
 
-from schemas.bcp import ExpectedFormat, NormalizedValue, QuerySpec, Question, SpecField
+from schemas.bcp import (
+    AnomalyCode,
+    ExpectedFormat,
+    NormalizedValue,
+    QuerySpec,
+    Question,
+    SpecField,
+)
 
 __all__ = [
     "ALLOWANCE_UNTIL",
     "ALLOWANCE_WORDS",
     "BITS_PER_WORD",
+    "CEILING_BITS_PER_WORD",
+    "CEILING_BITS_PER_QUESTION",
     "DATE_BITS",
     "ENGLISH",
     "NAMES",
@@ -63,10 +72,13 @@ __all__ = [
     "alphabet_of",
     "answer_bits",
     "field_bits",
+    "findings_bits",
     "foreign_char",
     "question_bits",
+    "question_ceiling",
     "short_answer_allowance",
     "spec_bits",
+    "spec_ceiling",
     "text_bits",
     "value_bits",
     "vocabulary_rank",
@@ -415,6 +427,84 @@ def spec_bits(spec: QuerySpec) -> float:
         questions = spec.questions or ()
         return math.fsum(question_bits(q) for q in questions) + short_answer_allowance(questions)
     return text_bits(spec.max_words or 0)
+
+
+CEILING_BITS_PER_WORD: Final = 48
+"""The most a word of a text answer may carry on average: the per-question ceiling's rate.
+
+English prose measures 9 to 14 bits a word under this code, short factual answers (names,
+figures) 15 to 37, prose in other Latin-script languages 25 to 47, since the vocabulary is
+English and their words are spelled out letter by letter; docs/bcp.md has the figures.
+"""
+
+CEILING_BITS_PER_QUESTION: Final = 64
+"""What a question may carry beyond :data:`CEILING_BITS_PER_WORD` a word: room for a long
+name or a figure with its unit in a short field."""
+
+
+def question_ceiling(question: Question) -> float:
+    """Return the most an answer to ``question`` may carry: 48 a word plus 64, or exact.
+
+    Formats with an exact code are bounded by what their longest answer measures: ``yes_no``
+    1 bit, ``date`` :data:`DATE_BITS`. Every other answer is measured (:func:`value_bits`) and
+    refused when it measures more than this.
+    """
+    if question.expected_format == "yes_no":
+        return 1.0
+    if question.expected_format == "date":
+        return DATE_BITS
+    return _text_ceiling(question.max_words)
+
+
+def _text_ceiling(max_words: int) -> float:
+    return float(CEILING_BITS_PER_WORD * max_words + CEILING_BITS_PER_QUESTION)
+
+
+def spec_ceiling(spec: QuerySpec, *, flag: bool = False) -> float:
+    """Return the most an answer to ``spec`` may carry: the worst case the gateway reserves.
+
+    Args:
+        spec: the query's or subscription's spec.
+        flag: the channel's ``anomaly_action`` is ``flag``: its findings reach the controller
+            too, and :func:`findings_bits` of the most findings is added.
+
+    Returns:
+        Cat-1: :func:`spec_bits` (exact). Cat-2: the sum of :func:`question_ceiling`; Cat-3:
+        48 a word of ``max_words`` plus 64. :func:`spec_bits` stays the estimate a spec shows.
+    """
+    if spec.category == 1:
+        return spec_bits(spec)
+    if spec.category == 2:
+        bits = math.fsum(question_ceiling(q) for q in spec.questions or ())
+    else:
+        bits = _text_ceiling(spec.max_words or 0)
+    return bits + (_findings_ceiling(spec) if flag else 0.0)
+
+
+def _findings_slots(spec: QuerySpec) -> int:
+    # One slot per answer key, and one for findings about the whole answer (a screener's).
+    return len(spec.response_keys()) + 1
+
+
+def _findings_ceiling(spec: QuerySpec) -> float:
+    return float(_findings_slots(spec) * (1 + len(AnomalyCode)))
+
+
+def findings_bits(spec: QuerySpec, codes: Sequence[tuple[str | None, str]]) -> float:
+    """Return what the findings delivered on a ``flag`` channel carry: codes only.
+
+    Each answer key, and the whole answer, has one slot: 1 bit says whether it has findings,
+    then one bit per :class:`~schemas.bcp.AnomalyCode` says which (a prefix code: 1/2 +
+    2^10 x 2^-11 = 1). Where in the text and which characters are never delivered.
+
+    Args:
+        spec: the spec answered (Cat-2 or Cat-3).
+        codes: ``(field, code)`` pairs delivered; ``field`` None for the whole answer.
+    """
+    if spec.category == 1:
+        return 0.0
+    flagged = len({field for field, _code in codes})
+    return float(_findings_slots(spec) + flagged * len(AnomalyCode))
 
 
 def alphabet_of(expected_format: ExpectedFormat | None) -> Alphabet:
