@@ -637,6 +637,12 @@ async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
         assert again.error == "rate_limited"  # the default min_interval_s, 10 s
         used = h.gateway.ledger.used(("main", "researcher"))
         assert used == pytest.approx(sum(delivery["bits"].values()), abs=0.01)
+        # bcpbus audit --bits splits what the channel paid the same way.
+        await h.bus.log.commit()
+        [row] = audit.bits_per_channel(h.bus.db)
+        assert row["deliveries"] == 1
+        for part in ("value", "outcome", "timing"):
+            assert row[part] == pytest.approx(delivery["bits"][part], abs=0.01)
         # 2000 bits: a summary of 190 words (2,090 bits estimated) no longer fits.
         with pytest.raises(QueryFailed) as failed:
             await p.main.ask(
