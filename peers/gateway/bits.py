@@ -24,8 +24,8 @@ chooses among at most 2^charge of them. The code, for normalized text of n <= W 
   distribution; "the" costs about 4 bits, a rank-10,000 word about 17); ASCII digits; a
   vocabulary word with combining marks; Latin letters spelled out (each given the one before, by
   a letter-pair model of the vocabulary's spellings); or a run of pieces (words,
-  letters, digits, ASCII punctuation, or one other character of the field's alphabet at log2 of
-  its size) closed by an end mark. Counts are in Elias gamma code.
+  letters, digits, ASCII punctuation, a run of one ASCII mark, or one other character of the
+  field's alphabet at log2 of its size) closed by an end mark. Counts are in Elias gamma code.
 - A ``yes_no`` answer is 1 bit, a ``date`` :data:`DATE_BITS`, an ``integer`` or ``number`` a
   sign, then its digits with their counts.
 
@@ -137,7 +137,9 @@ NAMES: Final = Alphabet("any character", ((0x80, 0x10FFFF),))
 letters), each charged as if it were any of the 1,114,000 code points above ASCII."""
 
 _ASCII_PUNCTUATION: Final = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-_PIECE: Final = re.compile(r"[A-Za-z\u00c0-\u024f]+|[0-9]+|.", re.DOTALL)
+_PIECE: Final = re.compile(r"[A-Za-z\u00c0-\u024f]+|[0-9]+|([!-/:-@\[-`{-~])\1+|.", re.DOTALL)
+# A run of one ASCII mark ("=====", "__", "...") is one piece: headings' rules and dunder names
+# would otherwise cost 8 bits a character.
 # Latin letters beyond ASCII (Latin-1 Supplement to Latin Extended-B, with the signs × and ÷,
 # which cost the same as a letter here): they spell names such as Zoë, Saldaña or Dvořák.
 _LATIN_EXTRA: Final = 0x024F - 0x00C0 + 1
@@ -172,7 +174,8 @@ _COMBINING_MARKS: Final = 0x036F - 0x0300 + 1
 _PIECE_WORD: Final = _cost(0.25)
 _PIECE_LETTERS: Final = _cost(0.10)
 _PIECE_DIGITS: Final = _cost(0.15)
-_PIECE_PUNCT: Final = _cost(0.15)
+_PIECE_PUNCT: Final = _cost(0.12)
+_PIECE_REPEAT: Final = _cost(0.03)
 _PIECE_OTHER: Final = _cost(0.05)
 _PIECE_END: Final = _cost(0.30)
 # A letter spelled out: ASCII, or one of the Latin letters beyond it.
@@ -349,6 +352,8 @@ def _run_bits(run: str, alphabet: Alphabet) -> float:
             bits += _PIECE_DIGITS + _digits_bits(piece)
         elif piece in _ASCII_PUNCTUATION:
             bits += _PIECE_PUNCT + math.log2(len(_ASCII_PUNCTUATION))
+        elif piece[0] in _ASCII_PUNCTUATION:  # a run of one mark: which, then how many more
+            bits += _PIECE_REPEAT + math.log2(len(_ASCII_PUNCTUATION)) + _gamma(len(piece) - 1)
         elif alphabet.allows(piece):
             bits += _PIECE_OTHER + alphabet.char_bits
         else:
