@@ -28,9 +28,11 @@ def test_demo_runs_every_step_and_exits_0(tmp_path):
         assert f"[{step}]" in out
     assert "FAILED" not in out
     assert "validation_failed" in out and "escalation_requires_justification" in out
-    assert "budget_exhausted" in out and "Bits per channel" in out
+    assert "budget_exhausted" in out and "rate_limited" in out and "Bits per channel" in out
     bits = json.loads(run("audit", "--db", str(db), "--bits", "--json", cwd=tmp_path).stdout)
-    assert bits[0]["channel"] == "bcp:main:researcher" and bits[0]["budget_left"] < 671
+    assert bits[0]["channel"] == "bcp:main:researcher" and bits[0]["budget_left"] < 2000
+    # What the channel paid, split: every delivery's value, outcome and grid slot.
+    assert bits[0]["value"] > 0 and bits[0]["outcome"] > 0 and bits[0]["timing"] > 0
 
 
 def test_demo_without_a_terminal_rejects_the_summary_and_still_passes(tmp_path):
