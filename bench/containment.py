@@ -66,6 +66,7 @@ from schemas.bcp import AnomalyAction, QuerySpec, ValidationCode
 
 from .common import table
 from .containment_bus import answer, compare, reference
+from .containment_layers import adaptive_rows, layer_table
 from .corpora import INSTALL_HINT, Corpus, Sample, load_corpora
 
 __all__ = ["OUTCOMES", "Options", "cuts", "instructs", "judge", "options", "report", "run"]
@@ -295,6 +296,8 @@ async def run(options: Options) -> dict[str, Any]:
         _attack(c, spec, action) if c.kind == "attack" else _benign(c, spec, action)
         for c in corpora
     ]
+    totals = _totals(rows)  # of the public corpora; the adaptive ones are rows of their own
+    rows += adaptive_rows(spec, action, options.limit)
     attacks = [c for c in corpora if c.kind == "attack"]
     benign = [c for c in corpora if c.kind == "benign"]
     cost = {
@@ -309,7 +312,7 @@ async def run(options: Options) -> dict[str, Any]:
         "action": action,
         "corpora": rows,
         "missing": [asdict(m) for m in missing],
-        "totals": _totals(rows),
+        "totals": totals,
         "cost": cost,
         "bus": bus,
     }
@@ -446,6 +449,7 @@ def report(result: Mapping[str, Any]) -> str:
             table(benign_headers, benign_rows),
             table(field_headers, field_rows),
             *_total_lines(result["totals"]),
+            layer_table(rows),
             _bus_line(result["bus"]),
             _cost_line(result["cost"]),
         ]

@@ -8,6 +8,7 @@ hostile reader wrote.
 ::
 
     bcpbus approve list                          # pending approvals, from ./bcpbus.db
+    bcpbus approve --config site/bcpbus.yaml list   # from the db serve --config uses
     bcpbus approve show appr-1                   # one, rendered
     bcpbus approve --as human:alice --token-file alice.token approve appr-1
     bcpbus approve --as human:alice reject appr-1 --reason "off topic"    # token: $BCPBUS_TOKEN
@@ -34,6 +35,7 @@ from typing import Any, TextIO, TypeVar
 from websockets.exceptions import WebSocketException
 
 from bus import audit
+from bus.config import ServeConfig
 from bus.errors import BusError
 from peers.approver import (
     Approver,
@@ -134,16 +136,50 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         help="a file holding the approver's token",
     )
     token.add_argument("--token", default=default(None), help=f"(or ${TOKEN_ENV})")
-    parser.add_argument(
-        "--db", type=Path, default=default(Path("bcpbus.db")), help="the gateway's database"
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--db", type=Path, default=default(None), help="the gateway's database (./bcpbus.db)"
     )
+    where.add_argument(
+        "--config",
+        type=Path,
+        default=default(None),
+        metavar="FILE",
+        help="read the database's path from serve's config file (bcpbus init DIR writes "
+        "DIR/bcpbus.yaml)",
+    )
+
+
+def _database(args: argparse.Namespace) -> Path:
+    """The gateway's database: ``--db``, else the ``db`` of the ``--config`` file that
+    ``serve --config`` reads (relative to the file, as serve takes it), else ``./bcpbus.db``.
+
+    Raises:
+        ConfigError: the config file cannot be read.
+    """
+    if args.db is not None:
+        return Path(args.db)
+    if args.config is not None:
+        return ServeConfig.load(args.config).db
+    return Path("bcpbus.db")
+
+
+def _no_database(exc: FileNotFoundError) -> int:
+    _error(
+        f"{exc}; name the bus's with --db FILE, or --config FILE as serve was given it "
+        "(the bcpbus init layout: --config DIR/bcpbus.yaml)"
+    )
+    return EXIT_USAGE
 
 
 # approve list / show
 
 
 def _approve_list(args: argparse.Namespace) -> int:
-    approvals = read_approvals(args.db, open_only=not args.all)
+    try:
+        approvals = read_approvals(_database(args), open_only=not args.all)
+    except FileNotFoundError as exc:
+        return _no_database(exc)
     if args.json:
         print(json.dumps([approval.to_dict() for approval in approvals], indent=1))
     elif not approvals:
@@ -170,9 +206,13 @@ def _summary(approval: StoredApproval) -> dict[str, Any]:
 
 
 def _approve_show(args: argparse.Namespace) -> int:
-    approval = read_approval(args.db, args.approval_id)
+    db = _database(args)
+    try:
+        approval = read_approval(db, args.approval_id)
+    except FileNotFoundError as exc:
+        return _no_database(exc)
     if approval is None:
-        _error(f"no approval {args.approval_id} in {args.db}")
+        _error(f"no approval {args.approval_id} in {db}")
         return EXIT_REFUSED
     if args.json:
         print(json.dumps(approval.to_dict(), indent=1))
@@ -211,7 +251,8 @@ def _approve_decide(args: argparse.Namespace) -> int:
     if peer is None:
         return EXIT_USAGE
     decision: Decision = args.action
-    return asyncio.run(_decide(peer, args.approval_id, decision, edited, args.reason, args.db))
+    db = _database(args)
+    return asyncio.run(_decide(peer, args.approval_id, decision, edited, args.reason, db))
 
 
 async def _decide(
