@@ -63,11 +63,15 @@ async def test_serve_runs_the_gateway_with_the_reference_agents(tmp_path):
             await reader.close()
             await controller.close()
     story = json.loads(run("audit", "--bits", "--json", cwd=tmp_path).stdout)
-    # A delivered 1-bit answer costs 2 bits: one more says it was delivered, not failed. It was
-    # charged 3.585 (the dearer outcome, a failure) and given back the difference.
-    assert story[0]["charged"] - story[0]["refunded"] == pytest.approx(2.0)
-    assert story[0]["refunded"] == pytest.approx(1.585, abs=1e-3)
-    assert story[0]["delivered"] == pytest.approx(1.0) and story[0]["deliveries"] == 1
+    # A delivered 1-bit answer costs 2 bits and its grid slot (2 bits for the first, more for a
+    # later one): one bit says it was delivered, not failed. It was charged the dearer outcome
+    # (a failure) and its dearest slot, and given back the difference.
+    row = story[0]
+    assert row["value"] == pytest.approx(1.0) and row["outcome"] == pytest.approx(1.0)
+    assert row["timing"] >= 2.0
+    paid = row["value"] + row["outcome"] + row["timing"]
+    assert row["charged"] - row["refunded"] == pytest.approx(paid, abs=1e-3)
+    assert row["delivered"] == pytest.approx(1.0) and row["deliveries"] == 1
     verified = run("audit", "verify", cwd=tmp_path)
     assert verified.returncode == 0 and verified.stdout.startswith("ok: "), verified.stdout
 
