@@ -264,29 +264,35 @@ def bits_per_channel(
     query's outcome was known (negative bits), ``delivered`` the answer bits of the deliveries
     that reached the controller (``bcp_delivered``). Charged less refunded is what the budget
     paid: ``delivered`` plus what the outcomes themselves carry (one bit per answer, 3.585 per
-    failure; see docs/bcp.md). ``budget_left`` is as of the latest charge, or the whole budget
-    if the channel's budget was reset after it.
+    failure; see docs/bcp.md) and their timing. ``value``, ``outcome`` and ``timing`` split what
+    the deliveries and failures that reached the controller were charged (their ``bits``
+    object, logged as ``split``). ``budget_left`` is as of the latest charge, or the whole
+    budget if the channel's budget was reset after it.
 
     Args:
         topic, since, until: as :func:`query_rows`: a channel (pattern) and a time window.
 
     Returns:
         One dict per channel, by channel name: ``channel``, ``charged``, ``refunded``,
-        ``delivered``, ``deliveries``, ``budget_bits``, ``budget_left``, ``last_ts``.
+        ``delivered``, ``deliveries``, ``value``, ``outcome``, ``timing``, ``budget_bits``,
+        ``budget_left``, ``last_ts``.
 
     Raises:
         FileNotFoundError: ``db`` does not exist.
         ValueError: ``db`` is not an activity log, or a filter is malformed.
     """
     where, params = _filters({}, topic, since, until)
-    where.append("event IN ('bcp_bits_charged', 'bcp_delivered', 'bcp_budget_reset')")
+    where.append(
+        "event IN ('bcp_bits_charged', 'bcp_delivered', 'bcp_budget_reset', 'bcp_query_failed')"
+    )
     where.append("json_valid(payload_json)")
     sql = f"""
         SELECT id, ts, event,
                json_extract(payload_json, '$.channel') AS channel,
                json_extract(payload_json, '$.bits') AS bits,
                json_extract(payload_json, '$.budget_bits') AS budget_bits,
-               json_extract(payload_json, '$.budget_left') AS budget_left
+               json_extract(payload_json, '$.budget_left') AS budget_left,
+               json_extract(payload_json, '$.split') AS split
         FROM activity_log WHERE {" AND ".join(where)} ORDER BY id
     """
     channels: dict[str, dict[str, Any]] = {}
@@ -309,12 +315,19 @@ def _tally(channels: dict[str, dict[str, Any]], row: sqlite3.Row) -> None:
             "refunded": 0.0,
             "delivered": 0.0,
             "deliveries": 0,
+            "value": 0.0,
+            "outcome": 0.0,
+            "timing": 0.0,
             "budget_bits": None,
             "budget_left": None,
             "last_ts": None,
         },
     )
     bits = row["bits"] if isinstance(row["bits"], int | float) else 0.0
+    if row["event"] in ("bcp_delivered", "bcp_query_failed"):
+        _split(entry, row["split"])
+    if row["event"] == "bcp_query_failed":
+        return
     if row["event"] == "bcp_delivered":
         entry["delivered"] += bits
         entry["deliveries"] += 1
@@ -326,6 +339,18 @@ def _tally(channels: dict[str, dict[str, Any]], row: sqlite3.Row) -> None:
     entry["charged" if bits >= 0 else "refunded"] += abs(bits)
     entry["budget_bits"], entry["budget_left"] = row["budget_bits"], row["budget_left"]
     entry["last_ts"] = row["ts"]
+
+
+def _split(entry: dict[str, Any], split: Any) -> None:
+    """Add a delivery's ``bits`` object (value, outcome, timing) to its channel's totals."""
+    try:
+        parts = json.loads(split) if isinstance(split, str) else None
+    except ValueError:
+        return
+    if isinstance(parts, dict):
+        for key in ("value", "outcome", "timing"):
+            if _is_number(parts.get(key)) and parts.get(key) is not None:
+                entry[key] += parts[key]
 
 
 def refusals_per_reason(db: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -160,9 +160,10 @@ def timing_bits(window_s: float | None, quantum_s: float) -> float | None:
 def _window(spec: QuerySpec, query_ttl: float) -> float | None:
     if not isinstance(spec, Subscription):
         return query_ttl  # a reader answers any time before the query expires
-    if spec.min_interval_s is not None:
-        return float(spec.min_interval_s)
-    return 3600.0 / spec.max_per_hour if spec.max_per_hour is not None else None
+    # Every subscription has a min_interval_s now (10 s by default); an hourly cap that spaces
+    # pushes further apart is the tighter bound on when one comes.
+    hourly = 3600.0 / spec.max_per_hour if spec.max_per_hour is not None else 0.0
+    return max(float(spec.min_interval_s), hourly)
 
 
 # One spec
