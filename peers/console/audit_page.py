@@ -120,7 +120,10 @@ class AuditPage:
         log = self.console.bus.log
         at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         try:
-            found = audit.verify(log.path, log.key_file)
+            # A version-1 log's HMAC key exists only where an earlier bus wrote one; a log
+            # chained since (version 2) needs no secret to check.
+            key_file = log.key_file if log.key_file.exists() else None
+            found = audit.verify(log.path, key_file)
         except (OSError, ValueError) as exc:
             return Checked(at, False, 0, None, (f"cannot verify: {exc}",))
         head = f"{found.head[0]}:{found.head[1]}" if found.head else None
