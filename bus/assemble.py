@@ -30,7 +30,7 @@ from .server import Bus
 if TYPE_CHECKING:
     from .http import HttpBinding
 
-__all__ = ["running"]
+__all__ = ["HttpListenFailed", "running"]
 
 
 @contextlib.asynccontextmanager
@@ -65,7 +65,8 @@ async def running(
         ChainBroken: the log's chain or triggers show a change (a ``ValueError`` naming the
             first bad row); see ``accept_broken_log``.
         sqlite3.Error: the log cannot be opened at ``db``.
-        OSError: ``host:port`` (or the HTTP port) cannot be listened on.
+        OSError: ``host:port`` cannot be listened on; :class:`HttpListenFailed` for the HTTP
+            port.
         ImportError: ``http.port`` is set and the ``http`` extra is not installed.
     """
     audit = audit or AuditSettings()
@@ -108,5 +109,14 @@ async def _http_binding(bus: Bus, settings: HttpSettings, host: str) -> AsyncIte
             f"the HTTP binding needs the http extra ({exc.name} is missing): "
             "pip install 'bcpbus[http]'"
         ) from exc
-    async with HttpBinding(bus, settings, host=host) as binding:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            binding = await stack.enter_async_context(HttpBinding(bus, settings, host=host))
+        except OSError as exc:
+            raise HttpListenFailed(exc.errno, exc.strerror) from exc
         yield binding
+
+
+class HttpListenFailed(OSError):
+    """The HTTP binding's port cannot be listened on (not the WebSocket port): the command
+    line names ``--http-port`` for it."""

@@ -205,9 +205,12 @@ async def _peer(args: argparse.Namespace) -> AsyncIterator[Peer]:
         peer = Peer(args.url, client_id, token, reconnect=False, cafile=args.cafile)
         await peer.connect()
     except AuthenticationFailed as exc:
+        # The bus does not say whether the clientId or the token was wrong (that would tell
+        # an attacker which clientIds exist), so the hint covers both without guessing.
         raise ToolError(
-            f"the bus at {args.url} refused {client_id}'s token: check --as and the token, or "
-            f"make a new one with `bcpbus peers rotate {client_id}`"
+            f"the bus at {args.url} refused {client_id}'s token: check --as and the token; "
+            f"a clientId the bus does not know needs `bcpbus peers add {client_id}` on the "
+            "bus's host (`bcpbus peers list` shows the ones it knows)"
         ) from exc
     except (PeerError, BusError, OSError) as exc:
         raise ToolError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from typing import Any, Final
 
 import mcp_types as types
@@ -170,6 +171,21 @@ async def serve_http(bridge: Bridge, host: str, port: int) -> None:
     app = build_server(bridge, notifier).streamable_http_app(host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     try:
-        await uvicorn.Server(config).serve()
+        await _Announcing(config).serve()
     finally:
         await notifier.close()
+
+
+class _Announcing(uvicorn.Server):
+    """A uvicorn server that prints ``listening on http://HOST:PORT/mcp`` on stdout once it
+    accepts connections, as ``bcpbus serve`` does: a script (or a person) waits for the line
+    instead of probing the port, and ``--http 0`` tells which port it got."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                shown = f"[{host}]" if ":" in host else host
+                print(f"listening on http://{shown}:{port}/mcp", flush=True)
+                return
