@@ -31,7 +31,7 @@ from typing import Any, TypeAlias
 
 from schemas.agents import load_agents
 
-from . import __version__, audit
+from . import __version__, audit, completion
 from .assemble import HttpListenFailed, running
 from .chain import default_key_path
 from .config import ConfigError, ServeConfig
@@ -146,6 +146,7 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     _add_audit(sub)
     if extend is not None:
         extend(sub)
+    _add_completion(sub, parser)  # last: it completes every command added before it
     return parser
 
 
@@ -355,6 +356,23 @@ def _add_audit(sub: Any) -> None:
     head = actions.add_parser("head", help="print the last row's ID:HASH")
     head.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="activity log")
     head.set_defaults(command=_audit_head)
+
+
+def _add_completion(sub: Any, root: argparse.ArgumentParser) -> None:
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script: source <(bcpbus completion bash)",
+        description="Print the completion script for SHELL, generated from this command line: "
+        "add `source <(bcpbus completion bash)` to ~/.bashrc, or `source <(bcpbus completion "
+        "zsh)` to ~/.zshrc after compinit.",
+    )
+    comp.add_argument("shell", metavar="SHELL", choices=completion.SHELLS, help="bash or zsh")
+    comp.set_defaults(command=_completion, root=root)
+
+
+def _completion(args: argparse.Namespace) -> int:
+    print(completion.script(args.root, args.shell), end="")
+    return 0
 
 
 # serve
