@@ -90,8 +90,9 @@ def find_zsh() -> str:
 
 
 def test_zsh_registers_the_function_and_reads_the_same_tables():
-    """Sourced into zsh after compinit, the script registers `_bcpbus` with compdef, and its
-    readers find the command path and what completes there as in bash."""
+    """Sourced into zsh after compinit, the script registers `_bcpbus` with compdef; its
+    readers find the command path and what completes there as in bash, and `_bcpbus` hands
+    zsh those words, or file names where there are none."""
     lines = shell(
         find_zsh(),
         """
@@ -103,8 +104,20 @@ print -r -- "$(_bcpbus_path --info peers --peers-file x add)"
 print -r -- "$(_bcpbus_candidates "$(_bcpbus_path audit)" --format j)"
 print -r -- "$(_bcpbus_candidates "$(_bcpbus_path peers)" peers r)"
 print -r -- "$(_bcpbus_candidates "$(_bcpbus_path serve)" serve --no)"
+# The completion function itself, with zsh's builtins stood in for (they need a widget).
+compadd() { print -r -- "compadd $*"; }
+_files() { print -r -- "_files"; }
+t() { words=("$@"); CURRENT=$#words; _bcpbus; }
+t bcpbus --info peers r
+t bcpbus audit --format ''
+t bcpbus audit --db ''
 """,
     )
+    assert lines[5:] == [
+        "compadd -- add rotate list remove online",
+        "compadd -- table json jsonl",
+        "_files",
+    ]
     assert lines[:4] == [
         "_bcpbus",
         "peers add",
