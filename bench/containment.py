@@ -61,6 +61,7 @@ from schemas.bcp import AnomalyAction, QuerySpec, ValidationCode
 
 from .common import table
 from .containment_bus import answer, compare, reference
+from .containment_layers import adaptive_rows, layer_table
 from .corpora import INSTALL_HINT, Corpus, Sample, load_corpora
 
 __all__ = ["OUTCOMES", "Options", "cuts", "instructs", "judge", "options", "report", "run"]
@@ -272,6 +273,8 @@ async def run(options: Options) -> dict[str, Any]:
         _attack(c, spec, action) if c.kind == "attack" else _benign(c, spec, action)
         for c in corpora
     ]
+    totals = _totals(rows)  # of the public corpora; the adaptive ones are rows of their own
+    rows += adaptive_rows(spec, action, options.limit)
     attacks = [c for c in corpora if c.kind == "attack"]
     benign = [c for c in corpora if c.kind == "benign"]
     cost = {
@@ -286,7 +289,7 @@ async def run(options: Options) -> dict[str, Any]:
         "action": action,
         "corpora": rows,
         "missing": [asdict(m) for m in missing],
-        "totals": _totals(rows),
+        "totals": totals,
         "cost": cost,
         "bus": bus,
     }
@@ -401,6 +404,7 @@ def report(result: Mapping[str, Any]) -> str:
             table(attack_headers, attack_rows),
             table(benign_headers, benign_rows),
             *_total_lines(result["totals"]),
+            layer_table(rows),
             _bus_line(result["bus"]),
             _cost_line(result["cost"]),
         ]

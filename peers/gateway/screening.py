@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Final
+from typing import Any, Final
 
 from peers.gateway.cues import reads_like_a_prompt
 from peers.gateway.folding import fold_for_screening
@@ -37,7 +38,7 @@ from peers.gateway.normalize import BIDI_CONTROLS, is_invisible, normalize_text
 from peers.gateway.patterns import CODE, INSTRUCTION, MARKUP, URL
 from schemas.bcp import Anomaly, AnomalyCode
 
-__all__ = ["ENCODED_RUN_MIN", "screen"]
+__all__ = ["ANOMALY_WORDS", "ENCODED_RUN_MIN", "for_controller", "screen"]
 
 ENCODED_RUN_MIN: Final = 32
 """Shortest base64 or hex run reported as ``encoded`` (a 128-bit hash is 32 hex digits)."""
@@ -153,3 +154,33 @@ def _encoded(text: str) -> str | None:
         if sum(classes) >= 3 and longest >= _B64_PIECE_MIN:
             return f"contains a run of {len(run)} base64-like characters"
     return None
+
+
+ANOMALY_WORDS: Final[Mapping[AnomalyCode, str]] = {
+    AnomalyCode.INSTRUCTION: "language addressed to a model",
+    AnomalyCode.URL: "a URL or a domain name",
+    AnomalyCode.CODE: "code or shell syntax",
+    AnomalyCode.MARKUP: "markup: tags, entities or Markdown links",
+    AnomalyCode.EMAIL: "an e-mail address",
+    AnomalyCode.ENCODED: "a long run of encoded data",
+    AnomalyCode.INVISIBLE: "invisible characters, removed",
+    AnomalyCode.BIDI: "bidirectional control characters, removed",
+    AnomalyCode.MIXED_SCRIPT: "a word mixing Latin and Cyrillic letters",
+    AnomalyCode.UNSCREENED: "no usable verdict from a screener",
+}
+"""What a controller is told of each finding: the gateway's fixed words for its code."""
+
+
+def for_controller(anomaly: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a finding (an :class:`Anomaly` as JSON) as a controller may see it: its code and
+    field, with :data:`ANOMALY_WORDS` for its detail.
+
+    A finding's own detail is for the log and the approver: it can carry what the reader chose
+    (a code point and its name, an index, a run's length), and nothing the reader writes but
+    the charged answer may reach the controller.
+    """
+    code = AnomalyCode(anomaly["code"])
+    view: dict[str, Any] = {"code": code.value, "detail": ANOMALY_WORDS[code]}
+    if anomaly.get("field") is not None:
+        view["field"] = anomaly["field"]
+    return view

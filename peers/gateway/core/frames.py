@@ -21,6 +21,7 @@ from schemas.bcp import (
 )
 from schemas.common import step_down
 
+from ..screening import for_controller
 from ..validation import ValidationResult
 
 __all__ = ["anomalies", "delivery", "iso", "validation_result", "wire"]
@@ -71,7 +72,7 @@ def delivery(
     }
     # Only a flag channel delivers the anomalies; on review a human approved the answer.
     if found and channel.anomaly_action == "flag":
-        content["anomalies"] = found
+        content["anomalies"] = [for_controller(anomaly) for anomaly in found]
     if spec.category >= 2:
         # Free text from a tainted reader: say so, and where it came from, in the frame itself,
         # so that a controller can keep it apart from instructions (see render_for_prompt).

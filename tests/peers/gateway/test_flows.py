@@ -598,7 +598,7 @@ async def test_hostile_reader_cannot_reach_the_controller(tmp_path):
 
 
 async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
-    """The reference pair: the reader learns its subscriptions; a push charges 671.0 bits."""
+    """The reference pair: the reader learns its subscriptions; a push charges 363.0 bits."""
     findings = {
         "topic": "Quantum  networking",
         "finding": "A new relay design doubles range.",
@@ -615,12 +615,13 @@ async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
         assert isinstance(verdict, BcpValidationResult)
         assert verdict.success is True and verdict.subscription_id == "research-findings"
         delivery = await pushed.get()
-        assert delivery["bandwidth_bits"] == 671.0 and delivery["taint"] == "medium"
+        assert delivery["bandwidth_bits"] == 363.0 and delivery["taint"] == "medium"
         assert delivery["response"]["topic"] == "Quantum networking"
-        # 2000 bits: two pushes fit (1342), a third (2013) does not.
-        assert (await p.reader.publish("research-findings", "main", findings)).success
-        third = await p.reader.publish("research-findings", "main", findings)
-        assert third.error == "budget_exhausted"
+        # 2000 bits: five pushes fit (1815), a sixth (2178) does not.
+        for _ in range(4):
+            assert (await p.reader.publish("research-findings", "main", findings)).success
+        sixth = await p.reader.publish("research-findings", "main", findings)
+        assert sixth.error == "budget_exhausted"
         with pytest.raises(QueryFailed) as failed:
             await p.main.ask(
                 "researcher",

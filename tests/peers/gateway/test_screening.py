@@ -1,8 +1,9 @@
 from typing import Any
 
 import pytest
+from hypothesis import given, strategies as st
 
-from peers.gateway.screening import ENCODED_RUN_MIN, screen
+from peers.gateway.screening import ANOMALY_WORDS, ENCODED_RUN_MIN, for_controller, screen
 from schemas.bcp import AnomalyCode
 
 
@@ -440,3 +441,25 @@ BENIGN = [
 def test_ordinary_prose_with_the_same_words_is_clean(text):
     """Second-person advice, the word 'ignore', research about AI and code words in prose pass."""
     assert screen(text) == []
+
+
+@given(
+    st.sampled_from(list(AnomalyCode)),
+    st.text(max_size=200),
+    st.none() | st.sampled_from(["company", "summary"]),
+)
+def test_a_controller_sees_a_findings_code_and_field_in_fixed_words(code, detail, field):
+    """Whatever a finding's detail says, a controller gets its code, its field and the
+    gateway's fixed words for that code, nothing else."""
+    finding: dict[str, Any] = {"code": code.value, "detail": detail}
+    if field is not None:
+        finding["field"] = field
+    view = for_controller(finding)
+    assert view.pop("detail") == ANOMALY_WORDS[code]
+    assert view == {"code": code.value, **({"field": field} if field else {})}
+
+
+def test_every_anomaly_code_has_fixed_words():
+    """A new anomaly code cannot reach a controller without the gateway's words for it."""
+    assert set(ANOMALY_WORDS) == set(AnomalyCode)
+    assert all(words and words.isascii() for words in ANOMALY_WORDS.values())

@@ -205,9 +205,13 @@ def test_a_flag_counts_like_the_gateways_own_findings(tmp_path, action, outcome)
         request = sent(actions, "bcp_approval_request")
         assert [a.model_dump(exclude_none=True) for a in request.anomalies] == expected
     else:
-        # The codes reach the controller with the gateway's words; the screener's never do.
+        # The codes reach the controller with the gateway's fixed words for each code; the
+        # screener's never do, nor which screener it was.
         delivery = sent(actions, "bcp_response_delivery")
-        assert delivery["anomalies"] == expected
+        assert delivery["anomalies"] == [
+            {"code": "url", "detail": "a URL or a domain name"},
+            {"code": "instruction", "detail": "language addressed to a model", "field": "founded"},
+        ]
         assert "free text" not in str(delivery)
 
 
