@@ -36,7 +36,7 @@ from .server import Bus
 if TYPE_CHECKING:
     from .http import HttpBinding
 
-__all__ = ["running"]
+__all__ = ["HttpListenFailed", "running"]
 
 
 @contextlib.asynccontextmanager
@@ -73,7 +73,8 @@ async def running(
         ChainBroken: the log's chain or triggers show a change (a ``ValueError`` naming the
             first bad row); see ``accept_broken_log``.
         sqlite3.Error: the log cannot be opened at ``db``.
-        OSError: ``host:port`` (or the HTTP port) cannot be listened on.
+        OSError: ``host:port`` cannot be listened on; :class:`HttpListenFailed` for the HTTP
+            port.
         ImportError: ``http.port`` is set and the ``http`` extra is not installed.
         ValueError: the signing key is missing, not a key, or readable by others
             (:class:`~bus.checkpoints.KeyExposed`).
@@ -126,8 +127,19 @@ async def _http_binding(
             f"the HTTP binding needs the http extra ({exc.name} is missing): "
             "pip install 'bcpbus[http]'"
         ) from exc
-    async with HttpBinding(bus, settings, host=host, ssl=ssl) as binding:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            binding = await stack.enter_async_context(
+                HttpBinding(bus, settings, host=host, ssl=ssl)
+            )
+        except OSError as exc:
+            raise HttpListenFailed(exc.errno, exc.strerror) from exc
         yield binding
+
+
+class HttpListenFailed(OSError):
+    """The HTTP binding's port cannot be listened on (not the WebSocket port): the command
+    line names ``--http-port`` for it."""
 
 
 def _signing_key(path: str, db: str | os.PathLike[str]) -> SigningKey:

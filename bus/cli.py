@@ -32,8 +32,8 @@ from typing import Any, TypeAlias
 
 from schemas.agents import load_agents
 
-from . import __version__, audit
-from .assemble import running
+from . import __version__, audit, completion
+from .assemble import HttpListenFailed, running
 from .chain_v1 import default_key_path
 from .checkpoints import create_signing_key, default_checkpoints_path
 from .config import AuditSettings, ConfigError, ServeConfig
@@ -48,6 +48,7 @@ from .starter import write_starter
 from .startup import (
     StartupError,
     check_db,
+    check_http_extra,
     check_port,
     explain_bind,
     explain_db,
@@ -106,6 +107,10 @@ def main(
     command: Command = args.command
     try:
         return command(args)
+    except BrokenPipeError:
+        # The reader went away (`bcpbus audit --format jsonl | head`): end quietly, as a
+        # program killed by SIGPIPE would (Python docs, "Note on SIGPIPE").
+        return _reader_gone()
     except (ConfigError, PolicyError, CredentialsError, OSError, ValueError) as exc:
         print(f"bcpbus: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -114,6 +119,15 @@ def main(
         return 2
     except KeyboardInterrupt:  # pragma: no cover - interactive only
         return 130
+
+
+def _reader_gone() -> int:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail
+    again, and return the exit code of a process ended by SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _one_line(exc: BaseException) -> str:
@@ -143,6 +157,7 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
     _add_audit(sub)
     if extend is not None:
         extend(sub)
+    _add_completion(sub, parser)  # last: it completes every command added before it
     return parser
 
 
@@ -410,6 +425,23 @@ def _add_audit(sub: Any) -> None:
     head.set_defaults(command=_audit_head)
 
 
+def _add_completion(sub: Any, root: argparse.ArgumentParser) -> None:
+    comp = sub.add_parser(
+        "completion",
+        help="print a shell completion script: source <(bcpbus completion bash)",
+        description="Print the completion script for SHELL, generated from this command line: "
+        "add `source <(bcpbus completion bash)` to ~/.bashrc, or `source <(bcpbus completion "
+        "zsh)` to ~/.zshrc after compinit.",
+    )
+    comp.add_argument("shell", metavar="SHELL", choices=completion.SHELLS, help="bash or zsh")
+    comp.set_defaults(command=_completion, root=root)
+
+
+def _completion(args: argparse.Namespace) -> int:
+    print(completion.script(args.root, args.shell), end="")
+    return 0
+
+
 # serve
 
 
@@ -516,6 +548,8 @@ async def serve(
     agents_dir = config.agents_dir or default_agents_dir()
     config = replace(config, agents_dir=agents_dir)
     check_port(config.port)
+    if config.http.port is not None:
+        check_http_extra(config.http.port)
     check_db(config.db)
     tls = server_context(config.certfile, config.keyfile)
     run_beside = beside(config) if beside is not None else None
@@ -597,6 +631,9 @@ async def _start(
         )
     except sqlite3.Error as exc:
         raise explain_db(exc, config.db) from exc
+    except HttpListenFailed as exc:
+        assert config.http.port is not None  # only a binding that was asked for fails
+        raise explain_bind(exc, config.host, config.http.port, "--http-port") from exc
     except OSError as exc:
         if exc.filename is not None:  # the log's directory, not the socket
             raise explain_db(sqlite3.OperationalError(exc.strerror), config.db) from exc
@@ -707,12 +744,11 @@ def _peers_list(args: argparse.Namespace) -> int:
 def _peers_remove(args: argparse.Namespace) -> int:
     credentials = Credentials.load(args.peers_file)
     if not credentials.remove(args.client_id):
-        print(
-            f"bcpbus: error: {args.client_id} has no token in {args.peers_file}: see "
-            "`bcpbus peers list`",
-            file=sys.stderr,
+        # The same error, and so the same exit code, as `peers rotate` of an unknown id.
+        raise StartupError(
+            f"{args.client_id} has no token in {args.peers_file}: nothing to remove; "
+            "`bcpbus peers list` shows the clientIds that have one"
         )
-        return 1
     credentials.save(args.peers_file)
     print(f"removed {args.client_id} from {args.peers_file}", file=sys.stderr)
     return 0

@@ -11,17 +11,21 @@ the same kind of line.
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Final
 
 from schemas.agents import AgentDefinition
 
 __all__ = [
     "SQLITE_HEADER",
+    "HTTP_EXTRA",
     "StartupError",
     "check_db",
+    "check_http_extra",
     "check_port",
     "explain_bind",
     "explain_db",
@@ -95,12 +99,35 @@ def _check_header(path: Path, option: str) -> None:
         )
 
 
-def explain_bind(exc: OSError, host: str, port: int) -> StartupError:
-    """The one line for a listening socket that could not be opened on ``host:port``."""
+HTTP_EXTRA: Final = ("starlette", "uvicorn", "httpx", "prometheus_client")
+"""The modules the HTTP binding imports: the ``http`` extra (pyproject.toml)."""
+
+
+def check_http_extra(port: int, option: str = "--http-port") -> None:
+    """Check that the HTTP binding can be served on ``port``: a port number, and the ``http``
+    extra installed, so that neither fails after the bus has opened its log.
+
+    Raises:
+        StartupError: the port is out of range, or a module of the extra cannot be imported.
+    """
+    check_port(port, option)
+    for name in HTTP_EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise StartupError(
+                f"{option} {port}: the HTTP binding needs the http extra ({name} is not "
+                "installed): pip install 'bcpbus[http]', or leave out " + option
+            ) from None
+
+
+def explain_bind(exc: OSError, host: str, port: int, option: str = "--port") -> StartupError:
+    """The one line for a listening socket that could not be opened on ``host:port``; ``option``
+    is the one that gave the port (``--http-port`` for the HTTP binding's)."""
     if exc.errno == errno.EADDRINUSE:
         return StartupError(
-            f"--port {port}: something already listens on {host}:{port} (another bus?): stop it, "
-            "or give another port (--port 0 picks a free one)"
+            f"{option} {port}: something already listens on {host}:{port} (another bus?): stop "
+            f"it, or give another port ({option} 0 picks a free one)"
         )
     if exc.errno == errno.EADDRNOTAVAIL:
         return StartupError(
@@ -109,11 +136,11 @@ def explain_bind(exc: OSError, host: str, port: int) -> StartupError:
         )
     if exc.errno == errno.EACCES:
         return StartupError(
-            f"--port {port}: this user may not listen on it (ports below 1024 need privileges): "
+            f"{option} {port}: this user may not listen on it (ports below 1024 need privileges): "
             "give a port from 1024 up"
         )
     reason = exc.strerror or str(exc)
-    return StartupError(f"--host {host} --port {port}: cannot listen there: {reason}")
+    return StartupError(f"--host {host} {option} {port}: cannot listen there: {reason}")
 
 
 def explain_db(exc: sqlite3.Error, path: Path, option: str = "--db") -> StartupError:

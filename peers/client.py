@@ -15,7 +15,10 @@ answered ``processed: false``. Handlers run concurrently, so a handler may itsel
 When the connection drops, the peer reconnects with backoff, initializes again and re-subscribes
 (``reconnect=False`` turns that off), then catches up: it fetches what was sent on its
 subscriptions after the last epoch it saw and hands it to the handlers in epoch order, before
-any new delivery, each message once (``resume=False`` turns that off).
+any new delivery, each message once (``resume=False`` turns that off). ``on_connection`` hears
+each of these moments (:data:`ConnectionEvent`), so a program can say so; a peer whose
+credentials the bus refuses on a reconnect (a revoked or rotated token, close code 4005) stops
+reconnecting and says :class:`GaveUp`.
 """
 
 from __future__ import annotations
@@ -52,7 +55,19 @@ from schemas.bus import FetchMessagesResult, ListSubscriptionsResult, Subscripti
 from .errors import ConnectFailed, InvalidURL, PeerClosed, PeerError, PeerTimeout
 
 # PeerClosed is defined in .errors; it stays importable from here, where it always was.
-__all__ = ["FetchPage", "Handler", "Message", "Peer", "PeerClosed", "Reply", "backoff"]
+__all__ = [
+    "ConnectionEvent",
+    "Disconnected",
+    "FetchPage",
+    "GaveUp",
+    "Handler",
+    "Message",
+    "Peer",
+    "PeerClosed",
+    "Reconnected",
+    "Reply",
+    "backoff",
+]
 
 logger = logging.getLogger("peers.client")
 
@@ -117,6 +132,45 @@ class Reply:
 Handler = Callable[[Message], Awaitable[Reply | bool | None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """The connection ended without :meth:`Peer.close`; the peer reconnects if it may.
+
+    .. versionadded:: 0.2
+    """
+
+    closed: PeerClosed
+    """Why: its ``code`` and ``reason`` are the bus's close frame (1001: the bus stopped)."""
+    reconnecting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnected:
+    """A reconnect succeeded: initialized and subscribed again. The catch-up from
+    ``last_epoch`` (None: none, without epochs or ``resume``) runs next.
+
+    .. versionadded:: 0.2
+    """
+
+    last_epoch: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GaveUp:
+    """The bus refused the credentials on a reconnect: the peer stopped reconnecting. The
+    token was revoked or rotated (the connection closed with 4005 just before), or the policy
+    no longer admits the clientId; a new token is needed.
+
+    .. versionadded:: 0.2
+    """
+
+    error: AuthenticationFailed
+
+
+ConnectionEvent = Disconnected | Reconnected | GaveUp
+"""What ``Peer(on_connection=...)`` is told, in the order it happens."""
+
+
 def backoff(
     initial: float = 0.1, maximum: float = 10.0, factor: float = 1.8, jitter: float = 0.2
 ) -> Iterator[float]:
@@ -146,6 +200,8 @@ class Peer:
             CA, a self-signed bus); by default the system's.
         ssl_context: for a ``wss://`` url, the TLS context to connect with (overrides
             ``cafile``).
+        on_connection: called with each :data:`ConnectionEvent` (a drop, a reconnect, giving
+            up), e.g. to tell a user; it must not block.
 
     Raises:
         InvalidURL: ``cafile`` cannot be loaded.
@@ -164,8 +220,12 @@ class Peer:
         resume: bool = True,
         cafile: str | os.PathLike[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        on_connection: Callable[[ConnectionEvent], None] | None = None,
     ) -> None:
         self.url = url
+        self.on_connection = on_connection
+        self.gave_up: AuthenticationFailed | None = None
+        """Set when the peer stopped reconnecting because the bus refused its credentials."""
         self._ssl = ssl_context or _tls(url, cafile)
         self.client_id = client_id
         self._token = token
@@ -314,7 +374,10 @@ class Peer:
                 await asyncio.wait([self._reader])
             self.connected.clear()
             self._fail_pending()
-            if self._closing or not self.reconnect:
+            if self._closing:
+                return
+            self._tell(Disconnected(self._closed, reconnecting=self.reconnect))
+            if not self.reconnect:
                 return
             for delay in backoff():
                 await asyncio.sleep(delay)
@@ -323,12 +386,19 @@ class Peer:
                 try:
                     await self._open()
                     logger.info("%s: reconnected", self.client_id)
+                    self._tell(Reconnected(self.last_epoch if self.resume else None))
                     break
-                except AuthenticationFailed:
+                except AuthenticationFailed as exc:
                     logger.error("%s: credentials refused on reconnect; giving up", self.client_id)
+                    self.gave_up = exc
+                    self._tell(GaveUp(exc))
                     return
                 except (PeerError, BusError) as exc:
                     logger.info("%s: reconnect failed: %s", self.client_id, exc)
+
+    def _tell(self, event: ConnectionEvent) -> None:
+        if self.on_connection is not None:
+            self.on_connection(event)
 
     async def close(self) -> None:
         """Close the connection and stop reconnecting; wait for running handlers. Idempotent."""

@@ -18,6 +18,11 @@ nobody answers ends with exit code 1 after ``--timeout`` seconds.
 Every failure is one line on stderr that says what to do, with exit code 1 (no reply, the bus
 refused the message) or 2 (bad arguments, no token, the bus unreachable or refusing the
 credentials).
+
+``sub`` outlives the bus: when the connection drops (a restart) it says so on stderr,
+reconnects with backoff, says so again, and first prints what was sent meanwhile (fetched by
+epoch), so a restart loses nothing. When the bus then refuses its token (revoked or rotated: the
+connection closes with 4005) it exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +45,8 @@ from bus.errors import AuthenticationFailed, BusError, InvalidParams
 from bus.topics import matches, validate_pattern, validate_topic
 from schemas.bus import ListPeersResult
 
-from .client import Message, Peer, Reply
-from .errors import PeerError
+from .client import ConnectionEvent, Disconnected, GaveUp, Message, Peer, Reconnected, Reply
+from .errors import PeerClosed, PeerError
 from .tokens import TOKEN_ENV, find_token
 
 __all__ = ["CLIENT_ENV", "DEFAULT_URL", "URL_ENV", "add_online", "add_terminal"]
@@ -86,7 +92,7 @@ def add_terminal(sub: Any) -> None:
         "--count", type=int, metavar="N", help="exit 0 after N messages (default: run until Ctrl-C)"
     )
     _connection_options(sub_)
-    sub_.set_defaults(command=_tool(_sub, _check_sub))
+    sub_.set_defaults(command=_tool(_sub, _check_sub, stays=True))
 
     req = sub.add_parser(
         "req",
@@ -152,16 +158,16 @@ Tool = Callable[[argparse.Namespace, Peer], Coroutine[Any, Any, int]]
 
 
 def _tool(
-    tool: Tool, check: Callable[[argparse.Namespace], None] | None = None
+    tool: Tool, check: Callable[[argparse.Namespace], None] | None = None, *, stays: bool = False
 ) -> Callable[[argparse.Namespace], int]:
     """The command that checks the arguments, connects, runs ``tool``, and turns every failure
-    into one line."""
+    into one line. A tool that ``stays`` connected reconnects when the connection drops."""
 
     def command(args: argparse.Namespace) -> int:
         try:
             if check is not None:
                 check(args)
-            return asyncio.run(_connected(args, tool))
+            return asyncio.run(_connected(args, tool, stays))
         except ToolError as exc:
             print(f"bcpbus: error: {exc}", file=sys.stderr)
             return exc.code
@@ -169,12 +175,12 @@ def _tool(
     return command
 
 
-async def _connected(args: argparse.Namespace, tool: Tool) -> int:
+async def _connected(args: argparse.Namespace, tool: Tool, stays: bool) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with _peer(args) as peer:
+    async with _peer(args, reconnect=stays) as peer:
         work = asyncio.ensure_future(tool(args, peer))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([work, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -188,7 +194,7 @@ async def _connected(args: argparse.Namespace, tool: Tool) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _peer(args: argparse.Namespace) -> AsyncIterator[Peer]:
+async def _peer(args: argparse.Namespace, *, reconnect: bool = False) -> AsyncIterator[Peer]:
     client_id = args.client_id
     if not client_id:
         raise ToolError(f"no clientId: give --as CLIENT_ID (or set ${CLIENT_ENV})")
@@ -202,12 +208,22 @@ async def _peer(args: argparse.Namespace) -> AsyncIterator[Peer]:
             f"(`bcpbus peers add {client_id}` makes one)"
         )
     try:
-        peer = Peer(args.url, client_id, token, reconnect=False, cafile=args.cafile)
+        peer = Peer(
+            args.url,
+            client_id,
+            token,
+            reconnect=reconnect,
+            cafile=args.cafile,
+            on_connection=partial(_say_connection, args.url),
+        )
         await peer.connect()
     except AuthenticationFailed as exc:
+        # The bus does not say whether the clientId or the token was wrong (that would tell
+        # an attacker which clientIds exist), so the hint covers both without guessing.
         raise ToolError(
-            f"the bus at {args.url} refused {client_id}'s token: check --as and the token, or "
-            f"make a new one with `bcpbus peers rotate {client_id}`"
+            f"the bus at {args.url} refused {client_id}'s token: check --as and the token; "
+            f"a clientId the bus does not know needs `bcpbus peers add {client_id}` on the "
+            "bus's host (`bcpbus peers list` shows the ones it knows)"
         ) from exc
     except (PeerError, BusError, OSError) as exc:
         raise ToolError(
@@ -217,6 +233,34 @@ async def _peer(args: argparse.Namespace) -> AsyncIterator[Peer]:
         yield peer
     finally:
         await peer.close()
+
+
+def _say_connection(url: str, event: ConnectionEvent) -> None:
+    """Tell the user on stderr that the connection dropped or came back."""
+    match event:
+        case Disconnected(closed=closed, reconnecting=True):
+            why = f"close code {closed.code}" if closed.code is not None else "no close frame"
+            reason = f": {closed.reason}" if closed.reason else ""
+            _stderr(f"bcpbus: connection to {url} lost ({why}{reason}); reconnecting")
+        case Reconnected(last_epoch=epoch):
+            after = f"; catching up after epoch {epoch}" if epoch is not None else ""
+            _stderr(f"bcpbus: reconnected to {url}{after}")
+        case _:
+            pass  # giving up ends the tool, which says why
+
+
+def _revoked(url: str, client_id: str, closed: PeerClosed | None) -> ToolError:
+    """The one line for a token the bus no longer takes."""
+    how = f" (close code {closed.code}: {closed.reason})" if closed and closed.code else ""
+    return ToolError(
+        f"the bus at {url} no longer accepts {client_id}'s token{how}: it was revoked or "
+        f"rotated; get a new one (`bcpbus peers add {client_id}`, or `bcpbus peers rotate "
+        f"{client_id}` where it still has one) and start again"
+    )
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _check_message(args: argparse.Namespace) -> None:
@@ -284,14 +328,25 @@ async def _pub(args: argparse.Namespace, peer: Peer) -> int:
 
 async def _sub(args: argparse.Namespace, peer: Peer) -> int:
     pattern = args.pattern
-    queue: asyncio.Queue[Message] = asyncio.Queue()
+    queue: asyncio.Queue[Message | GaveUp] = asyncio.Queue()
+    say = peer.on_connection
+    dropped: list[PeerClosed] = []
 
     async def deliver(message: Message) -> Reply:
         if matches(pattern, message.topic):
             queue.put_nowait(message)
         return Reply(True)
 
+    def watch(event: ConnectionEvent) -> None:
+        if say is not None:
+            say(event)
+        if isinstance(event, Disconnected):
+            dropped.append(event.closed)
+        elif isinstance(event, GaveUp):
+            queue.put_nowait(event)
+
     peer.handle(None, deliver)
+    peer.on_connection = watch
     try:
         await peer.subscribe(pattern)
     except BusError as exc:
@@ -299,7 +354,10 @@ async def _sub(args: argparse.Namespace, peer: Peer) -> int:
     print(f"bcpbus: subscribed to {pattern} as {peer.client_id}", file=sys.stderr, flush=True)
     seen = 0
     while args.count is None or seen < args.count:
-        print(_line(await queue.get()), flush=True)
+        item = await queue.get()
+        if isinstance(item, GaveUp):
+            raise _revoked(args.url, peer.client_id, dropped[-1] if dropped else None)
+        print(_line(item), flush=True)
         seen += 1
     return EXIT_OK
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Self
 
+from croniter import croniter
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -154,11 +155,31 @@ class _Model(BaseModel):
 
 
 class CronSchedule(_Model):
-    """A scheduled prompt (seed field; the bus does not run schedules itself)."""
+    """A scheduled prompt: at each time ``schedule`` names, ``bcpbus system`` sends the agent
+    a ``scheduled_message`` carrying ``message`` (starting the agent first if it has a
+    ``command:`` and is not running). The bus itself runs no schedules.
+
+    ``schedule`` is a standard five-field cron expression (minute, hour, day of month, month,
+    day of week), read in UTC, or one of ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``,
+    ``@yearly``; :mod:`croniter` reads it.
+    """
 
     schedule: _Text
     message: _Text
     label: _Text | None = None
+
+    @field_validator("schedule")
+    @classmethod
+    def _check_schedule(cls, value: str) -> str:
+        # croniter also takes six and seven fields (seconds, years); the seed's format, and
+        # every crontab an operator has written, has five.
+        if not (value.startswith("@") or len(value.split()) == 5) or not croniter.is_valid(value):
+            strict_yaml.invalid(
+                f"{value!r} is not a cron schedule: give five fields, minute hour day-of-month "
+                "month day-of-week (e.g. '0 */2 * * *', every two hours, UTC), or @hourly, "
+                "@daily, @weekly, @monthly, @yearly"
+            )
+        return value
 
 
 class Subscription(QuerySpec):

@@ -13,6 +13,10 @@ two ends agree on); these models are what the reference peers agree on: ``bcpbus
     tg:<chat>    -- tg_message {id, text} ---------------> agent:<name>   retried until answered
     agent:<name> -- tg_reply {in_reply_to, text} --------> tg:<chat>
 
+On a definition's ``cron_schedules``, at the times each names::
+
+    agent:system -- scheduled_message {message, schedule, at} --> agent:<name>
+
 Look a model up by its type in :data:`CONTENT_MODELS`. :class:`AgentLifecycle` is the content of
 the ``agent_event`` the system peer publishes on :data:`AGENTS_TOPIC` when it starts or loses an
 agent process; other agents' ``agent_event`` content is their own.
@@ -23,7 +27,16 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from schemas.bcp import AGENT_NAME_PATTERN, ID_PATTERN
 from schemas.bus import CLIENT_ID_PATTERN
@@ -38,6 +51,7 @@ __all__ = [
     "AgentLifecycle",
     "Configure",
     "RouteAssigned",
+    "ScheduledMessage",
     "SpawnError",
     "SpawnRequest",
     "SpawnResult",
@@ -149,6 +163,23 @@ class TgReply(_Content):
     """The ``id`` of the ``tg_message`` it answers; the chat stops retrying that message."""
 
 
+class ScheduledMessage(_Content):
+    """``scheduled_message``, system -> an agent: one of its definition's ``cron_schedules``
+    is due, the reason an agent acts without being asked.
+
+    .. versionadded:: 0.2
+    """
+
+    message: Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+    """The schedule's ``message``: what to do now."""
+    schedule: Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+    """The cron expression that fired."""
+    at: AwareDatetime
+    """The scheduled time (UTC) it fired for; an agent that gets the same ``at`` twice (a
+    resend) acts once."""
+    label: Annotated[StrictStr, Field(min_length=1, max_length=2000)] | None = None
+
+
 class AgentLifecycle(_Content):
     """``agent_event`` content the system peer publishes on ``system:agents``."""
 
@@ -166,5 +197,6 @@ CONTENT_MODELS: dict[str, type[BaseModel]] = {
     "configure": Configure,
     "tg_message": TgMessage,
     "tg_reply": TgReply,
+    "scheduled_message": ScheduledMessage,
 }
 """The content model of each chat ``type``: ``CONTENT_MODELS[type].model_validate(content)``."""

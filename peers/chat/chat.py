@@ -17,6 +17,10 @@
 
 Every decision is committed to the store before it is acted on, so a chat killed at any point and
 started again with the same file goes on where it was, without a second spawn.
+
+A ``spawn_result`` that says the agent cannot be started (no such definition, no command, no
+token, a program that does not run) ends :meth:`Chat.run` with :class:`SpawnFailed`: asking
+again would get the same answer until the operator fixes it. The lines stay queued in the store.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from ..client import Message, Peer, Reply
 from ..errors import PeerError
 from .store import ChatStore, Route
 
-__all__ = ["Chat", "Out", "RetrySettings"]
+__all__ = ["Chat", "Out", "RetrySettings", "SpawnFailed"]
 
 Out = Callable[[dict[str, Any]], None]
 """Receives each event of the chat as a dict with an ``event`` key."""
@@ -75,6 +79,23 @@ class RetrySettings:
     def delay(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failed attempts in a row (1 or more)."""
         return float(min(self.maximum, self.initial * 2 ** max(0, failures - 1)))
+
+
+class SpawnFailed(Exception):
+    """The system peer answered that the chat's agent cannot be started.
+
+    Attributes:
+        result: its ``spawn_result``: ``error`` says which failure, ``detail`` in words.
+    """
+
+    def __init__(self, result: SpawnResult) -> None:
+        super().__init__(result)
+        self.result = result
+
+    def __str__(self) -> str:
+        error = self.result.error.value if self.result.error is not None else "failed"
+        detail = f": {self.result.detail}" if self.result.detail else ""
+        return f"{SYSTEM_CLIENT_ID} cannot start agent:{self.result.agent} ({error}){detail}"
 
 
 class Chat:
@@ -108,6 +129,7 @@ class Chat:
         self._spawn_due = 0.0
         self._configure_failures = 0
         self._configure_due = 0.0
+        self._spawn_failed: SpawnResult | None = None
         peer.handle("spawn_result", self._on_spawn_result)
         peer.handle("route_assigned", self._on_route_assigned)
         peer.handle("tg_reply", self._on_reply)
@@ -128,13 +150,20 @@ class Chat:
     # The loop
 
     async def run(self) -> None:
-        """Send what is due until input has ended and every line is answered."""
+        """Send what is due until input has ended and every line is answered.
+
+        Raises:
+            SpawnFailed: the system peer cannot start the agent; run the chat again once the
+                operator has fixed what ``result.detail`` names.
+        """
         route = self.store.route()
         if route is not None:
             self.out(
                 {"event": "resumed", "agent": route.agent, "unanswered": self.store.unanswered()}
             )
         while not (self._input_ended and self.store.unanswered() == 0):
+            if self._spawn_failed is not None:
+                raise SpawnFailed(self._spawn_failed)
             self._wake.clear()
             delay = await self._step(time.time())
             if delay is None or delay > 0:
@@ -158,6 +187,9 @@ class Chat:
         self.out({"event": "spawn_requested", "agent": self.agent, "attempt": self._spawn_attempts})
         taken = await self._send(SPAWN_TOPIC, "spawn_request", SpawnRequest(agent=self.agent))
         wait = self.settings.reply_timeout if taken else self.settings.delay(self._spawn_attempts)
+        if not taken and self._spawn_attempts == 1:
+            # Said once: without it a chat with no system peer to answer waits in silence.
+            self.out({"event": "spawn_not_taken", "waiting_for": SYSTEM_CLIENT_ID})
         self._spawn_due = now + wait
         return wait
 
@@ -230,6 +262,9 @@ class Chat:
         except ValidationError:
             return Reply(False, "invalid", "malformed spawn_result")
         self.out({"event": "spawn_result", **result.model_dump(mode="json", exclude_none=True)})
+        if not result.success and result.agent == self.agent:
+            self._spawn_failed = result
+            self._wake.set()
         return Reply(True)
 
     async def _on_route_assigned(self, message: Message) -> Reply:

@@ -32,14 +32,21 @@ from ..approver import neutralize
 from ..client import Peer
 from ..errors import PeerError
 from ..tokens import TOKEN_ENV, find_token
-from .chat import Chat, Out, RetrySettings
+from .chat import Chat, Out, RetrySettings, SpawnFailed
 from .store import ChatStore
 
 __all__ = ["add_chat"]
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
-_SHOWN = {"resumed", "route_assigned", "spawn_result", "send_failed", "not_delivered"}
+_SHOWN = {
+    "resumed",
+    "route_assigned",
+    "spawn_result",
+    "spawn_not_taken",
+    "send_failed",
+    "not_delivered",
+}
 """The events plain output shows (on stderr) besides the replies."""
 
 
@@ -133,6 +140,9 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
         outcomes = await asyncio.gather(runner, stopper, return_exceptions=True)
         await peer.close()
     failure = outcomes[0]
+    if isinstance(failure, SpawnFailed):
+        out({"event": "error", "message": f"{failure}; the lines typed stay queued in the --db"})
+        return 1
     if isinstance(failure, sqlite3.Error):
         out({"event": "error", "message": f"the chat's file failed: {failure}"})
         return 1

@@ -11,8 +11,11 @@ same chat: the chat retried it) gets the same reply again and is not counted twi
 numbers show each message handled exactly once. It exits on SIGTERM, SIGINT, or when its standard
 input closes: the system peer holds the other end, so the agent never outlives it.
 
+A ``scheduled_message`` (one of its definition's ``cron_schedules`` came due) is answered
+with a ``scheduled`` event naming the message and its time, once per time.
+
 Each event is one JSON line on stdout (``ready``, ``configured``, ``answered``, ``repeated``,
-``reply_failed``), which the system peer passes on to its own output.
+``reply_failed``, ``scheduled``), which the system peer passes on to its own output.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bus.errors import BusError
-from schemas.chat import MAX_TEXT, Configure, TgMessage, TgReply
+from schemas.chat import MAX_TEXT, Configure, ScheduledMessage, TgMessage, TgReply
 
 from ..client import Message, Peer, Reply
 from ..errors import PeerError
@@ -65,8 +68,21 @@ class EchoAgent:
         """Chat clientId -> where its replies go, from its ``configure``."""
         self._answered: OrderedDict[tuple[str, str], TgReply] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._scheduled: set[tuple[str, str]] = set()
         peer.handle("configure", self._configure)
         peer.handle("tg_message", self._message)
+        peer.handle("scheduled_message", self._scheduled_message)
+
+    async def _scheduled_message(self, message: Message) -> Reply:
+        try:
+            content = ScheduledMessage.model_validate(message.content)
+        except ValidationError:
+            return Reply(False, "invalid", "scheduled_message content is {message, schedule, at}")
+        key = (content.schedule, content.at.isoformat())
+        if key not in self._scheduled:  # a resend of the same time acts once
+            self._scheduled.add(key)
+            self.out({"event": "scheduled", "message": content.message, "at": key[1]})
+        return Reply(True, "scheduled")
 
     async def _configure(self, message: Message) -> Reply:
         try:

@@ -18,7 +18,7 @@ from bus.activity import ActivityLog
 from bus.config import AuditSettings
 from bus.errors import AuthenticationFailed
 from bus.identities import default_agents_dir
-from bus.startup import check_db
+from bus.startup import StartupError, check_db
 from schemas.agents import build_channels, load_agents
 
 from ..errors import ConnectFailed, InvalidURL, PeerTimeout
@@ -198,6 +198,13 @@ def _budget_reset(args: argparse.Namespace) -> int:
         raise ValueError(
             f"no channel bcp:{args.controller}:{args.reader} is defined in {agents_dir}: give "
             f"CONTROLLER READER of a defined channel ({known})"
+        )
+    if not args.db.is_file():
+        # A reset goes into the log the gateway reads; a new empty file would be read by no one.
+        what = "is a directory" if args.db.is_dir() else "does not exist"
+        raise StartupError(
+            f"--db {args.db} {what}: give the activity log the bus and its gateway write "
+            "(`bcpbus serve --db`, ./bcpbus.db by default), e.g. --db /path/to/bcpbus.db"
         )
     check_db(args.db)
     topic = f"bcp:{args.controller}:{args.reader}"

@@ -5,6 +5,9 @@
     bcpbus mcp --url ws://127.0.0.1:8765 --client-id agent:main --token-file main.token
     bcpbus mcp ... --http 8800          # streamable HTTP at http://127.0.0.1:8800/mcp
 
+With ``--http`` the first line on stdout is ``listening on http://HOST:PORT/mcp`` (``--http 0``
+picks a free port and this line names it).
+
 The ``mcp`` SDK is imported when the command runs, not when ``bcpbus`` starts, so the other
 commands work without the ``mcp`` extra installed.
 """
@@ -43,7 +46,11 @@ def add_mcp(sub: Any) -> None:
         "--agents-dir", type=Path, help="agent definitions: the peer's BCP role (default ./agents)"
     )
     parser.add_argument(
-        "--http", type=int, metavar="PORT", help="serve streamable HTTP on PORT, not stdio"
+        "--http",
+        type=int,
+        metavar="PORT",
+        help="serve streamable HTTP on PORT (0: a free one), not stdio; prints "
+        "'listening on http://HOST:PORT/mcp' when ready",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface for --http")
     parser.add_argument(

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import json
 import logging
+import socket
 from typing import Any, Final
 
 import mcp_types as types
@@ -220,7 +221,7 @@ def http_server(
         h11_max_incomplete_event_size=DEFAULT_HTTP_MAX_HEADER_BYTES,
         timeout_keep_alive=DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT,
     )
-    return uvicorn.Server(config)
+    return _Announcing(config)
 
 
 async def serve_http(bridge: Bridge, host: str, port: int) -> None:
@@ -235,3 +236,18 @@ async def serve_http(bridge: Bridge, host: str, port: int) -> None:
         await http_server(bridge, notifier, host, port).serve()
     finally:
         await notifier.close()
+
+
+class _Announcing(uvicorn.Server):
+    """A uvicorn server that prints ``listening on http://HOST:PORT/mcp`` on stdout once it
+    accepts connections, as ``bcpbus serve`` does: a script (or a person) waits for the line
+    instead of probing the port, and ``--http 0`` tells which port it got."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                shown = f"[{host}]" if ":" in host else host
+                print(f"listening on http://{shown}:{port}/mcp", flush=True)
+                return

@@ -12,6 +12,16 @@ and then:
 2. answers ``spawn_result`` (``correlationId``: the request's ``messageId``) to the chat;
 3. on success sends ``route_assigned {chat, agent}`` to the chat.
 
+The definition's ``model``, ``tools`` and ``network`` reach the command too, as
+``BCPBUS_AGENT_MODEL`` (absent when the definition names none), ``BCPBUS_AGENT_TOOLS`` (the
+tool names joined by commas) and ``BCPBUS_AGENT_NETWORK``: the agent program applies them, since
+neither the bus nor this peer can choose a model or cut a network for it (docs/bootstrap.md).
+
+At each time one of a definition's ``cron_schedules`` names (:mod:`peers.system.schedule`), it
+starts the agent if it has a ``command:`` and is not running, then sends it a
+``scheduled_message`` on ``agent:<name>``, again until the agent takes it or
+:data:`SCHEDULE_WINDOW` has passed (a starting agent takes a moment to connect).
+
 One process per agent definition, shared by the chats routed to it: the bus gives
 ``agent:<name>`` the roles and taint of its definition, so an agent never runs under another
 name. An agent that exits is reported (``exited``, and an ``agent_event`` on ``system:agents`` for
@@ -38,21 +48,26 @@ from schemas.chat import (
     SYSTEM_CLIENT_ID,
     AgentLifecycle,
     RouteAssigned,
+    ScheduledMessage,
     SpawnError,
     SpawnRequest,
     SpawnResult,
 )
 from schemas.common import agent_id
 
-from ..client import Message, Peer, Reply
+from ..client import Message, Peer, Reply, backoff
 from ..errors import PeerError
 from ..tokens import TOKEN_ENV
+from .schedule import Clock, Due, Scheduler
 from .supervisor import Child, Supervisor
 from .tokens import NoToken, TokenSource
 
-__all__ = ["SystemPeer", "agent_argv"]
+__all__ = ["SCHEDULE_WINDOW", "SystemPeer", "agent_argv"]
 
 Out = Callable[[dict[str, Any]], None]
+
+SCHEDULE_WINDOW = 60.0
+"""Seconds a ``scheduled_message`` is sent again while no peer takes it."""
 
 
 def agent_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -75,8 +90,9 @@ class SystemPeer:
             takes each agent's taint and roles from it.
         tokens: where agents' tokens come from.
         out: receives each event (``ready``, ``started``, ``spawn_refused``, ``output``,
-            ``exited``...).
+            ``exited``, ``scheduled``, ``schedule_failed``...).
         stop_timeout: seconds each agent has to exit on :meth:`close` before it is killed.
+        clock: the time ``cron_schedules`` are read against; the machine's by default.
     """
 
     def __init__(
@@ -87,6 +103,7 @@ class SystemPeer:
         *,
         out: Out,
         stop_timeout: float = 5.0,
+        clock: Clock | None = None,
     ) -> None:
         self.peer = peer
         self.agents_dir = Path(agents_dir)
@@ -99,6 +116,9 @@ class SystemPeer:
         # process takes milliseconds.
         self._starting = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.scheduler = Scheduler(
+            lambda: load_agents(self.agents_dir), self._on_schedule, clock=clock
+        )
         peer.handle("spawn_request", self._on_spawn_request)
 
     async def start(self) -> None:
@@ -111,10 +131,14 @@ class SystemPeer:
         load_agents(self.agents_dir)
         await self.peer.connect()
         await self.peer.subscribe(SPAWN_TOPIC)
+        self.scheduler.start()
         self.out({"event": "ready", "client_id": self.peer.client_id, "topic": SPAWN_TOPIC})
 
     async def close(self) -> None:
-        """Stop every agent started, finish sending, disconnect. Idempotent."""
+        """Stop the schedules and every agent started, finish sending, disconnect. Idempotent."""
+        await self.scheduler.close()
+        for task in self._tasks:
+            task.cancel()  # a scheduled message still being offered
         await self.supervisor.close()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5)
@@ -176,14 +200,19 @@ class SystemPeer:
         return definition
 
     def _environment(self, definition: AgentDefinition, token: str) -> dict[str, str]:
-        return {
-            **os.environ,
+        env = {
+            **{key: value for key, value in os.environ.items() if key != "BCPBUS_AGENT_MODEL"},
             "BCPBUS_URL": self.peer.url,
             "BCPBUS_CLIENT_ID": agent_id(definition.name),
             TOKEN_ENV: token,  # replaces this peer's own token, if it came the same way
             "BCPBUS_AGENT": definition.name,
             "BCPBUS_AGENT_FILE": str(Path(definition.source).resolve()),
+            "BCPBUS_AGENT_TOOLS": ",".join(definition.tools),
+            "BCPBUS_AGENT_NETWORK": definition.network,
         }
+        if definition.model is not None:
+            env["BCPBUS_AGENT_MODEL"] = definition.model
+        return env
 
     def _folder(self, definition: AgentDefinition) -> Path:
         return Path(definition.source).parent
@@ -193,6 +222,49 @@ class SystemPeer:
         self.out({"event": "spawn_refused", "agent": name, "error": error.value, "detail": detail})
         public = _PUBLIC_DETAIL[error].format(client_id=agent_id(name))
         return SpawnResult(agent=name, success=False, error=error, detail=public)
+
+    # Schedules
+
+    def _on_schedule(self, due: Due) -> None:
+        self._later(self._send_scheduled(due))
+
+    async def _send_scheduled(self, due: Due) -> None:
+        event = {"agent": due.agent, "schedule": due.schedule.schedule, "at": due.at.isoformat()}
+        if self._spawnable(due.agent):
+            async with self._starting:
+                started = await self._ensure_running(due.agent)
+            if not started.success:
+                self.out({"event": "schedule_failed", **event, "error": str(started.error)})
+                return
+        content = ScheduledMessage(
+            message=due.schedule.message,
+            schedule=due.schedule.schedule,
+            at=due.at,
+            label=due.schedule.label,
+        ).model_dump(mode="json", exclude_none=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SCHEDULE_WINDOW
+        for delay in backoff(initial=0.2, maximum=5.0):
+            try:
+                result = await self.peer.send(agent_id(due.agent), "scheduled_message", content)
+                if int(result.get("deliveredTo", 0)) >= 1:
+                    self.out({"event": "scheduled", **event})
+                    return
+            except (PeerError, BusError) as exc:
+                error = str(exc)
+            else:
+                error = "no peer took it"
+            if loop.time() + delay > deadline:
+                self.out({"event": "schedule_failed", **event, "error": error})
+                return
+            await asyncio.sleep(delay)  # the agent is starting: offer it again
+
+    def _spawnable(self, name: str) -> bool:
+        try:
+            definition = load_agents(self.agents_dir).get(name)
+        except (DefinitionError, OSError):
+            return False
+        return definition is not None and definition.command is not None
 
     # What the agents do
 

@@ -238,3 +238,28 @@ def test_chat_refuses_to_start_without_what_it_needs(tmp_path):
     assert directory.stderr.strip() == (
         "bcpbus: error: --db adir is a directory: give a file name, e.g. chat.db"
     )
+
+
+async def test_chat_for_an_agent_that_cannot_start_exits_with_one_line(tmp_path):
+    """`chat --agent X` for an X the system peer cannot start (no definition; no token) exits
+    1 with one line saying why, instead of asking again forever; with no system peer it says
+    whom it waits for."""
+    async with running_bus(tmp_path, identities=load_identities(AGENTS)) as h:
+        args = chat_args(h, tmp_path)
+        plain = [arg for arg in args if arg != "--json"]
+        async with bcpbus("chat", *args, cwd=tmp_path) as waiting:
+            await waiting.write("hello")
+            await waiting.wait_for(is_event("spawn_not_taken", waiting_for="agent:system"))
+        async with bcpbus("system", *system_args(h, tmp_path), cwd=tmp_path) as system:
+            await system.wait_for(is_event("ready"))
+            for agent, error in (("nosuch", "unknown_agent"), ("echo", "no_token")):
+                agent_args = [*plain, "--db", str(tmp_path / f"{agent}.db")]
+                agent_args[agent_args.index("--agent") + 1] = agent
+                async with bcpbus("chat", *agent_args, cwd=tmp_path) as chat:
+                    await chat.write("hello")
+                    assert await chat.exit_code() == 1
+                last = chat.stderr.decode().strip().splitlines()[-1]
+                assert last.startswith(f"bcpbus: error: agent:system cannot start agent:{agent} ")
+                assert f"({error})" in last and "Traceback" not in chat.stderr.decode()
+            system.process.send_signal(signal.SIGTERM)
+            assert await system.exit_code() == 0

@@ -79,10 +79,10 @@ def test_peers_add_refuses_an_unknown_role_and_a_bad_id(tmp_path):
 
 
 def test_peers_remove(tmp_path):
-    """`peers remove` deletes a credential; removing it again fails."""
+    """`peers remove` deletes a credential; removing it again fails, as `peers rotate` does."""
     run("peers", "add", "tg:1", cwd=tmp_path)
     assert run("peers", "remove", "tg:1", cwd=tmp_path).returncode == 0
-    assert run("peers", "remove", "tg:1", cwd=tmp_path).returncode == 1
+    assert run("peers", "remove", "tg:1", cwd=tmp_path).returncode == 2
 
 
 def test_broken_policy_stops_serve(tmp_path):

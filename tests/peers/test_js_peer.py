@@ -30,14 +30,46 @@ ALERT = {
 }
 
 
-@pytest.fixture
-def node() -> str:
+def find_node(ci: bool) -> str:
+    """The node executable that runs the example peer.
+
+    Skips only on a developer's machine without node. In CI (``CI`` set, as .ci/run runs) a
+    missing node fails, and missing dependencies fail everywhere: a test that skips there would
+    hide that the JavaScript peer was never run.
+    """
     executable = shutil.which("node")
     if executable is None:
+        if ci:
+            pytest.fail("CI: node is not installed, so the JavaScript example peer cannot run")
         pytest.skip("node is not installed: the JavaScript example peer cannot run")
     if not (JS_DIR / "node_modules" / "ws").is_dir():
-        pytest.skip(f"the JavaScript example's dependencies are missing: run `npm ci` in {JS_DIR}")
+        pytest.fail(f"the JavaScript example's dependencies are missing: run `npm ci` in {JS_DIR}")
     return executable
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+@pytest.fixture
+def node() -> str:
+    return find_node(in_ci())
+
+
+def test_missing_dependencies_fail_instead_of_skipping(monkeypatch, tmp_path):
+    """Without node_modules the JavaScript tests fail, in CI and out; only a machine without
+    node, outside CI, skips them."""
+    monkeypatch.setattr(f"{__name__}.JS_DIR", tmp_path)
+    if shutil.which("node") is not None:
+        with pytest.raises(pytest.fail.Exception, match="npm ci"):
+            find_node(ci=True)
+        with pytest.raises(pytest.fail.Exception, match="npm ci"):
+            find_node(ci=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no node on it
+    with pytest.raises(pytest.fail.Exception, match="CI: node is not installed"):
+        find_node(ci=True)
+    with pytest.raises(pytest.skip.Exception):
+        find_node(ci=False)
 
 
 class JsReader:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 import warnings
 from collections.abc import AsyncIterator
@@ -228,41 +227,26 @@ async def test_a_host_that_loses_the_bus_reconnects_and_misses_nothing(tmp_path)
             await reader.close()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-async def wait_listening(port: int, process: asyncio.subprocess.Process) -> None:
-    """Wait until something accepts connections on ``port``, or fail if ``process`` ends."""
-    async with asyncio.timeout(scaled(20)):
-        while process.returncode is None:
-            try:
-                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.05)  # the bridge is still importing; poll again
-                continue
-            writer.close()
-            await writer.wait_closed()
-            return
-    raise AssertionError(f"bcpbus mcp --http exited with {process.returncode}")
-
-
 async def test_streamable_http_serves_the_same_tools(tmp_path):
-    """`--http PORT` serves the bridge over streamable HTTP at /mcp: tools and the inbox."""
+    """`--http 0` prints the URL it listens on, then serves the bridge over streamable HTTP at
+    /mcp: tools and the inbox."""
     async with running_bcp(tmp_path) as h:
-        port = free_port()
         process = await asyncio.create_subprocess_exec(
             BCPBUS,
             *("mcp", "--url", h.bus.url, "--client-id", "agent:main"),
-            *("--agents-dir", str(AGENTS), "--http", str(port)),
+            *("--agents-dir", str(AGENTS), "--http", "0"),
             env={**os.environ, "BCPBUS_TOKEN": h.bus.token("agent:main")},
             stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
         )
         try:
-            await wait_listening(port, process)
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            assert process.stdout is not None
+            async with asyncio.timeout(scaled(20)):
+                line = (await process.stdout.readline()).decode().strip()
+            assert line.startswith("listening on http://127.0.0.1:"), line
+            url = line.removeprefix("listening on ")
+            assert url.endswith("/mcp") and not url.endswith(":0/mcp"), url
+            async with Client(url) as client:
                 tools = (await client.list_tools()).tools
                 assert names(tools) == names(BUS_TOOLS + CONTROLLER_TOOLS)
                 channels = await client.call_tool("bcp_channels", {})

@@ -28,6 +28,7 @@ def test_every_type_of_the_bootstrap_flow_has_a_model():
         "configure",
         "tg_message",
         "tg_reply",
+        "scheduled_message",
     }
 
 
