@@ -162,6 +162,7 @@ EVENTS: frozenset[str] = frozenset(
         # after its last attempt (status = reason; payload: attempts, sender).
         "webhook_retry",
         "delivery_failed",
+        "http_refused",  # bus.http: anonymous refusals counted per interval; payload: counts
         # The log itself.
         "chain_start",  # a chain segment starts; status new | migrated | broken_log_accepted
         "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)

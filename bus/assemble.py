@@ -57,7 +57,8 @@ async def running(
         log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
         audit: the chain's key file and where its head goes; None for the defaults.
         accept_broken_log: start on a log whose chain shows a change, recording it.
-        ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`).
+        ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`), and
+            ``https://`` on the HTTP port with the same one.
         http: the HTTP binding (:mod:`bus.http`), served when its ``port`` is set; the bus's
             :attr:`~bus.server.Bus.http_url` is then its URL.
 
@@ -91,7 +92,7 @@ async def running(
             if http is None or http.port is None:
                 yield bus
                 return
-            async with _http_binding(bus, http, host) as binding:
+            async with _http_binding(bus, http, host, ssl) as binding:
                 bus.http_url = binding.url
                 try:
                     yield bus
@@ -100,7 +101,9 @@ async def running(
 
 
 @contextlib.asynccontextmanager
-async def _http_binding(bus: Bus, settings: HttpSettings, host: str) -> AsyncIterator[HttpBinding]:
+async def _http_binding(
+    bus: Bus, settings: HttpSettings, host: str, ssl: _ssl.SSLContext | None
+) -> AsyncIterator[HttpBinding]:
     try:
         from .http import HttpBinding  # noqa: F811 - the extra is optional: imported on use
     except ImportError as exc:
@@ -108,5 +111,5 @@ async def _http_binding(bus: Bus, settings: HttpSettings, host: str) -> AsyncIte
             f"the HTTP binding needs the http extra ({exc.name} is missing): "
             "pip install 'bcpbus[http]'"
         ) from exc
-    async with HttpBinding(bus, settings, host=host) as binding:
+    async with HttpBinding(bus, settings, host=host, ssl=ssl) as binding:
         yield binding

@@ -35,6 +35,7 @@ from .assemble import running
 from .chain import default_key_path
 from .config import ConfigError, ServeConfig
 from .credentials import Credentials, CredentialsError, validate_webhook_url
+from .egress import private_host
 from .errors import BusError
 from .identities import PeerIdentity, default_agents_dir, load_identities
 from .policy import Policy, PolicyError
@@ -258,6 +259,12 @@ def _add_peers(sub: Any) -> None:
         metavar="PATTERN",
         help="with --webhook: a topic pattern it is subscribed to when the bus starts "
         "(repeatable; its own clientId always is)",
+    )
+    add.add_argument(
+        "--allow-private-webhook",
+        action="store_true",
+        help="with --webhook: accept a URL at a loopback, private or link-local address (the bus "
+        "also needs http.allow_private_webhooks: true to call it)",
     )
     add.set_defaults(command=_peers_add)
     rotate = peers_sub.add_parser(
@@ -566,7 +573,18 @@ def _peers_add(args: argparse.Namespace) -> int:
         raise ValueError("--subscribe is for webhook peers: give --webhook URL too")
     if args.webhook:
         validate_webhook_url(args.webhook)
+        _check_webhook_address(args.webhook, args.allow_private_webhook)
     return _issue(args, credentials, roles)
+
+
+def _check_webhook_address(url: str, allowed: bool) -> None:
+    host = private_host(url)
+    if host is not None and not allowed:
+        raise StartupError(
+            f"--webhook {url}: {host} is not a public address, and the bus calls only public "
+            "ones unless its config sets http.allow_private_webhooks: true; give "
+            "--allow-private-webhook to add it anyway"
+        )
 
 
 def _peers_rotate(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from schemas import strict_yaml
 
@@ -38,8 +38,15 @@ __all__ = [
     "DEFAULT_PROCESS_TIMEOUT",
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
+    "DEFAULT_HTTP_BODY_TIMEOUT",
+    "DEFAULT_HTTP_HEADER_TIMEOUT",
+    "DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT",
+    "DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS",
     "DEFAULT_HTTP_MAX_CONNECTIONS",
+    "DEFAULT_HTTP_MAX_HEADER_BYTES",
     "DEFAULT_HTTP_MAX_REQUESTS",
+    "DEFAULT_HTTP_REFUSAL_LOG_INTERVAL",
+    "DEFAULT_WEBHOOK_MAX_ANSWER_BYTES",
     "DEFAULT_WEBHOOK_ATTEMPTS",
     "DEFAULT_WEBHOOK_BACKOFF",
     "DEFAULT_WEBHOOK_TIMEOUT",
@@ -75,6 +82,13 @@ DEFAULT_WEBHOOK_ATTEMPTS = 4
 DEFAULT_WEBHOOK_BACKOFF = 0.5
 DEFAULT_HTTP_MAX_REQUESTS = 1_000
 DEFAULT_HTTP_MAX_CONNECTIONS = 1_000
+DEFAULT_HTTP_HEADER_TIMEOUT = 10.0
+DEFAULT_HTTP_BODY_TIMEOUT = 10.0
+DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT = 5
+DEFAULT_HTTP_MAX_HEADER_BYTES = 16 << 10
+DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS = 32
+DEFAULT_HTTP_REFUSAL_LOG_INTERVAL = 10.0
+DEFAULT_WEBHOOK_MAX_ANSWER_BYTES = 64 << 10
 
 _T = TypeVar("_T")
 
@@ -184,6 +198,30 @@ class HttpSettings:
     max_requests: Count | None = DEFAULT_HTTP_MAX_REQUESTS
     """Messages posted over HTTP being accepted or still being delivered; one more is refused
     with 429 (-32005) and a ``limit_exceeded`` row."""
+    max_anonymous_per_address: Count | None = DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS
+    """Connections from one address (one IPv6 /64) that never carried an authenticated
+    request; past it the oldest of them still waiting for its request headers is closed, so
+    that sockets held open by one address cannot lock out a peer from the same address."""
+    max_header_bytes: Annotated[StrictInt, Field(ge=1024)] = DEFAULT_HTTP_MAX_HEADER_BYTES
+    """Bytes of a request head (request line and headers) held while it is unfinished; past
+    them it is answered 400 and the connection closed (h11's ``max_incomplete_event_size``)."""
+    # Timeouts
+    header_timeout: Seconds | None = DEFAULT_HTTP_HEADER_TIMEOUT
+    """Seconds a connection may take to send a request's headers, counted from its opening or
+    from the end of its last response; then it is closed (an idle keep-alive one as well)."""
+    body_timeout: Seconds | None = DEFAULT_HTTP_BODY_TIMEOUT
+    """Seconds a request may take to send its body, authenticated or not; past it the answer
+    is 408 (-32600), with a ``limit_exceeded`` row, and the connection is closed."""
+    keep_alive_timeout: Annotated[StrictInt, Field(ge=1)] = DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT
+    """Whole seconds an idle connection is kept open for the client's next request (at most
+    ``header_timeout``)."""
+    # Logging
+    refusal_log_interval: Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)] = (
+        DEFAULT_HTTP_REFUSAL_LOG_INTERVAL
+    )
+    """Unauthenticated requests and connections refused are counted, and written as one
+    ``http_refused`` row per this many seconds (counts by reason and address), never one row
+    each: an anonymous client cannot grow the log at will."""
     # Webhooks
     webhook_timeout: Seconds = DEFAULT_WEBHOOK_TIMEOUT
     """Seconds one webhook POST may take, connecting included."""
@@ -193,6 +231,13 @@ class HttpSettings:
     webhook_backoff: Seconds = DEFAULT_WEBHOOK_BACKOFF
     """Seconds before the first retry; each further one waits twice as long (up to 8x), each
     spread by up to a fifth so that webhooks are not retried in lockstep."""
+    webhook_max_answer_bytes: Count | None = DEFAULT_WEBHOOK_MAX_ANSWER_BYTES
+    """Largest webhook answer body read; past it the bus stops reading, closes the connection
+    and the delivery fails (``too_large``)."""
+    allow_private_webhooks: StrictBool = False
+    """Let webhook URLs name loopback, private, link-local or other non-global addresses
+    (``10.0.0.0/8``, ``169.254.169.254``, ``::1``...). Off, such a webhook peer is refused
+    when the bus starts and such an address is never connected to, whatever DNS says."""
 
 
 @dataclass(frozen=True)

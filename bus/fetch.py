@@ -9,7 +9,10 @@ subscribed to the pattern it asks for:
 - the taint rule allows the flow from the sender, as the sender's taint was when the bus
   accepted the message (kept in ``send_start``'s ``status``), to the peer as it is now (and a
   reader's raw text, :data:`bus.policy.RAW_TEXT_TYPES`, reaches only peers tainted ``high``);
-- it did not send the message itself (the bus never pushes a peer its own messages).
+- it did not send the message itself (the bus never pushes a peer its own messages);
+- a message from ``system:bus`` reads as its model (:data:`schemas.bus.BUS_MESSAGE_MODELS`):
+  one logged before a model dropped a free-text field (``delivery_status``' ``error``, which
+  could hold a webhook's words) is withheld, never replayed to a less tainted peer.
 
 :class:`Page` applies these to rows in epoch order until the page is full::
 
@@ -27,11 +30,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from schemas.bus import BUS_MESSAGE_MODELS
 from schemas.common import TAINT_LEVELS, TaintLevel
 
 from .errors import ContentNotKept, EpochNotKept
 from .history import StoredMessage
 from .policy import Grants, flows
+from .presence import BUS_CLIENT_ID
 from .topics import matches
 
 __all__ = [
@@ -216,6 +223,9 @@ class Page:
         if not _may_flow(row.mark, reader, envelope.get("type")):
             self.withheld += 1
             return None
+        if envelope.get("from") == BUS_CLIENT_ID and not _as_modelled(envelope):
+            self.withheld += 1
+            return None
         if self.only is not None and not self.only.admits(row, envelope):
             return None
         return envelope
@@ -230,6 +240,19 @@ class Page:
         """
         next_epoch = self.cursor if more else max(self.cursor, upto)
         return FetchResult(self.messages, next_epoch, more)
+
+
+def _as_modelled(envelope: dict[str, Any]) -> bool:
+    """Whether a message from the bus reads as its type's model, and nothing more."""
+    message_type = envelope.get("type")
+    model = BUS_MESSAGE_MODELS.get(message_type) if isinstance(message_type, str) else None
+    if model is None:
+        return False
+    try:
+        model.model_validate(envelope.get("content"))
+    except ValidationError:
+        return False
+    return True
 
 
 def _envelope(row: StoredMessage) -> dict[str, Any]:

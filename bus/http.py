@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl as _ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -62,8 +63,10 @@ from schemas.http import (
 
 from . import __version__
 from ._json import loads
+from .admission import ConnectionGuard, Refusals, guarded_protocol
 from .config import HttpSettings
 from .errors import (
+    AuthenticationFailed,
     BusError,
     Forbidden,
     InvalidParams,
@@ -77,9 +80,10 @@ from .params import parse
 from .protocol import Request
 from .router import Route as BusRoute
 from .server import Bus
+from .startup import StartupError
 from .webhooks import Webhooks
 
-__all__ = ["BodyTooLarge", "HttpBinding", "http_status", "listen"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "HttpBinding", "http_status", "listen"]
 
 logger = logging.getLogger("bus.http")
 
@@ -105,13 +109,19 @@ class BodyTooLarge(InvalidRequest):
     """A request body larger than ``max_frame_bytes``: answered 413."""
 
 
+class BodyTimeout(InvalidRequest):
+    """A request body not all sent within ``body_timeout``: answered 408, connection closed."""
+
+
 def http_status(exc: BusError) -> int:
     """The HTTP status that says what ``exc`` says: 403 for a policy refusal, 413 for a body
-    too large, else by JSON-RPC code (a code the bus does not define is 500)."""
+    too large, 408 for one too slow, else by JSON-RPC code (one the bus does not define: 500)."""
     if isinstance(exc, Forbidden):
         return 403
     if isinstance(exc, BodyTooLarge):
         return 413
+    if isinstance(exc, BodyTimeout):
+        return 408
     return _STATUS.get(exc.code, 500)
 
 
@@ -123,14 +133,42 @@ class HttpBinding:
         settings: port, host, webhook timeouts; ``port`` None is taken as 0.
         host: the interface when ``settings.host`` is None (``bcpbus serve`` passes the
             WebSocket's).
+        ssl: serve ``https://`` with this context: the bus's own
+            (:func:`bus.tls.server_context`) when it serves ``wss://``.
+
+    Raises:
+        StartupError: the bus serves ``wss://`` and ``ssl`` is None: the same tokens would
+            cross the HTTP port in plaintext.
     """
 
-    def __init__(self, bus: Bus, settings: HttpSettings, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: HttpSettings,
+        *,
+        host: str = "127.0.0.1",
+        ssl: _ssl.SSLContext | None = None,
+    ) -> None:
+        if ssl is None and bus.url.startswith("wss://"):
+            raise StartupError(
+                "the bus serves wss:// but the HTTP binding was given no TLS context: it will "
+                "not serve the same tokens over plain http://"
+            )
         self.bus = bus
         self.settings = settings
         self.host = settings.host or host
+        self.ssl = ssl
+        """The TLS context of ``https://``; None serves plain ``http://``."""
         self.metrics = Metrics(bus)
         self.webhooks = Webhooks(bus, bus.credentials, settings)
+        self.refusals = Refusals(bus.log, settings.refusal_log_interval, self.metrics.http_refused)
+        """Anonymous refusals, logged as one ``http_refused`` row per interval."""
+        self.guard = ConnectionGuard(
+            self.refusals,
+            per_address=settings.max_anonymous_per_address,
+            header_timeout=settings.header_timeout,
+        )
+        """The header timeout and the per-address cap of anonymous connections."""
         self.app = Starlette(
             routes=[
                 Route("/v1/messages", self._guard(self._post_message), methods=["POST"]),
@@ -147,6 +185,7 @@ class HttpBinding:
         """The ASGI application; mount it elsewhere if the bus's own server is not wanted."""
         self._server: uvicorn.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
         self._requests: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -170,15 +209,22 @@ class HttpBinding:
             proxy_headers=False,
             server_header=False,
             limit_concurrency=self.settings.max_connections,
+            http=guarded_protocol(self.guard),
+            h11_max_incomplete_event_size=self.settings.max_header_bytes,
+            timeout_keep_alive=self.settings.keep_alive_timeout,
             timeout_graceful_shutdown=int(self.bus.limits.shutdown_grace or 10) or 1,
         )
         config.load()
+        # The bus's own context, so the certificate, the TLS versions and a reload of the
+        # files are the WebSocket port's (uvicorn would build one of its own from paths).
+        config.ssl = self.ssl
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
         await server.startup(sockets=[sock])
         self._server, self._socket = server, sock
         # uvicorn's own loop refreshes the Date header once a second; stop() ends it.
         self._ticker = asyncio.create_task(server.main_loop())
+        self._flusher = asyncio.create_task(self.refusals.run())
         self.bus.log.record("http_start", actor="system:bus", payload={"url": self.url})
         logger.info("HTTP on %s", self.url)
 
@@ -192,9 +238,10 @@ class HttpBinding:
 
     @property
     def url(self) -> str:
-        """``http://host:port``."""
+        """``http://host:port``, or ``https://`` with TLS."""
         host = self.host if ":" not in self.host else f"[{self.host}]"
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.ssl is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     async def close(self) -> None:
         """Stop listening, finish the requests in flight (``shutdown_grace``), let the
@@ -208,6 +255,10 @@ class HttpBinding:
             if self._ticker is not None:
                 await self._ticker
             await server.shutdown(sockets=[self._socket] if self._socket else None)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        self.refusals.flush()
         await self._wait_requests()
         await self.webhooks.close()
         self.metrics.detach()
@@ -343,6 +394,10 @@ class HttpBinding:
                 **asdict(self.bus.limits),
                 "webhook_timeout": self.settings.webhook_timeout,
                 "webhook_attempts": self.settings.webhook_attempts,
+                "webhook_max_answer_bytes": self.settings.webhook_max_answer_bytes,
+                "http_header_timeout": self.settings.header_timeout,
+                "http_body_timeout": self.settings.body_timeout,
+                "http_max_anonymous_per_address": self.settings.max_anonymous_per_address,
             },
         )
         return JSONResponse(discovery.model_dump(mode="json", by_alias=True))
@@ -361,19 +416,30 @@ class HttpBinding:
     # Helpers
 
     async def _authenticate(self, request: HTTPRequest, rpc: Request) -> BusRoute[Any]:
-        """The route of the peer whose token the request carries.
+        """The route of the peer whose token the request carries; its connection stops
+        counting against the per-address cap of anonymous ones.
 
         Raises:
-            AuthenticationFailed: no such peer; the rows are committed first.
+            AuthenticationFailed: no such peer: counted in :attr:`refusals` (one row per
+                interval), or, when the policy refuses its roles, logged and committed first.
         """
         address = request.client.host if request.client is not None else "unknown"
-        try:
-            return await self.bus.route_for_token(
-                _bearer(request.headers.get("authorization")), rpc, address=address
+        token = _bearer(request.headers.get("authorization"))
+        if self.bus.credentials.identify(token) is None:
+            # Anyone can send this: counted, and logged once per interval, not once each.
+            self.refusals.count("unknown_token" if token else "no_credential", address)
+            raise AuthenticationFailed(
+                "Authentication failed: send Authorization: Bearer with the token "
+                "`bcpbus peers add` printed"
             )
+        try:
+            route = await self.bus.route_for_token(token, rpc, address=address)
         except BusError as exc:
             await self.bus.record_error(address, rpc, exc)
             raise
+        if request.client is not None:
+            self.guard.authenticated(request.client.host, request.client.port)
+        return route
 
     def _check_backlog(self, actor: str) -> None:
         """Refuse a message when ``max_requests`` are being handled or delivered already.
@@ -396,6 +462,8 @@ class HttpBinding:
 
         Raises:
             BodyTooLarge: it is larger (logged as ``frame_too_large``).
+            BodyTimeout: it did not all come within ``body_timeout`` (a ``limit_exceeded``
+                row, status ``http_body_timeout``).
             LimitExceeded: it does not fit in ``max_inflight_bytes`` now.
             ParseError: it is not JSON (nothing stays charged).
         """
@@ -405,11 +473,19 @@ class HttpBinding:
             raise self._too_large(actor, limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if limit is not None and size > limit:
-                raise self._too_large(actor, limit)
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.settings.body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if limit is not None and size > limit:
+                        raise self._too_large(actor, limit)
+                    chunks.append(chunk)
+        except TimeoutError:
+            seconds = self.settings.body_timeout
+            self.bus.log.record("limit_exceeded", actor=actor, status="http_body_timeout")
+            raise BodyTimeout(
+                f"Request body not received within body_timeout ({seconds:g} s)"
+            ) from None
         budget = self.bus.byte_budget
         if not budget.take(size):
             self.bus.log.record("limit_exceeded", actor=actor, status="max_inflight_bytes")
@@ -520,5 +596,8 @@ def _budget_exceeded() -> BusError:
 
 def _error(exc: BusError) -> Response:
     status = http_status(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if status in (408, 413):
+        # The rest of the body is still coming, or never will: do not wait for it.
+        headers["Connection"] = "close"
     return JSONResponse({"error": exc.to_error()}, status_code=status, headers=headers)

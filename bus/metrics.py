@@ -81,6 +81,9 @@ class Metrics:
         """``rpc_error`` rows by JSON-RPC code."""
         self.refusals: collections.Counter[str] = collections.Counter()
         """Refusals by reason (``taint`` for ``taint_refused``)."""
+        self.http_refused: collections.Counter[str] = collections.Counter()
+        """Anonymous HTTP requests and connections refused, by reason: the HTTP binding counts
+        them here as they happen (its log rows are one per interval)."""
         self.bits: dict[str, float] = {}
         """Bits charged per BCP channel, refunds deducted."""
         self.budget_left: dict[str, float] = {}
@@ -187,6 +190,12 @@ class _Families(Collector):
             "Requests or deliveries the policy refused, by reason",
             "reason",
             m.refusals,
+        )
+        yield _counter(
+            "bcpbus_http_refused",
+            "Anonymous HTTP requests and connections refused, by reason",
+            "reason",
+            m.http_refused,
         )
         yield _counter("bcpbus_log_rows", "Activity-log rows recorded, by event", "event", m.rows)
         yield m.process_seconds.family(

@@ -460,10 +460,12 @@ class Bus:
         if self._closing:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
         # Sockets that have not authenticated are counted apart from peers, in total and per
-        # address, so that anonymous sockets can never take the places of peers.
+        # address, so that anonymous sockets can never take the places of peers. A handshake
+        # that carries a peer's token passes: anonymous sockets from its address (a NAT, a
+        # shared host) cannot keep it out.
         address = _address(ws)
         refusal = self._anonymous.refusal(address)
-        if refusal is not None:
+        if refusal is not None and self.credentials.identify(_bearer(ws)) is None:
             name, limit = refusal
             self.log.record("limit_exceeded", actor=address, status=name, error=str(limit))
             return ws.respond(

@@ -22,6 +22,15 @@ logged, and the sender gets a ``delivery_status`` message on its own clientId: a
 silence. Messages the bus itself sent get no ``delivery_status`` (there is nobody to tell, and
 one about a failed ``delivery_status`` would never end).
 
+What the webhook wrote (its reason phrase, its body, its error message) goes to the log rows
+only. ``delivery_status`` comes from ``system:bus``, which is untainted, to a sender that may be
+less tainted than the webhook peer, so it carries codes (:data:`schemas.bus.DeliveryFailure`),
+and the HTTP status number only where the taint rule would let the webhook write to the sender.
+An answer is read up to ``webhook_max_answer_bytes`` and parsed as strict JSON
+(:func:`bus._json.loads`: no ``NaN``, no lone surrogate); each attempt, its answer read
+included, ends within ``webhook_timeout``. Connections go to public addresses only unless the
+operator allows others (:mod:`bus.egress`).
+
 httpx makes the POSTs: it is the client Starlette's test client is built on, typed, with
 timeouts per phase and a connection pool, so the HTTP side of the bus has a single client
 library. It ignores proxy settings from the environment: the bus calls the URL the peers file
@@ -33,30 +42,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import random
+import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpcore
 import httpx
 
-from schemas.bus import DELIVERY_STATUS_TYPE, DeliveryStatus
+from schemas.bus import DELIVERY_STATUS_TYPE, DeliveryFailure, DeliveryStatus
 from schemas.common import timestamp
 from schemas.http import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
 
 from . import __version__
-from ._json import dumps
+from ._json import dumps, loads
 from .config import HttpSettings
 from .credentials import Credentials, PeerRecord, Webhook
-from .errors import BusError, InternalError
+from .egress import private_host, refusal
+from .errors import AuthenticationFailed, BusError, InternalError
+from .policy import may_flow
 from .presence import BUS_CLIENT_ID
 from .server import Bus
 
-__all__ = ["RETRY_STATUSES", "WebhookFailed", "WebhookLink", "Webhooks", "retry_delays"]
+__all__ = [
+    "RETRY_STATUSES",
+    "PublicOnly",
+    "WebhookFailed",
+    "WebhookLink",
+    "Webhooks",
+    "retry_delays",
+]
 
 logger = logging.getLogger("bus.webhooks")
 
@@ -79,14 +98,35 @@ class WebhookFailed(InternalError):
     """A webhook delivery failed for good: no answer after the last attempt.
 
     Args:
-        reason: ``timeout``, ``connect_error``, ``http_<status>``, ``malformed_response``.
+        reason: the log's word for it: ``timeout``, ``connect_error``, ``http_<status>``,
+            ``malformed_response``, ``too_large``, ``cancelled``.
         attempts: the POSTs made.
-        detail: what the last one got, for a person.
+        detail: what the last one got, for the log only: it may hold the webhook's own text.
+        http_status: the last answer's status, when there was one.
     """
 
-    def __init__(self, reason: str, attempts: int, detail: str) -> None:
+    def __init__(
+        self, reason: str, attempts: int, detail: str, http_status: int | None = None
+    ) -> None:
         self.reason, self.attempts, self.detail = reason, attempts, detail
+        self.http_status = http_status
         super().__init__(f"webhook {reason} after {attempts} attempt(s): {detail}")
+
+    @property
+    def failure(self) -> DeliveryFailure:
+        """The reason as ``delivery_status`` carries it: a code, never the webhook's text."""
+        if self.http_status is not None:
+            return "http_error"
+        return _CODES.get(self.reason, "refused")
+
+
+_CODES: dict[str, DeliveryFailure] = {
+    "timeout": "timeout",
+    "connect_error": "refused",
+    "malformed_response": "bad_answer",
+    "too_large": "too_large",
+    "cancelled": "cancelled",
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +138,7 @@ class _Attempt:
     reason: str | None = None
     detail: str = ""
     retry: bool = False
+    http_status: int | None = None
 
 
 class WebhookLink:
@@ -187,7 +228,7 @@ class WebhookLink:
         if attempt.error is not None:
             raise attempt.error
         if attempt.reason is not None:
-            raise WebhookFailed(attempt.reason, number, attempt.detail)
+            raise WebhookFailed(attempt.reason, number, attempt.detail, attempt.http_status)
         return attempt.result
 
     async def _post(self, request_id: int, body: bytes, params: Any, seconds: float) -> _Attempt:
@@ -195,6 +236,8 @@ class WebhookLink:
         headers = {
             "Content-Type": "application/json",
             "User-Agent": f"bcpbus/{__version__}",
+            # The size cap counts the bytes as sent: no compressed answer to inflate past it.
+            "Accept-Encoding": "identity",
             TIMESTAMP_HEADER: stamp,
             SIGNATURE_HEADER: signature(self.webhook.secret, stamp, body),
         }
@@ -202,29 +245,67 @@ class WebhookLink:
         if trace is not None:
             headers["traceparent"] = trace
         try:
-            response = await self._hooks.client.post(
-                self.webhook.url, content=body, headers=headers, timeout=seconds
-            )
-        except httpx.TimeoutException:
+            # One deadline for the whole attempt: httpx's timeouts are per phase, and an
+            # answer trickled a byte at a time would never trip them.
+            async with asyncio.timeout(seconds):
+                return await self._exchange(request_id, body, headers, seconds)
+        except (httpx.TimeoutException, TimeoutError):
             return _Attempt(reason="timeout", detail=f"no answer within {seconds:.3g}s", retry=True)
         except httpx.HTTPError as exc:
             return _Attempt(reason="connect_error", detail=_describe(exc), retry=True)
-        if not 200 <= response.status_code < 300:
-            retry = response.status_code in RETRY_STATUSES
+
+    async def _exchange(
+        self, request_id: int, body: bytes, headers: dict[str, str], seconds: float
+    ) -> _Attempt:
+        client = self._hooks.client
+        request = client.build_request(
+            "POST", self.webhook.url, content=body, headers=headers, timeout=seconds
+        )
+        response = await client.send(request, stream=True)
+        try:
+            status = response.status_code
+            if not 200 <= status < 300:
+                # The reason phrase is the webhook's own text: for the log row only.
+                return _Attempt(
+                    reason=f"http_{status}",
+                    detail=_printable(f"{status} {response.reason_phrase}"),
+                    retry=status in RETRY_STATUSES,
+                    http_status=status,
+                )
+            limit = self._hooks.settings.webhook_max_answer_bytes
+            content = await _read_at_most(response, limit)
+        finally:
+            await response.aclose()
+        if content is None:
             return _Attempt(
-                reason=f"http_{response.status_code}",
-                detail=f"{response.status_code} {response.reason_phrase}",
-                retry=retry,
+                reason="too_large",
+                detail=f"the answer is larger than webhook_max_answer_bytes ({limit} bytes)",
             )
-        return _answer(request_id, response.content)
+        return _answer(request_id, content)
+
+
+async def _read_at_most(response: httpx.Response, limit: int | None) -> bytes | None:
+    """The body of ``response``, or None as soon as it is past ``limit`` bytes (the rest is
+    never read: closing the response drops the connection)."""
+    declared = response.headers.get("content-length", "")
+    if limit is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _answer(request_id: int, content: bytes) -> _Attempt:
-    """Read the JSON-RPC response in a webhook's 2xx answer."""
+    """Read the JSON-RPC response in a webhook's 2xx answer, as strict JSON."""
     try:
-        message = json.loads(content)
-    except ValueError:
-        return _Attempt(reason="malformed_response", detail="the answer is not JSON")
+        message = loads(content)
+    except (ValueError, RecursionError):  # NaN, Infinity, lone surrogates, not UTF-8
+        return _Attempt(reason="malformed_response", detail="the answer is not strict JSON")
     if not isinstance(message, dict) or message.get("id") != request_id:
         return _Attempt(
             reason="malformed_response", detail="not a JSON-RPC response to this request's id"
@@ -264,7 +345,7 @@ class Webhooks:
         self.client = client or httpx.AsyncClient(
             follow_redirects=False,
             trust_env=False,
-            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+            transport=_transport(public_only=not self.settings.allow_private_webhooks),
         )
         self.links: dict[str, WebhookLink] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -299,6 +380,7 @@ class Webhooks:
         """
         if record.webhook is None:
             raise ValueError(f"{record.client_id} has no webhook")
+        self._check_address(record.client_id, record.webhook.url)
         link = WebhookLink(record.client_id, record.webhook, self)
         await self.bus.attach(link, record.client_id, record.roles, record.webhook.subscriptions)
         old = self.links.pop(record.client_id, None)
@@ -307,6 +389,22 @@ class Webhooks:
         self.links[record.client_id] = link
         logger.info("webhook peer %s at %s", record.client_id, record.webhook.url)
         return link
+
+    def _check_address(self, client_id: str, url: str) -> None:
+        """Refuse a webhook at a loopback, private or link-local address (:mod:`bus.egress`)
+        unless ``allow_private_webhooks``.
+
+        Raises:
+            AuthenticationFailed: it is one; an ``auth_failed`` row (``private_webhook``) says so.
+        """
+        host = private_host(url)
+        if host is None or self.settings.allow_private_webhooks:
+            return
+        self.bus.log.record("auth_failed", actor=client_id, status="private_webhook", error=host)
+        raise AuthenticationFailed(
+            f"the webhook of {client_id} is at {host}, not a public address: set "
+            "http.allow_private_webhooks: true to allow it"
+        )
 
     async def close(self) -> None:
         """Detach the webhook peers, wait for the failure reports, close the client."""
@@ -347,11 +445,18 @@ class Webhooks:
             message_id=str(message_id),
             topic=topic,
             target=link.client_id,
-            reason=failure.reason,
+            reason=failure.failure,
             attempts=failure.attempts,
-            error=failure.detail[:500],
+            http_status=failure.http_status if self._may_tell(link, sender) else None,
         )
         self.spawn(self._tell(sender, status))
+
+    def _may_tell(self, link: WebhookLink, sender: str) -> bool:
+        """Whether the webhook's own choices (its status number) may reach ``sender``: the
+        taint rule from the webhook peer to the sender, refused when either is not online."""
+        routes = {route.client_id: route for route in self.bus.routes()}
+        target, to = routes.get(link.client_id), routes.get(sender)
+        return target is not None and to is not None and may_flow(target.grants, to.grants)
 
     async def _tell(self, sender: str, status: DeliveryStatus) -> None:
         message_id = f"status-{uuid.uuid4().hex}"
@@ -385,4 +490,79 @@ def _traceparent(params: Any) -> str | None:
 
 def _describe(exc: httpx.HTTPError) -> str:
     text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:200]
+    return _printable(f"{type(exc).__name__}: {text}")
+
+
+def _printable(text: str) -> str:
+    """``text`` cut to 200 characters, anything not printable as an escape: what the log row
+    keeps of something a webhook wrote."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:200])
+
+
+def _transport(*, public_only: bool) -> httpx.AsyncHTTPTransport:
+    """httpx's own transport, connecting through :class:`PublicOnly` unless
+    ``public_only`` is false."""
+    transport = httpx.AsyncHTTPTransport(
+        trust_env=False, limits=httpx.Limits(max_connections=100, max_keepalive_connections=20)
+    )
+    if public_only:
+        # httpx takes no network backend; its pool does. The egress tests fail if this moves.
+        pool = transport._pool
+        assert isinstance(pool, httpcore.AsyncConnectionPool)
+        pool._network_backend = PublicOnly(pool._network_backend)
+    return transport
+
+
+class PublicOnly(httpcore.AsyncNetworkBackend):
+    """An httpcore network backend that connects to public addresses only.
+
+    It resolves the host itself, refuses if any address it resolves to is not public (a name
+    with one private address among public ones could be steered to it), and connects to the
+    first: the address checked is the address connected to. TLS still verifies the name.
+
+    Args:
+        inner: the backend that makes the connections (httpcore's default).
+    """
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self._inner = inner
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        """Resolve ``host``, check every address, connect to the first.
+
+        Raises:
+            httpcore.ConnectError: it does not resolve, or resolves to a non-public address.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError) as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        addresses = [str(info[4][0]) for info in infos]
+        reason = refusal(host, addresses)
+        if reason is not None:
+            raise httpcore.ConnectError(reason)
+        return await self._inner.connect_tcp(
+            addresses[0], port, timeout, local_address, socket_options
+        )
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        """Never: a webhook is a URL."""
+        raise httpcore.ConnectError("webhooks are not called over Unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)

@@ -24,7 +24,9 @@ __all__ = [
     "Auth",
     "Capabilities",
     "ClientInfo",
+    "BUS_MESSAGE_MODELS",
     "DELIVERY_STATUS_TYPE",
+    "DeliveryFailure",
     "DeliveryStatus",
     "Envelope",
     "Epoch",
@@ -346,24 +348,35 @@ DELIVERY_STATUS_TYPE = "delivery_status"
 """The ``type`` of the bus's message about a delivery that failed for good."""
 
 
+DeliveryFailure = Literal[
+    "timeout", "refused", "http_error", "bad_answer", "too_large", "cancelled"
+]
+"""Why a webhook delivery failed, as a code: no answer in time, no connection (refused,
+unreachable, a TLS failure, an address the bus may not call), a status that is not 2xx, a 2xx
+body that is not a JSON-RPC response to the request, an answer past the size cap, or the
+delivery's ``process_timeout`` or a shutdown ending it between attempts."""
+
+
 class DeliveryStatus(_Presence):
     """``delivery_status`` (bus -> the sender's own clientId): a message the bus accepted could
     not be delivered to a webhook peer after every retry.
 
-    ``reason`` is the last attempt's outcome: ``timeout``, ``connect_error``, ``http_<status>``
-    (a status the webhook answered that is not a JSON-RPC answer), ``malformed_response``,
-    ``cancelled`` (``process_timeout`` or a shutdown ended the delivery between attempts).
-    The message is in the log under ``messageId`` with a ``delivery_failed`` row.
+    It carries codes only, never text the webhook wrote (its reason phrase, its body): the
+    message is from ``system:bus``, which is untainted, and the webhook peer may be a tainted
+    reader. What the webhook answered is in the ``delivery_failed`` row of the log, under
+    ``messageId``.
     """
 
     message_id: str = Field(alias="messageId", min_length=1, max_length=128)
     topic: str = Field(min_length=1, max_length=256)
     target: str = Field(pattern=CLIENT_ID_PATTERN)
     status: Literal["failed"] = "failed"
-    reason: str = Field(max_length=64)
+    reason: DeliveryFailure
     attempts: int = Field(ge=1)
-    error: str = Field(default="", max_length=500)
-    """What the last attempt got, for a person: the status line, the timeout, the exception."""
+    http_status: int | None = Field(default=None, alias="httpStatus", ge=100, le=599)
+    """The last answer's HTTP status when ``reason`` is ``http_error`` and the target is no
+    more tainted than the sender; None otherwise (a status number is a choice the webhook
+    makes, so it goes only where the taint rule lets the webhook's own messages go)."""
 
 
 PRESENCE_MODELS: dict[str, type[BaseModel]] = {
@@ -371,3 +384,11 @@ PRESENCE_MODELS: dict[str, type[BaseModel]] = {
     "peer_left": PeerLeft,
 }
 """The content model of each presence ``type``: ``PRESENCE_MODELS[type].model_validate(c)``."""
+
+BUS_MESSAGE_MODELS: dict[str, type[BaseModel]] = {
+    **PRESENCE_MODELS,
+    DELIVERY_STATUS_TYPE: DeliveryStatus,
+}
+"""The content model of every message ``system:bus`` sends, by ``type``. Its messages are
+untainted, so readers (``fetchMessages``, the MCP inbox) pass one on only as its model reads it:
+add a new one here, or it is withheld."""

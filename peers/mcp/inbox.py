@@ -8,7 +8,10 @@ go first). The MCP resource ``bcpbus://inbox`` shows the entries; a host that ta
 
 A ``bcp_response_delivery`` is shown as the marked data block of
 :func:`peers.bcp.render_for_prompt`, not as raw values: the model reads a reader's text as data
-inside a delimited block with its provenance, whichever way it gets to it.
+inside a delimited block with its provenance, whichever way it gets to it. A message from
+``system:bus`` (presence, ``delivery_status``) is shown as its model reads it, codes only;
+one that does not read as its model is not shown at all: the bus's word is trusted, so nothing
+else may pass for it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pydantic import ValidationError
 from peers.bcp import render_for_prompt
 from peers.client import Message
 from schemas.bcp import UNTRUSTED_NOTICE, BcpResponseDelivery
+from schemas.bus import BUS_MESSAGE_MODELS
 from schemas.common import timestamp
 
 __all__ = ["DEFAULT_INBOX_SIZE", "Entry", "Inbox", "present"]
@@ -69,6 +73,8 @@ def present(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
         "message_id": payload.get("messageId"),
     }
     content = payload.get("content")
+    if payload.get("from") == _BUS:
+        return {**shown, **_from_bus(payload.get("type"), content)}
     if payload.get("type") != "bcp_response_delivery":
         return {**shown, "content": content}
     try:
@@ -88,6 +94,21 @@ def present(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
         shown["notice"] = UNTRUSTED_NOTICE
     shown["data"] = render_for_prompt(delivery)
     return shown
+
+
+_BUS = "system:bus"
+
+
+def _from_bus(message_type: Any, content: Any) -> dict[str, Any]:
+    """The content of a message from the bus, as its model reads it, or withheld."""
+    model = BUS_MESSAGE_MODELS.get(message_type) if isinstance(message_type, str) else None
+    if model is None:
+        return {"notice": "a message from the bus of a type it does not send, not shown"}
+    try:
+        value = model.model_validate(content)
+    except ValidationError:
+        return {"notice": f"a malformed {message_type}, not shown"}
+    return {"content": value.model_dump(mode="json", by_alias=True, exclude_none=True)}
 
 
 class Inbox:

@@ -282,6 +282,24 @@ async def test_anonymous_sockets_per_address_cannot_lock_out_other_addresses(tmp
         assert h.rows(event="limit_exceeded", status="max_anonymous_per_address")
 
 
+async def test_a_peer_with_its_token_at_the_handshake_passes_a_full_anonymous_cap(tmp_path):
+    """Anonymous sockets fill their address's cap; a peer from that address that sends its
+    token as Authorization: Bearer at the handshake still connects and initializes."""
+    limits = Limits(max_anonymous_per_address=3)
+    async with running_bus(tmp_path, limits=limits) as h:
+        idle = [await connect(h.url) for _ in range(3)]
+        try:
+            with pytest.raises(InvalidStatus):
+                await connect(h.url)  # no token: the cap holds
+            async with h.peer("tg:42", auth_header=True, reconnect=False) as peer:
+                assert (await peer.ping())["pong"] is True
+            with pytest.raises(InvalidStatus):
+                await connect(h.url, additional_headers={"Authorization": "Bearer bcpbus_no"})
+        finally:
+            for ws in idle:
+                await ws.close()
+
+
 async def test_initialized_sockets_leave_the_anonymous_count(tmp_path):
     """Peers that initialized do not count against max_anonymous_connections."""
     async with running_bus(tmp_path, limits=Limits(max_anonymous_connections=2)) as h:

@@ -44,6 +44,7 @@ def settings(**changes: Any) -> HttpSettings:
         "webhook_timeout": scaled(1.0),
         "webhook_attempts": 3,
         "webhook_backoff": 0.01,
+        "allow_private_webhooks": True,  # the receivers listen on 127.0.0.1
     }
     values.update(changes)
     return HttpSettings(**values)
@@ -139,7 +140,8 @@ async def test_the_sender_gets_delivery_status_when_the_webhook_never_answers(tm
         assert status.sender == "system:bus" and status.topic == "agent:w1"
         content = DeliveryStatus.model_validate(status.content)
         assert content.message_id == "m-2" and content.target == "tg:42"
-        assert content.reason == "http_503" and content.attempts == 3
+        assert content.reason == "http_error" and content.attempts == 3
+        assert content.http_status == 503  # tg:42 is no more tainted than agent:w1
         assert status.payload["correlationId"] == "m-2"
         assert len(receiver.posts) == 3
         failed = h.rows(message_id="m-2", event="delivery_failed")
@@ -191,7 +193,7 @@ async def test_metrics_are_prometheus_text_with_connections_deliveries_errors_an
     assert online[("bcpbus_peers", (("link", "websocket"),))] == 2
     assert samples[("bcpbus_messages_total", ())] >= 5  # a query is five messages
     assert samples[("bcpbus_deliveries_total", (("status", "processed"),))] >= 5
-    assert samples[("bcpbus_errors_total", (("code", "-32002"),))] == 1
+    assert samples[("bcpbus_http_refused_total", (("reason", "unknown_token"),))] == 1
     assert samples[("bcpbus_process_message_seconds_count", ())] >= 5
     assert samples[("bcpbus_log_commit_seconds_count", ())] >= 5
     bits = samples[("bcpbus_bcp_bits_charged", (("channel", "bcp:main:researcher"),))]
@@ -217,7 +219,8 @@ async def _answer_cat1(query: dict[str, Any]) -> Any:
 
 
 async def test_http_errors_have_statuses_json_rpc_bodies_and_rows(tmp_path):
-    """Each refusal answers its status and JSON-RPC error, and logs rpc_error like a socket."""
+    """Each refusal answers its status and JSON-RPC error, and logs rpc_error like a socket;
+    an anonymous one (no token, a wrong one) is counted into one http_refused row instead."""
     limits = Limits(max_frame_bytes=2000)
     async with running_bus(tmp_path, http=settings(), limits=limits) as h:
         token = h.token("tg:42")
@@ -239,7 +242,8 @@ async def test_http_errors_have_statuses_json_rpc_bodies_and_rows(tmp_path):
                 assert response.status_code == status, (request, response.text)
                 assert response.json()["error"]["code"] == code
                 rpc_id = response.headers["x-request-id"]
-                assert h.rows(rpc_id=rpc_id, event="rpc_error")[0]["status"] == str(code)
+                rows = h.rows(rpc_id=rpc_id, event="rpc_error")
+                assert [r["status"] for r in rows] == ([] if status == 401 else [str(code)])
             assert response.status_code == 400
             unauthorized = await c.post("/v1/messages", json=ok)
             assert unauthorized.headers["www-authenticate"] == "Bearer"
@@ -252,7 +256,11 @@ async def test_http_errors_have_statuses_json_rpc_bodies_and_rows(tmp_path):
             assert again.status_code == 409 and again.json()["error"]["code"] == -32008
         assert h.rows(event="frame_too_large")[0]["actor"] == "tg:42"
         assert [r["status"] for r in h.rows(event="refused")] == ["type_denied", "duplicate"]
-        assert h.rows(event="auth_failed")[0]["actor"] == "127.0.0.1"
+    assert h.rows(event="auth_failed") == []
+    (row,) = h.rows(event="http_refused")  # written when the binding closed
+    counts = json.loads(row["payload_json"])
+    assert counts["reasons"] == {"no_credential": 2, "unknown_token": 1}
+    assert {"address": "127.0.0.1", "reason": "no_credential", "count": 2} in counts["addresses"]
 
 
 def test_each_bus_error_has_an_http_status():

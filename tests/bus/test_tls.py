@@ -10,10 +10,12 @@ import signal
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import trustme
 
 from bus.assemble import running
+from bus.config import HttpSettings
 from bus.credentials import Credentials
 from bus.startup import StartupError
 from bus.tls import client_context, server_context
@@ -81,6 +83,8 @@ async def test_serve_with_a_certificate_and_sub_with_the_ca_file(tmp_path, pki):
         str(pki["cert"]),
         "--keyfile",
         str(pki["key"]),
+        "--http-port",
+        "0",
         cwd=tmp_path,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -90,8 +94,13 @@ async def test_serve_with_a_certificate_and_sub_with_the_ca_file(tmp_path, pki):
         assert process.stdout is not None
         async with asyncio.timeout(scaled(30)):
             line = (await process.stdout.readline()).decode().strip()
+            http = (await process.stdout.readline()).decode().strip()
         assert line.startswith("listening on wss://127.0.0.1:"), line
+        assert http.startswith("http on https://127.0.0.1:"), http
         url = line.removeprefix("listening on ")
+        async with httpx.AsyncClient(verify=client_context(pki["ca"])) as client:
+            health = await client.get(http.removeprefix("http on ") + "/healthz")
+        assert health.status_code == 200
         args = ["pub", "agent:w1", "tg_message", "{}", "--url", url, "--as", "tg:1"]
         pub = await asyncio.create_subprocess_exec(
             BCPBUS,
@@ -111,3 +120,38 @@ async def test_serve_with_a_certificate_and_sub_with_the_ca_file(tmp_path, pki):
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(scaled(30)):
             await process.wait()
+
+
+async def test_the_http_port_serves_https_with_the_bus_certificate(tmp_path, pki):
+    """With a certificate the HTTP port is https:// with the same one: a client with the CA
+    file posts with its token; a plain http:// request gets no answer at all."""
+    credentials = Credentials.empty()
+    token = credentials.add_ephemeral("tg:1", [])
+    tls = server_context(pki["cert"], pki["key"])
+    http = HttpSettings(port=0)
+    async with running(tmp_path / "a.db", credentials=credentials, ssl=tls, http=http) as bus:
+        assert bus.http_url is not None and bus.http_url.startswith("https://127.0.0.1:")
+        async with httpx.AsyncClient(base_url=bus.http_url, verify=client_context(pki["ca"])) as c:
+            posted = await c.post(
+                "/v1/messages",
+                json={"topic": "agent:w1", "type": "tg_message", "content": {}},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert posted.status_code == 202, posted.text
+            discovery = (await c.get("/.well-known/bcpbus")).json()
+            assert discovery["endpoints"]["http"] == bus.http_url
+        plain = bus.http_url.replace("https://", "http://")
+        async with httpx.AsyncClient(base_url=plain) as c:
+            with pytest.raises(httpx.HTTPError):
+                await c.get("/healthz", timeout=scaled(5))
+
+
+async def test_an_http_binding_without_tls_beside_wss_refuses_to_start(tmp_path, pki):
+    """An HTTP binding given no TLS context on a bus that serves wss:// is a one-line refusal,
+    before anything listens."""
+    from bus.http import HttpBinding
+
+    tls = server_context(pki["cert"], pki["key"])
+    async with running(tmp_path / "a.db", credentials=Credentials.empty(), ssl=tls) as bus:
+        with pytest.raises(StartupError, match="wss:// .* plain http://"):
+            HttpBinding(bus, HttpSettings(port=0))

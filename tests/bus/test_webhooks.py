@@ -35,6 +35,20 @@ def test_an_answer_is_a_result_an_error_or_malformed():
         assert bad.reason == "malformed_response" and not bad.retry, body
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"2.0","id":3,"result":{"processed":NaN}}',
+        b'{"jsonrpc":"2.0","id":3,"result":{"n":Infinity}}',
+        b'{"jsonrpc":"2.0","id":3,"result":{"processed":true,"t":"\\ud800"}}',
+        b'{"jsonrpc":"2.0","id":3,"result":{"t":"\xff"}}',
+    ],
+)
+def test_an_answer_that_is_not_strict_json_is_malformed(body):
+    """NaN, Infinity, a lone surrogate or bytes that are not UTF-8 make an answer malformed."""
+    assert _answer(3, body).reason == "malformed_response"
+
+
 @given(st.text(min_size=1), st.binary())
 def test_the_signature_is_the_hmac_of_timestamp_dot_body(secret, body):
     """What the docs tell receivers to compute is what the bus sends."""

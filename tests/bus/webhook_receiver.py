@@ -9,6 +9,7 @@ import hmac
 import json
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,3 +102,67 @@ class Receiver:
             return Response(b"<html>", media_type="text/html")
         message = post.message
         return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "result": {"processed": True}})
+
+
+@dataclass
+class RawReceiver:
+    """A webhook that writes its answer byte for byte, as a hostile one would: any status line,
+    any reason phrase, any body, sent in ``chunk``-sized writes.
+
+    ``answer(body)`` returns the raw response for a request body. The requests' bodies are kept
+    in ``bodies``; ``sent`` counts the answer bytes the bus read off the socket.
+    """
+
+    answer: Callable[[bytes], bytes]
+    chunk: int = 1 << 16
+    pause: float = 0.0
+    """Seconds between two writes: the pace of a slow answer, not a synchronization."""
+    bodies: list[bytes] = field(default_factory=list)
+    sent: int = 0
+    _server: asyncio.Server | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/hook"
+
+    async def __aenter__(self) -> RawReceiver:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            body = await reader.readexactly(length)
+            self.bodies.append(body)
+            answer = self.answer(body)
+            for start in range(0, len(answer), self.chunk):
+                if reader.at_eof():
+                    break  # the bus hung up
+                writer.write(answer[start : start + self.chunk])
+                await writer.drain()
+                self.sent += min(self.chunk, len(answer) - start)
+                if self.pause:
+                    await asyncio.sleep(self.pause)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the bus hung up: what a cap or a timeout does
+        finally:
+            self._tasks.discard(task)
+            writer.close()

@@ -28,7 +28,7 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @asynccontextmanager
-async def serving_http(cwd: Path) -> AsyncIterator[tuple[str, str]]:
+async def serving_http(cwd: Path, *more: str) -> AsyncIterator[tuple[str, str]]:
     """`bcpbus serve --port 0 --http-port 0 --no-gateway`; yield (ws URL, http URL)."""
     process = await asyncio.create_subprocess_exec(
         *BCPBUS,
@@ -38,6 +38,7 @@ async def serving_http(cwd: Path) -> AsyncIterator[tuple[str, str]]:
         "--http-port",
         "0",
         "--no-gateway",
+        *more,
         cwd=cwd,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -62,7 +63,7 @@ async def serving_http(cwd: Path) -> AsyncIterator[tuple[str, str]]:
 def test_peers_add_webhook_prints_token_and_secret_and_lists_the_url(tmp_path, capsys):
     """--webhook adds a second stdout line, the secret; `peers list` shows the URL."""
     peers = ["peers", "--peers-file", str(tmp_path / "peers.yaml")]
-    url = "http://127.0.0.1:9/in"
+    url = "https://hooks.example.com/in"
     assert bus_cli.main([*peers, "add", "tg:7", "--webhook", url, "--subscribe", "x:y"]) == 0
     out, err = capsys.readouterr()
     token, secret = out.split()
@@ -81,10 +82,21 @@ def test_peers_add_webhook_prints_token_and_secret_and_lists_the_url(tmp_path, c
 async def test_serve_with_http_reaches_a_webhook_peer_from_the_peers_file(tmp_path):
     """The curl walk-through: POST as one peer, deliver to a webhook peer from the file."""
     async with Receiver(secret="") as receiver:
-        added = run("peers", "add", "tg:7", "--webhook", receiver.url, cwd=tmp_path)
+        added = run(
+            "peers",
+            "add",
+            "tg:7",
+            "--webhook",
+            receiver.url,
+            "--allow-private-webhook",
+            cwd=tmp_path,
+        )
         _, receiver.secret = added.stdout.split()
         agent = run("peers", "add", "agent:w1", cwd=tmp_path).stdout.strip()
-        async with serving_http(tmp_path) as (ws_url, http_url):
+        # The receiver is on 127.0.0.1: the operator allows webhooks on private addresses.
+        (tmp_path / "bcpbus.yaml").write_text("http:\n  allow_private_webhooks: true\n")
+        config = ("--config", str(tmp_path / "bcpbus.yaml"))
+        async with serving_http(tmp_path, *config) as (ws_url, http_url):
             async with Peer(ws_url, "agent:w1", agent) as w1:
                 result = await w1.send("tg:7", "tg_reply", {"text": "hi"}, message_id="w-1")
                 assert result["deliveredTo"] == 1
@@ -98,3 +110,18 @@ async def test_serve_with_http_reaches_a_webhook_peer_from_the_peers_file(tmp_pa
                 metrics = (await client.get("/metrics")).text
         assert receiver.posts[0].signed and receiver.posts[0].message["params"]["topic"] == "tg:7"
         assert 'bcpbus_peers{link="webhook"} 1.0' in metrics
+
+
+def test_peers_add_refuses_a_private_webhook_address_without_the_flag(tmp_path, capsys):
+    """A webhook at a loopback or link-local address is refused in one line naming the opt-ins;
+    with --allow-private-webhook it is added."""
+    peers = ["peers", "--peers-file", str(tmp_path / "peers.yaml")]
+    for url in ("http://127.0.0.1:9/in", "http://169.254.169.254/x", "http://localhost/x"):
+        assert bus_cli.main([*peers, "add", "tg:7", "--webhook", url]) == 2
+        err = capsys.readouterr().err
+        assert "not a public address" in err and "--allow-private-webhook" in err, err
+        assert "http.allow_private_webhooks" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "peers.yaml").exists()
+    url = "http://127.0.0.1:9/in"
+    assert bus_cli.main([*peers, "add", "tg:7", "--webhook", url, "--allow-private-webhook"]) == 0
+    assert capsys.readouterr().out.split()[1].startswith("whsec_")
