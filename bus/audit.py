@@ -9,8 +9,9 @@ The log holds text written by hostile readers, so :func:`format_table` escapes c
 invisible characters instead of letting them reach the terminal (:func:`neutralize`, which the
 approver's view uses too).
 
-:func:`verify` checks the log's hash chain (:mod:`bus.chain`) with its key; :func:`head` reads
-the last row's id and hash, which :func:`verify` takes back as ``expect_head``.
+:func:`verify` checks the log's hash chain (:mod:`bus.chain`) and, with the public key, its
+signed checkpoints (:mod:`bus.checkpoints`); :func:`head` reads the last row's id and hash, which
+:func:`verify` takes back as ``expect_head``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from .activity import SCHEMA
-from .chain import Problem, Verifier, key_id, load_key, parse_head
+from .chain import Problem, Verifier, parse_head
+from .chain_v1 import load_key
+from .checkpoints import (
+    Findings,
+    VerifierKey,
+    check,
+    default_checkpoints_path,
+    load_verifier_key,
+    read_notes,
+)
 from .errors import InvalidParams
 from .logfile import check_triggers, scan
 from .topics import matches, validate_pattern
@@ -254,29 +264,35 @@ def bits_per_channel(
     query's outcome was known (negative bits), ``delivered`` the answer bits of the deliveries
     that reached the controller (``bcp_delivered``). Charged less refunded is what the budget
     paid: ``delivered`` plus what the outcomes themselves carry (one bit per answer, 3.585 per
-    failure; see docs/bcp.md). ``budget_left`` is as of the latest charge, or the whole budget
-    if the channel's budget was reset after it.
+    failure; see docs/bcp.md) and their timing. ``value``, ``outcome`` and ``timing`` split what
+    the deliveries and failures that reached the controller were charged (their ``bits``
+    object, logged as ``split``). ``budget_left`` is as of the latest charge, or the whole
+    budget if the channel's budget was reset after it.
 
     Args:
         topic, since, until: as :func:`query_rows`: a channel (pattern) and a time window.
 
     Returns:
         One dict per channel, by channel name: ``channel``, ``charged``, ``refunded``,
-        ``delivered``, ``deliveries``, ``budget_bits``, ``budget_left``, ``last_ts``.
+        ``delivered``, ``deliveries``, ``value``, ``outcome``, ``timing``, ``budget_bits``,
+        ``budget_left``, ``last_ts``.
 
     Raises:
         FileNotFoundError: ``db`` does not exist.
         ValueError: ``db`` is not an activity log, or a filter is malformed.
     """
     where, params = _filters({}, topic, since, until)
-    where.append("event IN ('bcp_bits_charged', 'bcp_delivered', 'bcp_budget_reset')")
+    where.append(
+        "event IN ('bcp_bits_charged', 'bcp_delivered', 'bcp_budget_reset', 'bcp_query_failed')"
+    )
     where.append("json_valid(payload_json)")
     sql = f"""
         SELECT id, ts, event,
                json_extract(payload_json, '$.channel') AS channel,
                json_extract(payload_json, '$.bits') AS bits,
                json_extract(payload_json, '$.budget_bits') AS budget_bits,
-               json_extract(payload_json, '$.budget_left') AS budget_left
+               json_extract(payload_json, '$.budget_left') AS budget_left,
+               json_extract(payload_json, '$.split') AS split
         FROM activity_log WHERE {" AND ".join(where)} ORDER BY id
     """
     channels: dict[str, dict[str, Any]] = {}
@@ -299,12 +315,19 @@ def _tally(channels: dict[str, dict[str, Any]], row: sqlite3.Row) -> None:
             "refunded": 0.0,
             "delivered": 0.0,
             "deliveries": 0,
+            "value": 0.0,
+            "outcome": 0.0,
+            "timing": 0.0,
             "budget_bits": None,
             "budget_left": None,
             "last_ts": None,
         },
     )
     bits = row["bits"] if isinstance(row["bits"], int | float) else 0.0
+    if row["event"] in ("bcp_delivered", "bcp_query_failed"):
+        _split(entry, row["split"])
+    if row["event"] == "bcp_query_failed":
+        return
     if row["event"] == "bcp_delivered":
         entry["delivered"] += bits
         entry["deliveries"] += 1
@@ -316,6 +339,18 @@ def _tally(channels: dict[str, dict[str, Any]], row: sqlite3.Row) -> None:
     entry["charged" if bits >= 0 else "refunded"] += abs(bits)
     entry["budget_bits"], entry["budget_left"] = row["budget_bits"], row["budget_left"]
     entry["last_ts"] = row["ts"]
+
+
+def _split(entry: dict[str, Any], split: Any) -> None:
+    """Add a delivery's ``bits`` object (value, outcome, timing) to its channel's totals."""
+    try:
+        parts = json.loads(split) if isinstance(split, str) else None
+    except ValueError:
+        return
+    if isinstance(parts, dict):
+        for key in ("value", "outcome", "timing"):
+            if _is_number(parts.get(key)) and parts.get(key) is not None:
+                entry[key] += parts[key]
 
 
 def refusals_per_reason(db: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -435,11 +470,14 @@ class Verification:
     rows: int
     head: tuple[int, str] | None
     """The last row's id and hash."""
-    key_id: str
     problems: list[Problem] = field(default_factory=list)
     """What does not verify, first first; empty when the log is intact."""
     segments: list[dict[str, Any]] = field(default_factory=list)
     """The ``chain_start`` rows: ``id``, ``ts`` and their payload."""
+    notes: list[str] = field(default_factory=list)
+    """What the auditor should know that is not a problem (rows not yet signed, ...)."""
+    signed: Findings | None = None
+    """What the checkpoints showed, when a public key was given."""
 
     @property
     def ok(self) -> bool:
@@ -449,38 +487,102 @@ class Verification:
 
 def verify(
     db: str | os.PathLike[str],
-    key_file: str | os.PathLike[str],
+    key_file: str | os.PathLike[str] | None = None,
     *,
+    pubkey: str | os.PathLike[str] | None = None,
+    checkpoints: Sequence[str | os.PathLike[str]] | None = None,
     expect_head: str | None = None,
     start: int = 0,
 ) -> Verification:
-    """Check the whole chain of the log at ``db`` with the key in ``key_file``.
+    """Check the whole chain of the log at ``db`` and, with ``pubkey``, its signed checkpoints.
 
-    Catches a row changed, forged, removed or reordered, a rebuilt table, a dropped or changed
-    trigger; with ``expect_head`` (``ID:HASH`` as :func:`head` gave it earlier, kept elsewhere)
-    also rows cut from the end.
+    The chain alone catches a row changed, forged, removed or reordered, a rebuilt table, a
+    value's storage class changed, a dropped or changed trigger. The checkpoints catch what
+    re-chaining would hide (a forger can recompute every hash, but cannot sign), rows cut from
+    the end, and a log emptied or replaced. Nothing here needs a secret.
 
     Args:
+        key_file: the key of rows an earlier version chained (version 1, an HMAC), to check
+            them one by one; not needed for the rest.
+        pubkey: the verifier key file (``.pub``) of the key the bus signs checkpoints with.
+        checkpoints: the checkpoint files; by default ``<db>.checkpoints``.
+        expect_head: ``ID:HASH`` as :func:`head` gave it earlier, kept elsewhere.
         start: report nothing wrong before this row, a ``chain_start`` (to check the segment a
             bus started with ``--accept-broken-log``); the rows before it must still be as they
             were when it was written.
 
     Raises:
-        FileNotFoundError: ``db`` or ``key_file`` does not exist.
-        ValueError: ``db`` is not an activity log, ``key_file`` holds no key, or
+        FileNotFoundError: ``db``, ``key_file`` or ``pubkey`` does not exist.
+        ValueError: ``db`` is not an activity log, ``key_file`` or ``pubkey`` holds no key, or
             ``expect_head`` is not ``ID:HASH``.
     """
     expected = parse_head(expect_head) if expect_head is not None else None
-    key = load_key(key_file)
-    verifier = Verifier(key, start)
+    verifier = Verifier(load_key(key_file) if key_file is not None else None, start)
+    verifier_key = load_verifier_key(pubkey) if pubkey is not None else None
     with _connect(db) as conn:
         scan(conn, verifier)
-        problems = list(verifier.problems) + check_triggers(conn, SCHEMA)
+        result = Verification(verifier.rows, verifier.head, list(verifier.problems))
+        result.segments = verifier.segments
+        result.problems += check_triggers(conn, SCHEMA)
         if expected is not None:
-            problems += _check_head(conn, expected)
-    result = Verification(verifier.rows, verifier.head, key_id(key), problems)
-    result.segments = verifier.segments
+            result.problems += _check_head(conn, expected)
+        _legacy(verifier, result)
+        if verifier_key is None:
+            result.notes.append(
+                "nothing vouches for these rows but themselves: give --pubkey (the .pub of the "
+                "key the bus signs checkpoints with) to check its checkpoints"
+            )
+        else:
+            files = list(checkpoints or [default_checkpoints_path(db)])
+            _check_signed(conn, verifier_key, files, result)
     return result
+
+
+def _legacy(verifier: Verifier, result: Verification) -> None:
+    if not verifier.legacy_unchecked:
+        return
+    if not verifier.chained:
+        why = (
+            "the log is chained by an earlier version (chain 1, an HMAC): give its key (--key), "
+            "or let this version's `bcpbus serve` open it once to chain it on"
+        )
+        result.problems.append(Problem(None, why))
+    else:
+        result.notes.append(
+            f"{verifier.legacy_unchecked} rows chained by an earlier version (chain 1) are checked "
+            "as a whole by the chain_start row after them; give --key to check each one"
+        )
+
+
+def _check_signed(
+    conn: sqlite3.Connection,
+    key: VerifierKey,
+    files: list[str | os.PathLike[str]],
+    result: Verification,
+) -> None:
+    notes = []
+    for path in files:
+        try:
+            notes += read_notes(Path(path).read_text(encoding="utf-8", errors="replace"))
+        except FileNotFoundError:
+            result.problems.append(Problem(None, f"there is no checkpoint file {path}"))
+    [(last,)] = conn.execute("SELECT MAX(id) FROM activity_log")
+
+    def chain_at(row_id: int) -> str | None:
+        found = conn.execute("SELECT chain FROM activity_log WHERE id = ?", (row_id,)).fetchone()
+        return None if found is None else str(found[0])
+
+    found = check(notes, key, chain_at, last or 0)
+    result.signed = found
+    result.problems += [Problem(None, problem) for problem in found.problems]
+    if not found.signed:
+        why = f"no checkpoint signed by {key.name} matches the log: nothing vouches for its rows"
+        result.problems.append(Problem(None, why))
+    elif last and found.last is not None and last > found.last:
+        result.notes.append(
+            f"rows {found.last + 1}-{last} come after the last checkpoint: chained, not signed "
+            "yet (the bus may be running, or it stopped without a checkpoint)"
+        )
 
 
 def _check_head(conn: sqlite3.Connection, expected: tuple[int, str]) -> list[Problem]:

@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
+import socket
 import sqlite3
 import ssl
 import sys
@@ -32,8 +34,9 @@ from schemas.agents import load_agents
 
 from . import __version__, audit
 from .assemble import running
-from .chain import default_key_path
-from .config import ConfigError, ServeConfig
+from .chain_v1 import default_key_path
+from .checkpoints import create_signing_key, default_checkpoints_path
+from .config import AuditSettings, ConfigError, ServeConfig
 from .credentials import Credentials, CredentialsError, validate_webhook_url
 from .egress import private_host
 from .errors import BusError
@@ -52,7 +55,15 @@ from .startup import (
 )
 from .tls import server_context
 
-__all__ = ["Beside", "Commands", "RunBeside", "actions_of", "main", "serve"]
+__all__ = [
+    "Beside",
+    "Commands",
+    "RunBeside",
+    "actions_of",
+    "default_signing_key_path",
+    "main",
+    "serve",
+]
 
 logger = logging.getLogger("bus.cli")
 
@@ -175,14 +186,36 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         "its type and SHA-256 (digest)",
     )
     serve.add_argument(
-        "--audit-key", help="the activity log's chain key (default: the --db path plus .key)"
+        "--audit-key",
+        help="the key of a log an earlier version chained (default: the --db path plus .key)",
+    )
+    serve.add_argument(
+        "--signing-key",
+        metavar="PATH",
+        help="the Ed25519 key that signs the log's checkpoints, 0600 (`bcpbus audit keygen`; "
+        "default ~/.config/bcpbus/signing.key, made on first use)",
+    )
+    serve.add_argument(
+        "--audit-checkpoints",
+        metavar="FILE",
+        help="append signed checkpoints to FILE (default: the --db path plus .checkpoints)",
+    )
+    serve.add_argument(
+        "--audit-syslog",
+        metavar="ADDRESS",
+        help="send each checkpoint to syslog as well: HOST:PORT (UDP) or a socket such as /dev/log",
+    )
+    serve.add_argument(
+        "--no-checkpoints", action="store_true", help="sign no checkpoints of the activity log"
     )
     serve.add_argument(
         "--audit-head",
         metavar="FILE",
         help="append the log's head (ID:HASH) to FILE, or - for stdout, as rows are written",
     )
-    serve.add_argument("--audit-head-rows", type=int, metavar="N", help="rows between heads")
+    serve.add_argument(
+        "--audit-head-rows", type=int, metavar="N", help="rows between heads and checkpoints"
+    )
     serve.add_argument(
         "--audit-head-seconds", type=float, metavar="S", help="most seconds a new head waits"
     )
@@ -331,7 +364,25 @@ def _add_audit(sub: Any) -> None:
     )
     # SUPPRESS: `audit --db X verify` keeps X; `audit verify --db X` works too.
     verify.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="activity log")
-    verify.add_argument("--key", type=Path, help="the chain's key (default: DB.key)")
+    verify.add_argument(
+        "--pubkey",
+        type=Path,
+        metavar="FILE",
+        help="the .pub of the key the bus signs checkpoints with: check them too",
+    )
+    verify.add_argument(
+        "--checkpoints",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="a checkpoint file (repeatable; default: DB.checkpoints)",
+    )
+    verify.add_argument(
+        "--key",
+        type=Path,
+        help="the key of rows an earlier version chained, to check each (default: DB.key if "
+        "there is one)",
+    )
     verify.add_argument(
         "--expect-head", metavar="ID:HASH", help="a head kept elsewhere: catches a cut tail"
     )
@@ -344,6 +395,16 @@ def _add_audit(sub: Any) -> None:
         help="report nothing before this chain_start row (a segment after an accepted break)",
     )
     verify.set_defaults(command=_audit_verify)
+    keygen = actions.add_parser(
+        "keygen",
+        help="make a key to sign checkpoints with: PATH (0600) and PATH.pub for auditors",
+    )
+    keygen.add_argument("--out", type=Path, required=True, metavar="PATH", help="the new key")
+    keygen.add_argument(
+        "--name",
+        help="the key's name, the checkpoints' origin (default: HOSTNAME/bcpbus)",
+    )
+    keygen.set_defaults(command=_audit_keygen)
     head = actions.add_parser("head", help="print the last row's ID:HASH")
     head.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="activity log")
     head.set_defaults(command=_audit_head)
@@ -374,6 +435,10 @@ def _serve(args: argparse.Namespace) -> int:
         key: value
         for key, value in {
             "key_file": args.audit_key,
+            "signing_key": args.signing_key,
+            "checkpoints": args.audit_checkpoints,
+            "syslog": args.audit_syslog,
+            "sign": False if args.no_checkpoints else None,
             "head": args.audit_head,
             "head_every_rows": args.audit_head_rows,
             "head_every_seconds": args.audit_head_seconds,
@@ -382,15 +447,15 @@ def _serve(args: argparse.Namespace) -> int:
     }
     config = replace(
         config,
-        audit=replace(config.audit, **chain),
+        audit=_default_signing_key(replace(config.audit, **chain)),
         accept_broken_log=args.accept_broken_log or config.accept_broken_log,
     )
     if args.http_port is not None:
         config = replace(config, http=replace(config.http, port=args.http_port))
     beside: Beside | None = args.beside
     if args.no_gateway:
+        # What runs beside still runs (the console, with --http-port); the gateway does not.
         config = replace(config, gateway={**config.gateway, "enabled": False})
-        beside = None
     elif beside is None:
         print(
             "bcpbus: note: this command line serves the bus alone, without the BCP gateway; "
@@ -486,9 +551,10 @@ async def serve(
             peers=len(Credentials.load(config.peers_file)),
             agents_dir=agents_dir,
             agents=agents,
-            gateway=run_beside is not None,
+            gateway=run_beside is not None and config.gateway.get("enabled", True) is not False,
             db=config.db,
             log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            checkpoints=_checkpoints_line(config),
         ):
             say(f"bcpbus: {line}")
         # Printed once the gateway is subscribed too: "listening" means ready for BCP.
@@ -773,24 +839,93 @@ def _json_lines(value: Any) -> list[str]:
 def _audit_verify(args: argparse.Namespace) -> int:
     db = getattr(args, "db", Path("bcpbus.db"))
     _check_db(db)
-    key = args.key or default_key_path(db)
-    result = audit.verify(db, key, expect_head=args.expect_head, start=args.start)
+    key = args.key or (legacy if (legacy := default_key_path(db)).exists() else None)
+    result = audit.verify(
+        db,
+        key,
+        pubkey=args.pubkey,
+        checkpoints=args.checkpoints,
+        expect_head=args.expect_head,
+        start=args.start,
+    )
     for segment in result.segments[1:]:
         broken = segment.get("broken") or {}
         why = f": row {broken.get('row')}: {broken.get('why')}" if broken else ""
         print(f"note: row {segment['id']} ({segment['ts']}) starts a new chain segment{why}")
     if result.ok:
         row_id, chain = result.head or (0, "none")
-        print(f"ok: {result.rows} rows intact (key id {result.key_id}); head {row_id}:{chain}")
-        return 0
-    first, *more = result.problems
-    where = f"row {first.row}" if first.row is not None else str(db)
-    print(f"{where}: {audit.neutralize(first.why)}")
-    if more:
-        print(
-            f"and {len(more)} more problems; the next: " + "; ".join(_problem(p) for p in more[:3])
+        signed = ""
+        if result.signed is not None:
+            found = result.signed
+            signed = f"; {found.signed} checkpoints verify, the last at row {found.last}"
+        print(f"ok: {result.rows} rows intact; head {row_id}:{chain}{signed}")
+    else:
+        first, *more = result.problems
+        where = f"row {first.row}" if first.row is not None else str(db)
+        print(f"{where}: {audit.neutralize(first.why)}")
+        if more:
+            print(
+                f"and {len(more)} more problems; the next: "
+                + "; ".join(_problem(p) for p in more[:3])
+            )
+    for note in result.notes:  # after the verdict, which scripts read first
+        print(f"note: {note}")
+    return 0 if result.ok else 1
+
+
+def _audit_keygen(args: argparse.Namespace) -> int:
+    name = args.name or f"{socket.gethostname()}/bcpbus"
+    public, key = create_signing_key(args.out, name)
+    print(
+        f"signing key: {args.out} (0600): give it to `bcpbus serve --signing-key`, and keep it "
+        "where whoever can write the database cannot read it"
+    )
+    print(f"public key: {public}: {key.to_text()}")
+    print(f"auditors check the log with: bcpbus audit verify --pubkey {public}")
+    return 0
+
+
+def default_signing_key_path() -> Path:
+    """Where ``bcpbus serve`` keeps its signing key when none is given: the user's config
+    directory (``$XDG_CONFIG_HOME/bcpbus``, else ``~/.config/bcpbus``), not the database's."""
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "bcpbus" / "signing.key"
+
+
+def _checkpoints_line(config: ServeConfig) -> str:
+    """What the start-up summary says of the log's checkpoints."""
+    settings = config.audit
+    if not settings.sign or settings.signing_key is None:
+        return "off (nothing signs the activity log: give --signing-key)"
+    target = settings.checkpoints or default_checkpoints_path(config.db)
+    syslog = f" and to syslog {settings.syslog}" if settings.syslog else ""
+    return (
+        f"signed with {settings.signing_key}, appended to {target}{syslog}; auditors check "
+        f"them with `bcpbus audit verify --pubkey {settings.signing_key}.pub`"
+    )
+
+
+def _default_signing_key(settings: AuditSettings) -> AuditSettings:
+    """``settings`` with the default signing key filled in (and made, the first time) when
+    checkpoints are on and no key was given; with them off if it cannot be made."""
+    if not settings.sign or settings.signing_key is not None:
+        return settings
+    path = default_signing_key_path()
+    try:
+        if not path.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # another bcpbus made it meanwhile
+                public, _ = create_signing_key(path, f"{socket.gethostname()}/bcpbus")
+                logger.info("created the activity log's signing key %s (public: %s)", path, public)
+    except OSError as exc:  # a read-only home: the bus still runs, and says what it lacks
+        logger.warning(
+            "activity log checkpoints are off: cannot make the signing key %s (%s); give "
+            "--signing-key",
+            path,
+            exc,
         )
-    return 1
+        return replace(settings, sign=False)
+    return replace(settings, signing_key=str(path))
 
 
 def _problem(problem: Any) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_MAX_SUBSCRIPTIONS",
     "DEFAULT_MAX_WRITE_BUFFER",
     "DEFAULT_PROCESS_TIMEOUT",
+    "DEFAULT_REFUSAL_LOG_INTERVAL",
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
     "DEFAULT_HTTP_BODY_TIMEOUT",
@@ -87,7 +88,8 @@ DEFAULT_HTTP_BODY_TIMEOUT = 10.0
 DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT = 5
 DEFAULT_HTTP_MAX_HEADER_BYTES = 16 << 10
 DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS = 32
-DEFAULT_HTTP_REFUSAL_LOG_INTERVAL = 10.0
+DEFAULT_REFUSAL_LOG_INTERVAL = 10.0
+DEFAULT_HTTP_REFUSAL_LOG_INTERVAL = DEFAULT_REFUSAL_LOG_INTERVAL
 DEFAULT_WEBHOOK_MAX_ANSWER_BYTES = 64 << 10
 
 _T = TypeVar("_T")
@@ -156,24 +158,44 @@ class Limits:
     """Seconds a ``messageId`` is remembered per sender; None turns duplicate refusal off."""
     shutdown_grace: Seconds | None = DEFAULT_SHUTDOWN_GRACE
     """Seconds a closing bus waits for the requests in flight to be answered."""
+    # Logging
+    refusal_log_interval: Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)] = (
+        DEFAULT_REFUSAL_LOG_INTERVAL
+    )
+    """Sockets that never initialized are refused (a wrong token, a handshake past the anonymous
+    caps, no ``initialize`` in time, errors before it) without a row each: the refusals are
+    counted and written as one ``ws_refused`` row per this many seconds, so an anonymous
+    client cannot grow the log at will."""
 
 
 @dataclass(frozen=True)
 class AuditSettings:
-    """The activity log's hash chain: its key and where its head is shipped (``audit:``)."""
+    """The activity log's chain: where its head is shipped and who signs it (``audit:``)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")
 
     key_file: StrictStr | None = None
-    """The chain's key file; None for the database's path plus ``.key``. Created (0600) by the
-    first ``serve``; back it up apart from the database (docs/audit.md)."""
+    """The key of a log an earlier version chained (version 1, an HMAC); None for the
+    database's path plus ``.key``. Read only to check such a log before it is chained on."""
     head: StrictStr | None = None
     """Where to append the head (``ID:HASH``) as the log grows: a file, ``-`` for stdout, or
     None for nowhere. Ship it where the database's owner cannot write."""
     head_every_rows: Annotated[StrictInt, Field(ge=1)] = 1000
-    """Rows between two heads written."""
+    """Rows between two heads (and two checkpoints) written."""
     head_every_seconds: Seconds | None = 10.0
-    """Most seconds a new head waits to be written; None for no timer."""
+    """Most seconds a new head (and checkpoint) waits to be written; None for no timer."""
+    signing_key: StrictStr | None = None
+    """The Ed25519 key that signs checkpoints (``bcpbus audit keygen``), 0600; None: ``bcpbus
+    serve`` uses ``~/.config/bcpbus/signing.key`` (made on first use), and a bus built in
+    code signs nothing."""
+    checkpoints: StrictStr | None = None
+    """Where signed checkpoints are appended; None for the database's path plus
+    ``.checkpoints``."""
+    syslog: StrictStr | None = None
+    """A syslog daemon each checkpoint is sent to as well: ``HOST:PORT`` (UDP) or a Unix socket
+    path such as ``/dev/log``; None for none."""
+    sign: StrictBool = True
+    """Whether ``bcpbus serve`` signs checkpoints at all (``false`` turns them off)."""
 
 
 @dataclass(frozen=True)
@@ -332,7 +354,15 @@ class _ConfigFile(BaseModel):
         if audit is not None:
             key_file = audit.key_file and str(base / audit.key_file)
             head = audit.head if audit.head in (None, "-") else str(base / audit.head)
-            changes["audit"] = replace(audit, key_file=key_file, head=head)
+            signing_key = audit.signing_key and str(base / audit.signing_key)
+            checkpoints = audit.checkpoints and str(base / audit.checkpoints)
+            changes["audit"] = replace(
+                audit,
+                key_file=key_file,
+                head=head,
+                signing_key=signing_key,
+                checkpoints=checkpoints,
+            )
         return replace(ServeConfig(), source=source, **changes)
 
 

@@ -49,7 +49,8 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
 
 from schemas.common import timestamp
 from schemas.http import (
@@ -63,7 +64,7 @@ from schemas.http import (
 
 from . import __version__
 from ._json import loads
-from .admission import ConnectionGuard, Refusals, guarded_protocol
+from .admission import ConnectionGuard, guarded_protocol
 from .config import HttpSettings
 from .errors import (
     AuthenticationFailed,
@@ -78,6 +79,7 @@ from .fetch import FetchFilter, log_time
 from .metrics import CONTENT_TYPE, Metrics
 from .params import parse
 from .protocol import Request
+from .refusals import Refusals
 from .router import Route as BusRoute
 from .server import Bus
 from .startup import StartupError
@@ -189,6 +191,14 @@ class HttpBinding:
         self._socket: socket.socket | None = None
         self._requests: set[asyncio.Task[Any]] = set()
         self._closing = False
+
+    def mount(self, path: str, app: ASGIApp) -> None:
+        """Serve ``app`` under ``path`` on this binding's port, beside its own routes.
+
+        For what runs beside the bus and has pages of its own (the console, :mod:`peers.console`,
+        at ``/console``). Call it before or after :meth:`start`.
+        """
+        self.app.router.routes.append(Mount(path, app=app))
 
     # Lifecycle
 

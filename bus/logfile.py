@@ -7,6 +7,9 @@
 - a file written before the log was chained gets the missing columns (``ALTER TABLE ... ADD
   COLUMN``: any column the schema names that the table lacks, so columns added later migrate
   the same way) and a ``chain_start`` row (``migrated``) that binds every row before it;
+- a file chained by version 1 (an HMAC, :mod:`bus.chain_v1`) is verified whole with its key,
+  then a version-2 ``chain_start`` row (``upgraded``) binds every row before it, so that from
+  then on those rows are checked without the key;
 - a chained file has its triggers checked against the schema (one that was dropped or changed
   is not silently created again) and its chain's tail verified (:data:`TAIL_ROWS` rows and the
   latest ``chain_start``, so opening a large log stays fast; ``bcpbus audit verify`` checks all).
@@ -30,17 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .chain import (
-    CHAIN_START,
-    VERSION,
-    ChainBroken,
-    Chainer,
-    Problem,
-    Verifier,
-    create_key,
-    key_id,
-    load_key,
-)
+from .chain import CHAIN_START, VERSION, ChainBroken, Chainer, Problem, Verifier
+from .chain_v1 import LEGACY_VERSION, load_key
 from .presence import BUS_CLIENT_ID
 
 __all__ = [
@@ -65,11 +59,10 @@ TABLE = "activity_log"
 class Opened:
     """What :func:`prepare` found and did."""
 
-    key: bytes
     head: tuple[int, str]
     """The last row's id and ``chain`` once opened."""
     started: str | None
-    """The ``status`` of the ``chain_start`` row it wrote (``new``, ``migrated``,
+    """The ``status`` of the ``chain_start`` row it wrote (``new``, ``migrated``, ``upgraded``,
     ``broken_log_accepted``), or None when it went on with the chain it found."""
 
 
@@ -166,13 +159,14 @@ def prepare(
         conn: an autocommit connection (``isolation_level=None``) to the file at ``path``.
         schema: the DDL of the table, its indexes and its triggers.
         columns: the columns the writer fills (its rows' order), ``id`` and ``chain`` excluded.
-        key_path: the key file; created if missing and the log is not chained yet (or
-            ``accept_broken``).
+        key_path: the version-1 key file: read only to check a log an earlier version chained
+            before it is chained on (version 2 needs no key).
         ts: the timestamp of a ``chain_start`` row written now.
 
     Raises:
         ChainBroken: a trigger is missing or changed, or the chain's tail does not verify, or
-            the key is missing for a chained log; the message names the first bad row.
+            the key is missing for a log chained by version 1; the message names the first bad
+            row.
         ValueError: the key file does not hold a key.
         sqlite3.Error, OSError: the file cannot be read or written.
     """
@@ -202,21 +196,23 @@ class _Preparation:
     def run(self, key_path: Path, accept_broken: bool) -> Opened:
         problems = self._schema()
         start = self._latest_start()
-        key = self._key(key_path, start, accept_broken)
         last = self._last()
         if start is None and last is None:
             self._create_triggers()  # nothing to protect yet: a missing one is no evidence
-            return self._start(key, "new", None, {})
+            return self._start("new", None, {})
         if start is None:
-            return self._migrate(key, problems, accept_broken)
-        problems = self._tail(key, start) + problems  # a bad row first, then the triggers
+            return self._migrate(None, problems, accept_broken, "migrated")
+        if start[1].get("chain") == LEGACY_VERSION:
+            key = self._legacy_key(key_path, start, accept_broken)
+            return self._migrate(key, problems, accept_broken, "upgraded")
+        problems = self._tail(start) + problems  # a bad row first, then the triggers
         if not problems:
             assert last is not None
-            return Opened(key, (last[0], str(last[1])), None)
+            return Opened((last[0], str(last[1])), None)
         if not accept_broken:
             first = problems[0]
             raise ChainBroken(self.path, first.row, first.why)
-        return self._accept(key, problems)
+        return self._accept(problems)
 
     def _schema(self) -> list[Problem]:
         """Create what is missing; report a trigger that was dropped or changed."""
@@ -261,32 +257,35 @@ class _Preparation:
         row: tuple[int, str | None] | None = found.fetchone()
         return row
 
-    def _key(
-        self, key_path: Path, start: tuple[int, dict[str, Any]] | None, accept_broken: bool
-    ) -> bytes:
+    def _legacy_key(
+        self, key_path: Path, start: tuple[int, dict[str, Any]], accept_broken: bool
+    ) -> bytes | None:
+        """The version-1 key that checks the log before it is upgraded; None if it is missing
+        and the break is accepted (the rows are then bound unchecked)."""
         try:
             return load_key(key_path)
         except FileNotFoundError:
-            if start is not None and not accept_broken:
-                raise ChainBroken(
-                    self.path,
-                    None,
-                    f"its key {key_path} is missing (the log is chained with key id "
-                    f"{start[1].get('key_id')}): restore it from its backup or give its path",
-                ) from None
-        return create_key(key_path)
+            if accept_broken:
+                return None
+            raise ChainBroken(
+                self.path,
+                None,
+                f"it is chained by an earlier version (chain 1, key id {start[1].get('key_id')}) "
+                f"and its key {key_path} is missing: restore it from its backup or give its path "
+                "(--audit-key), so that the log is checked before this version chains it on",
+            ) from None
 
-    def _tail(self, key: bytes, start: tuple[int, dict[str, Any]]) -> list[Problem]:
+    def _tail(self, start: tuple[int, dict[str, Any]]) -> list[Problem]:
         start_id, payload = start
-        if payload.get("key_id") != key_id(key):
+        if payload.get("chain") != VERSION:
             why = (
-                f"it starts a segment chained with another key (key id {payload.get('key_id')}; "
-                f"the key given has {key_id(key)})"
+                f"it starts a chain of version {payload.get('chain')!r}, which this bcpbus does "
+                f"not know (it writes version {VERSION}): run the bcpbus that wrote it"
             )
             return [Problem(start_id, why)]
         [(last_id,)] = self.conn.execute(f"SELECT MAX(id) FROM {TABLE}")
         since = max(start_id, last_id - TAIL_ROWS + 1)
-        verifier = Verifier(key, since)
+        verifier = Verifier(start=since)
         if since > start_id:
             before = self.conn.execute(
                 f"SELECT id, chain FROM {TABLE} WHERE id < ? ORDER BY id DESC LIMIT 1", (since,)
@@ -297,7 +296,9 @@ class _Preparation:
         scan(self.conn, verifier, since)
         return verifier.problems
 
-    def _migrate(self, key: bytes, problems: list[Problem], accept_broken: bool) -> Opened:
+    def _migrate(
+        self, key: bytes | None, problems: list[Problem], accept_broken: bool, reason: str
+    ) -> Opened:
         verifier = Verifier(key)
         scan(self.conn, verifier)
         problems = verifier.problems + problems
@@ -305,19 +306,19 @@ class _Preparation:
             first = problems[0]
             raise ChainBroken(self.path, first.row, first.why)
         if problems:
-            return self._accept(key, problems, verifier)
+            return self._accept(problems, verifier)
         logger.warning(
-            "activity log %s: chained from now on; the chain_start row binds the %d rows before it",
+            "activity log %s: chained (version %d) from now on; the chain_start row binds the %d "
+            "rows before it",
             self.path,
+            VERSION,
             verifier.rows,
         )
-        return self._start(key, "migrated", verifier, {})
+        return self._start(reason, verifier, {})
 
-    def _accept(
-        self, key: bytes, problems: list[Problem], verifier: Verifier | None = None
-    ) -> Opened:
+    def _accept(self, problems: list[Problem], verifier: Verifier | None = None) -> Opened:
         if verifier is None:
-            verifier = Verifier(key)
+            verifier = Verifier()
             scan(self.conn, verifier)
         first = (verifier.problems or problems)[0]
         self._create_triggers()
@@ -329,7 +330,7 @@ class _Preparation:
             first.why,
         )
         broken = {"row": first.row, "why": first.why}
-        return self._start(key, "broken_log_accepted", verifier, {"broken": broken})
+        return self._start("broken_log_accepted", verifier, {"broken": broken})
 
     def _create_triggers(self) -> None:
         for kind, name, sql in self.schema.objects[1:]:
@@ -337,9 +338,7 @@ class _Preparation:
                 self.conn.execute(f'DROP TRIGGER IF EXISTS "{name}"')
                 self.conn.execute(sql)
 
-    def _start(
-        self, key: bytes, reason: str, verifier: Verifier | None, extra: dict[str, Any]
-    ) -> Opened:
+    def _start(self, reason: str, verifier: Verifier | None, extra: dict[str, Any]) -> Opened:
         last = self._last()
         previous = None
         if verifier is not None and verifier.rows:
@@ -348,7 +347,7 @@ class _Preparation:
                 "last_id": last[0] if last else None,
                 "chain": verifier.run.hex(),
             }
-        payload = {"chain": VERSION, "key_id": key_id(key), "previous": previous, **extra}
+        payload = {"chain": VERSION, "previous": previous, **extra}
         fields = {
             "ts": self.ts,
             "event": CHAIN_START,
@@ -358,8 +357,8 @@ class _Preparation:
         }
         row = tuple(fields.get(name) for name in self.columns)
         row_id = (last[0] if last else 0) + 1
-        params, chain = Chainer(key, self.columns).start(row, row_id)
+        params, chain = Chainer(self.columns).start(row, row_id)
         names = ",".join(f'"{name}"' for name in ("id", *self.columns, "chain"))
         marks = ",".join("?" * len(params))
         self.conn.execute(f"INSERT INTO {TABLE} ({names}) VALUES ({marks})", params)
-        return Opened(key, (row_id, chain), reason)
+        return Opened((row_id, chain), reason)

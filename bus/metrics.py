@@ -197,6 +197,12 @@ class _Families(Collector):
             "reason",
             m.http_refused,
         )
+        yield _counter(
+            "bcpbus_ws_refused",
+            "WebSocket sockets that never initialized, refused, by reason",
+            "reason",
+            m.bus.refusals.total,
+        )
         yield _counter("bcpbus_log_rows", "Activity-log rows recorded, by event", "event", m.rows)
         yield m.process_seconds.family(
             "bcpbus_process_message_seconds",

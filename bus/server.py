@@ -78,6 +78,7 @@ from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .protocol import Request
 from .pushes import PLAIN, Debounce, PushOptions, push_window
 from .recent import RecentIds
+from .refusals import Refusals
 from .rights import Regrant, Revoke, review
 from .router import Route, Router
 from .topics import validate_pattern, validate_topic
@@ -130,6 +131,10 @@ class Bus:
             total=self.limits.max_anonymous_connections,
             per_address=self.limits.max_anonymous_per_address,
         )
+        self.refusals = Refusals(log, self.limits.refusal_log_interval, event="ws_refused")
+        """What sockets that never initialized were refused, one ``ws_refused`` row per
+        interval: an anonymous client cannot write rows of its own (:mod:`bus.refusals`)."""
+        self._refusals_task: asyncio.Task[None] | None = None
         self._budget = ByteBudget(self.limits.max_inflight_bytes)
         window = self.limits.dedup_window
         self._recent = (
@@ -158,6 +163,10 @@ class Bus:
         """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.http`) when the bus was
         assembled with one (:func:`bus.assemble.running`), else None. The binding imports the
         bus, never the other way round."""
+        self.http_mount: Callable[[str, Any], None] | None = None
+        """Serves an ASGI app under a path on the HTTP binding's port
+        (:meth:`bus.http.HttpBinding.mount`) while there is one, else None: how what runs beside
+        the bus (the console) adds its pages."""
         self.on_delivered: Callable[[str, float], None] | None = None
         """Told each delivery's outcome (``process_finish`` status) and how many seconds the
         ``processMessage`` call took; :mod:`bus.metrics` sets it."""
@@ -197,6 +206,7 @@ class Bus:
             payload={"server_id": self.server_id, "url": self.url, "log_content": self.log_content},
         )
         self._presence_task = asyncio.create_task(self._presence.run(self._publish_own))
+        self._refusals_task = asyncio.create_task(self.refusals.run())
         if self._slow is not None:
             self._sweeper = asyncio.create_task(self._sweep_slow_consumers())
         logger.info("listening on %s", self.url)
@@ -266,7 +276,7 @@ class Bus:
             await self._server.wait_closed()
         if self._local_links:
             await asyncio.wait(set(self._local_links))
-        for task in (self._presence_task, self._sweeper):
+        for task in (self._presence_task, self._sweeper, self._refusals_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -276,6 +286,7 @@ class Bus:
         self._held.clear()
         await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
+            self.refusals.flush()
             self.log.record("shutdown", actor=BUS_CLIENT_ID)
             await self.log.commit()  # the disconnect and shutdown rows, before close() returns
         logger.info("closed")
@@ -466,8 +477,8 @@ class Bus:
         address = _address(ws)
         refusal = self._anonymous.refusal(address)
         if refusal is not None and self.credentials.identify(_bearer(ws)) is None:
-            name, limit = refusal
-            self.log.record("limit_exceeded", actor=address, status=name, error=str(limit))
+            name, _ = refusal
+            self.refusals.count(name, address)
             return ws.respond(
                 HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
             )
@@ -485,16 +496,17 @@ class Bus:
         )
         self._connections.add(conn)
         address = _address(ws)
-        self._anonymous.opened(address)
-        self.log.record("connect", actor=str(ws.remote_address))
+        self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
             await conn.run()
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
-                self.log.record(
-                    "frame_too_large", actor=conn.name, error=f"limit {self.limits.max_frame_bytes}"
-                )
+                if conn.client_id is None:
+                    self.refusals.count("frame_too_large", address)
+                else:
+                    limit = self.limits.max_frame_bytes
+                    self.log.record("frame_too_large", actor=conn.name, error=f"limit {limit}")
         finally:
             watchdog.cancel()
             if conn.client_id is None:
@@ -515,7 +527,7 @@ class Bus:
             async with asyncio.timeout(timeout):
                 await conn.initialized.wait()
         except TimeoutError:
-            self.log.record("initialize_timeout", actor=conn.name, error=f"{timeout}s")
+            self.refusals.count("initialize_timeout", _address(conn.ws))
             await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
 
     def _forget(self, conn: Connection) -> None:
@@ -547,7 +559,10 @@ class Bus:
                 raise MethodNotFound(f"Method not found: {request.method[:64]!r}")
             return await method(route, request)
         except BusError as exc:
-            await self.record_error(conn.name, request, exc)
+            if conn.client_id is None and not conn.closing_after_answer:
+                self.refusals.count("rpc_error", _address(conn.ws))  # anonymous: no row each
+            elif not isinstance(exc, _WrongToken):  # that one is counted by _authenticate
+                await self.record_error(conn.name, request, exc)
             self._count_anonymous_error(conn)
             raise
 
@@ -567,11 +582,19 @@ class Bus:
             await self.log.commit()
 
     def _protocol_error(self, conn: Connection, error: BusError) -> None:
-        self.log.record("rpc_error", actor=conn.name, status=str(error.code), error=error.message)
+        if conn.client_id is None:
+            self.refusals.count("rpc_error", _address(conn.ws))
+        else:
+            self.log.record(
+                "rpc_error", actor=conn.name, status=str(error.code), error=error.message
+            )
         self._count_anonymous_error(conn)
 
     def _frame_refused(self, conn: Connection, reason: str) -> None:
-        self.log.record("frame_refused", actor=conn.name, status=reason)
+        if conn.client_id is None:
+            self.refusals.count("frame_refused", _address(conn.ws))
+        else:
+            self.log.record("frame_refused", actor=conn.name, status=reason)
 
     def _count_anonymous_error(self, conn: Connection) -> None:
         # A connection that has not authenticated gets a few errors to learn from, then is
@@ -581,7 +604,7 @@ class Bus:
             return
         errors = self._errors_before_init[conn] = self._errors_before_init.get(conn, 0) + 1
         if errors >= MAX_ANONYMOUS_ERRORS:
-            self.log.record("limit_exceeded", actor=conn.name, status="anonymous_errors")
+            self.refusals.count("anonymous_errors", _address(conn.ws))
             reason = "too many errors before initialize"
             conn.close_after_answer(CLOSE_POLICY_VIOLATION, reason)
             conn.spawn(conn.close(CLOSE_POLICY_VIOLATION, reason))
@@ -602,6 +625,7 @@ class Bus:
             self._take_over(replaced, client_id)
         self._anonymous.closed(_address(conn.ws))
         conn.authenticated(client_id)
+        self.log.record("connect", actor=str(conn.ws.remote_address))
         if grants.may_subscribe(client_id):
             # As in the seed protocol, a peer is subscribed to its own address from the start,
             # so what others send it in answer to peer_joined (the gateway does) is not lost.
@@ -632,22 +656,16 @@ class Bus:
         """The credential ``token`` proves for ``client_id``.
 
         Raises:
-            AuthenticationFailed: none; the refusal is committed to the log first, and the
-                connection closes (4003) after the answer.
+            AuthenticationFailed: none; the refusal is counted into the next ``ws_refused``
+                row (no row of its own: anyone can try), and the connection closes (4003)
+                after the answer.
         """
         record = self.credentials.verify(client_id, token)
         if record is not None:
             return record
-        self.log.record(
-            "auth_failed",
-            rpc_id=_rpc_id(request),
-            actor=client_id,
-            status="refused",
-            error="unknown clientId or wrong token" if token else "no credential",
-        )
-        await self.log.commit()
+        self.refusals.count("wrong_token" if token else "no_credential", _address(conn.ws))
         conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-        raise AuthenticationFailed()
+        raise _WrongToken()
 
     def _check_not_attached(self, conn: Connection, request: Request, client_id: str) -> None:
         """Refuse a socket for a peer the bus reaches another way (its webhook).
@@ -1313,6 +1331,10 @@ class _Detached:
 
     async def close(self, code: int, reason: str) -> None:
         return None
+
+
+class _WrongToken(AuthenticationFailed):
+    """A token that proves no peer: counted into ``ws_refused``, no ``rpc_error`` row."""
 
 
 class _SlowConsumer(Exception):

@@ -135,8 +135,13 @@ def summary(
     gateway: bool,
     db: Path,
     log_level: str,
+    checkpoints: str = "off",
 ) -> list[str]:
-    """The lines ``bcpbus serve`` prints on stderr before it listens: what it runs with."""
+    """The lines ``bcpbus serve`` prints on stderr before it listens: what it runs with.
+
+    Args:
+        checkpoints: where the log's signed checkpoints go, and how to check them.
+    """
     lines = [
         f"policy: {policy} ({roles} roles)",
         f"peers: {peers_file} ({peers} peer{'' if peers == 1 else 's'})",
@@ -152,6 +157,7 @@ def summary(
         lines.append(f"agents: {agents_dir}: {described}")
     lines.append(f"gateway: {'in this process' if gateway else 'off'}")
     lines.append(f"activity log: {db} (SQLite, WAL)")
+    lines.append(f"checkpoints: {checkpoints}")
     lines.append(f"log: {log_level.lower()} and above on stderr (-v: debug, --info: info)")
     lines.append("reload: on SIGHUP, and within a second of a change to these files")
     return lines

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from bus import audit
 from bus.audit import has_relation, neutralize, read_only, untrusted_lines
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalDecision, BcpApprovalRequest
 from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
@@ -49,6 +50,8 @@ __all__ = [
     "Decision",
     "RequestCallback",
     "StoredApproval",
+    "decision_refusal",
+    "edited_response",
     "neutralize",
     "read_approval",
     "read_approvals",
@@ -579,3 +582,41 @@ def _json_object(text: str | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+# What an approver typed, and what the gateway made of a decision
+
+
+def edited_response(text: str, category: int) -> dict[str, Any]:
+    """The replacement response an approver typed: a JSON object, or for a Cat-3 summary
+    plain text too, which becomes ``{"summary": text}``.
+
+    The gateway validates it again against the request's spec; this only gives it its shape.
+
+    Raises:
+        ValueError: ``text`` is empty, or not a JSON object where one is needed; the message
+            says what to type.
+    """
+    if not text.strip():
+        raise ValueError("the replacement response is empty")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    if category == 3:
+        return {"summary": text.strip()}
+    raise ValueError('the replacement response must be a JSON object, e.g. {"q1": "answer"}')
+
+
+def decision_refusal(db: str | os.PathLike[str], message_id: str) -> str | None:
+    """Why the gateway did not take the decision sent as ``message_id``: ``"<code>: <detail>"``
+    (a :class:`~schemas.bcp.DecisionRefusal`) from the bus's ``process_finish`` row for it,
+    escaped; None when the log at ``db`` has no such row (yet) or cannot be read."""
+    with contextlib.suppress(FileNotFoundError, ValueError, sqlite3.Error):
+        rows = audit.query_rows(db, message_id=message_id, event="process_finish")
+        for row in rows:
+            if row.get("actor") == GATEWAY_ID and row.get("error"):
+                return neutralize(str(row["error"]))
+    return None

@@ -8,6 +8,7 @@ hostile reader wrote.
 ::
 
     bcpbus approve list                          # pending approvals, from ./bcpbus.db
+    bcpbus approve --config site/bcpbus.yaml list   # from the db serve --config uses
     bcpbus approve show appr-1                   # one, rendered
     bcpbus approve --as human:alice --token-file alice.token approve appr-1
     bcpbus approve --as human:alice reject appr-1 --reason "off topic"    # token: $BCPBUS_TOKEN
@@ -24,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -34,11 +34,14 @@ from typing import Any, TextIO, TypeVar
 from websockets.exceptions import WebSocketException
 
 from bus import audit
+from bus.config import ServeConfig
 from bus.errors import BusError
 from peers.approver import (
     Approver,
     Decision,
     StoredApproval,
+    decision_refusal,
+    edited_response,
     neutralize,
     read_approval,
     read_approvals,
@@ -46,7 +49,7 @@ from peers.approver import (
 )
 from peers.client import Peer, PeerClosed
 from schemas.bcp import BcpApprovalRequest, DecisionRefusal
-from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
+from schemas.common import APPROVAL_TOPIC
 
 from .tokens import TOKEN_ENV, find_token
 
@@ -134,16 +137,50 @@ def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         help="a file holding the approver's token",
     )
     token.add_argument("--token", default=default(None), help=f"(or ${TOKEN_ENV})")
-    parser.add_argument(
-        "--db", type=Path, default=default(Path("bcpbus.db")), help="the gateway's database"
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--db", type=Path, default=default(None), help="the gateway's database (./bcpbus.db)"
     )
+    where.add_argument(
+        "--config",
+        type=Path,
+        default=default(None),
+        metavar="FILE",
+        help="read the database's path from serve's config file (bcpbus init DIR writes "
+        "DIR/bcpbus.yaml)",
+    )
+
+
+def _database(args: argparse.Namespace) -> Path:
+    """The gateway's database: ``--db``, else the ``db`` of the ``--config`` file that
+    ``serve --config`` reads (relative to the file, as serve takes it), else ``./bcpbus.db``.
+
+    Raises:
+        ConfigError: the config file cannot be read.
+    """
+    if args.db is not None:
+        return Path(args.db)
+    if args.config is not None:
+        return ServeConfig.load(args.config).db
+    return Path("bcpbus.db")
+
+
+def _no_database(exc: FileNotFoundError) -> int:
+    _error(
+        f"{exc}; name the bus's with --db FILE, or --config FILE as serve was given it "
+        "(the bcpbus init layout: --config DIR/bcpbus.yaml)"
+    )
+    return EXIT_USAGE
 
 
 # approve list / show
 
 
 def _approve_list(args: argparse.Namespace) -> int:
-    approvals = read_approvals(args.db, open_only=not args.all)
+    try:
+        approvals = read_approvals(_database(args), open_only=not args.all)
+    except FileNotFoundError as exc:
+        return _no_database(exc)
     if args.json:
         print(json.dumps([approval.to_dict() for approval in approvals], indent=1))
     elif not approvals:
@@ -170,9 +207,13 @@ def _summary(approval: StoredApproval) -> dict[str, Any]:
 
 
 def _approve_show(args: argparse.Namespace) -> int:
-    approval = read_approval(args.db, args.approval_id)
+    db = _database(args)
+    try:
+        approval = read_approval(db, args.approval_id)
+    except FileNotFoundError as exc:
+        return _no_database(exc)
     if approval is None:
-        _error(f"no approval {args.approval_id} in {args.db}")
+        _error(f"no approval {args.approval_id} in {db}")
         return EXIT_REFUSED
     if args.json:
         print(json.dumps(approval.to_dict(), indent=1))
@@ -211,7 +252,8 @@ def _approve_decide(args: argparse.Namespace) -> int:
     if peer is None:
         return EXIT_USAGE
     decision: Decision = args.action
-    return asyncio.run(_decide(peer, args.approval_id, decision, edited, args.reason, args.db))
+    db = _database(args)
+    return asyncio.run(_decide(peer, args.approval_id, decision, edited, args.reason, db))
 
 
 async def _decide(
@@ -238,7 +280,7 @@ async def _decide(
     if taken:
         print(f"{done} {approval_id}: the gateway took the decision")
         return EXIT_OK
-    why = _refusal(db, message_id)
+    why = decision_refusal(db, message_id)
     code, _, detail = (why or "").partition(": ")
     if code == DecisionRefusal.ALREADY_DECIDED and detail:
         # Someone decided first, or it expired: say so first, not as a generic refusal.
@@ -253,17 +295,6 @@ async def _decide(
         f"see `bcpbus approve show {approval_id}`"
     )
     return EXIT_REFUSED
-
-
-def _refusal(db: Path, message_id: str) -> str | None:
-    """The gateway's answer to the decision, ``"<code>: <detail>"`` (a :class:`DecisionRefusal`),
-    from the activity log if it is at hand."""
-    with contextlib.suppress(FileNotFoundError, ValueError, sqlite3.Error):
-        rows = audit.query_rows(db, message_id=message_id, event="process_finish")
-        for row in rows:
-            if row.get("actor") == GATEWAY_CLIENT_ID and row.get("error"):
-                return neutralize(str(row["error"]))
-    return None
 
 
 # approve watch
@@ -370,15 +401,10 @@ class _Watch:
         if text is None or not text.strip():
             return None
         try:
-            value = json.loads(text)
+            return edited_response(text, request.spec.category)
         except ValueError:
-            value = None
-        if isinstance(value, dict):
-            return value
-        if request.spec.category == 3:
-            return {"summary": text.strip()}
-        self.say('not a JSON object, e.g. {"q1": "answer"}')
-        return None
+            self.say('not a JSON object, e.g. {"q1": "answer"}')
+            return None
 
     async def _send(
         self,

@@ -6,6 +6,7 @@
     await controller.start()
     delivery = await controller.ask("researcher", {"category": 1, "fields": [...]})
     delivery.response             # validated, normalized; delivery.bandwidth_bits, .taint
+    delivery.bits                 # what it cost the budget: .value, .outcome, .timing
 
     reader = Reader(Peer(url, "agent:researcher", token))
     @reader.on_query
@@ -23,6 +24,13 @@ What the gateway sends back is returned as the :mod:`schemas.bcp` model of its t
 (:class:`~schemas.bcp.BcpResponseDelivery`, :class:`~schemas.bcp.BcpValidationResult`), checked
 against it on arrival: content the schema does not allow fails the call with
 :class:`~peers.errors.MalformedMessage`.
+
+**Latency.** The gateway releases every delivery to a controller (answers, pushes, failures) at
+the next point of the channel's ``delivery_quantum`` grid, 0.1 s by default, so that a reader's
+timing and retries show only as a grid slot, which is charged (docs/bcp.md, "Time"). Expect each
+:meth:`Controller.ask` to take up to one step more than the reader took: 50 ms more on average
+at the default, and about 10 queries a second at most when asking one at a time; keep several
+in flight (:meth:`Controller.send_query`) for throughput.
 """
 
 from __future__ import annotations
@@ -272,7 +280,9 @@ class Controller(_Agent):
 
         Returns:
             The ``bcp_response_delivery``: ``.response`` (validated, normalized),
-            ``.bandwidth_bits``, ``.taint``...
+            ``.bandwidth_bits``, ``.bits`` (value, outcome and timing charged), ``.taint``...
+            It arrives at the channel's next grid point after the answer (``delivery_quantum``,
+            0.1 s by default): allow for it in ``timeout``.
 
         Raises:
             QueryFailed: refused at once, expired, retries exhausted, approval rejected...

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -166,6 +167,17 @@ class BusHarness:
         """A :class:`Peer` with a fresh credential; use it with ``async with``."""
         return Peer(self.url, client_id, self.token(client_id, roles), **kwargs)
 
+    async def refused(self) -> dict[str, int]:
+        """Write the WebSocket refusals counted so far as their ``ws_refused`` row (the bus
+        writes one per interval) and return the reasons summed over every such row."""
+        self.bus.refusals.flush()
+        await self.log.commit()
+        reasons: dict[str, int] = {}
+        for row in self.rows(event="ws_refused"):
+            for reason, count in json.loads(row["payload_json"])["reasons"].items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return reasons
+
     def rows(self, **where: Any) -> list[dict[str, Any]]:
         """Committed activity-log rows whose columns equal ``where``, in order."""
         query = "SELECT * FROM activity_log"
@@ -206,7 +218,7 @@ async def running_bus(
         from bus.http import HttpBinding  # the http extra: imported only when asked for
 
         async with HttpBinding(bus, http, host="127.0.0.1") as binding:
-            bus.http_url = binding.url
+            bus.http_url, bus.http_mount = binding.url, binding.mount
             yield BusHarness(bus, bus.log, credentials, db, binding)
 
 

@@ -18,12 +18,13 @@ prose. The frontmatter of a controller and of its reader look like this:
         max_escalations_per_task: 2       # >= 0
         screeners: [system:screener-x]    # optional: peers that judge Cat-2/3 answers too
         screener_failure: reject          # reject (default) | review: a screener gave no verdict
+        delivery_quantum: 0.1             # seconds: deliveries leave on this grid (0: off)
         subscriptions:                    # controller side only
           - id: research-alerts           # letters, digits, hyphens; unique in the channel
             category: 1                   # <= max_category
             fields:                       # the spec, exactly as in a query
               - {name: has_breaking_news, type: boolean}
-            min_interval_s: 60            # optional rate limits
+            min_interval_s: 60            # rate limits; min_interval_s defaults to 10
             max_per_hour: 10
 
     name: researcher
@@ -34,7 +35,8 @@ prose. The frontmatter of a controller and of its reader look like this:
 
 A channel is declared on both sides. When the two sides differ the stricter value holds (lower
 ``max_category``, ``budget_bits``, ``max_cat2_queries`` and ``max_escalations_per_task``; the
-stricter ``anomaly_action`` and ``screener_failure``; the screeners of both sides): either
+larger ``delivery_quantum``; the stricter ``anomaly_action`` and ``screener_failure``; the
+screeners of both sides): either
 operator may narrow a channel, neither may widen it.
 :func:`build_channels` gives that combined view, one :class:`Channel` per (controller, reader).
 
@@ -77,7 +79,9 @@ from schemas.bcp import (
 from schemas.common import TaintLevel
 
 __all__ = [
+    "DEFAULT_DELIVERY_QUANTUM",
     "DEFAULT_MAX_ESCALATIONS",
+    "DEFAULT_MIN_INTERVAL_S",
     "MAX_SCREENERS",
     "RESERVED_SCREENERS",
     "AgentDefinition",
@@ -96,6 +100,15 @@ __all__ = [
 DEFAULT_MAX_ESCALATIONS: Final = 2
 """Escalations a task may make when its channel does not say (BCP "escalation budget")."""
 
+DEFAULT_DELIVERY_QUANTUM: Final = 0.1
+"""Seconds between the grid points deliveries to a controller leave on, when a channel does
+not say (see :mod:`peers.gateway.timing`): 50 ms of latency on average, 100 ms at most. The
+gateway's own round trip for an answer takes about 30 ms at the median on a loaded machine
+(bench/README.md), so a reader that answers at once mostly lands in the first slot."""
+
+DEFAULT_MIN_INTERVAL_S: Final = 10.0
+"""Fewest seconds between two accepted pushes of a subscription that does not say."""
+
 Role = Literal["controller", "reader"]
 """An agent's side of a BCP channel."""
 
@@ -111,6 +124,7 @@ RESERVED_SCREENERS: Final = frozenset(
 
 _Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=0)]
+_Quantum = Annotated[float, Field(ge=0, le=60, strict=True, allow_inf_nan=False)]
 _Text = Annotated[StrictStr, Field(min_length=1, max_length=2000)]
 _Word = Annotated[StrictStr, Field(max_length=4096, pattern=r"^[^\x00]+$")]
 
@@ -155,8 +169,9 @@ class Subscription(QuerySpec):
     """
 
     id: SubscriptionId
-    min_interval_s: _Positive | None = None
-    """Fewest seconds between two accepted pushes."""
+    min_interval_s: _Positive = DEFAULT_MIN_INTERVAL_S
+    """Fewest seconds between two accepted pushes; every subscription has one, since whether
+    and when a push comes is itself something the reader chooses (docs/bcp.md)."""
     max_per_hour: Annotated[StrictInt, Field(ge=1)] | None = None
     """Most accepted pushes in any hour."""
 
@@ -184,6 +199,12 @@ class BcpChannel(_Model):
     its own screen. See docs/bcp.md, "Screeners"."""
     screener_failure: ScreenerFailure = "reject"
     """What an answer a screener gave no usable verdict on becomes: refused, or held for review."""
+    delivery_quantum: _Quantum = DEFAULT_DELIVERY_QUANTUM
+    """Seconds: every delivery to the controller leaves at a point of this grid, so that a
+    reader's timing within a step, and its retries, are not visible; the step it lands in is
+    charged. 0 turns the grid off and leaves timing uncounted (tests, trusted readers).
+
+    .. versionadded:: 0.3"""
     subscriptions: tuple[Subscription, ...] = ()
 
     @model_validator(mode="after")
@@ -353,6 +374,8 @@ class Channel:
     screeners: tuple[str, ...] = ()
     """The screeners both sides name, the controller's first; each judges Cat-2 and Cat-3."""
     screener_failure: ScreenerFailure = "reject"
+    delivery_quantum: float = DEFAULT_DELIVERY_QUANTUM
+    """The larger of the two sides' ``delivery_quantum``."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -533,6 +556,8 @@ def _combine(
         reader_source=reader.source,
         screeners=screeners,
         screener_failure=failure,
+        # A coarser grid is stricter: less of the reader's timing shows.
+        delivery_quantum=max(ours.delivery_quantum, theirs.delivery_quantum),
     )
 
 

@@ -72,6 +72,7 @@ __all__ = [
     "Anomaly",
     "AnomalyAction",
     "AnomalyCode",
+    "DeliveryBits",
     "SCREENER_ID_PATTERN",
     "BcpScreenRequest",
     "BcpScreenVerdict",
@@ -624,6 +625,22 @@ class Provenance(_Model):
         return self
 
 
+class DeliveryBits(_Model):
+    """What one delivery cost the channel's budget, by what it told the controller.
+
+    ``value`` is what the delivered value carries (``bandwidth_bits`` of an answer, with the
+    anomaly codes of a ``flag`` channel); ``outcome`` that the query was answered (1 bit) or
+    which way it failed (1 + log2 6), or that a push came (1 bit); ``timing`` the grid slot it
+    was released in. Their sum is what the budget paid for it.
+
+    .. versionadded:: 0.3
+    """
+
+    value: Annotated[float, Field(ge=0)]
+    outcome: Annotated[float, Field(ge=0)]
+    timing: Annotated[float, Field(ge=0)]
+
+
 class BcpResponseDelivery(_Model):
     """``bcp_response_delivery`` (gateway -> controller): a validated, normalized answer.
 
@@ -641,7 +658,8 @@ class BcpResponseDelivery(_Model):
     taint: TaintLevel
     channel_mode: Literal["bcp"] = "bcp"
     anomalies: tuple[Anomaly, ...] = ()
-    """On a channel whose ``anomaly_action`` is ``flag``: what screening found."""
+    """On a channel whose ``anomaly_action`` is ``flag``: which codes screening found in which
+    field, codes only (``detail`` is the code again: no position, character or text)."""
     delivery_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     """The gateway's id for this message, the same when it sends it again (a delivery held for
     an offline controller, sent when it returns). A controller that also fetched the first copy
@@ -661,6 +679,10 @@ class BcpResponseDelivery(_Model):
     """With ``untrusted``: the channel, reader and query or subscription the text came from.
 
     .. versionadded:: 0.2"""
+    bits: DeliveryBits | None = None
+    """What this delivery was charged: value, outcome and timing.
+
+    .. versionadded:: 0.3"""
 
     @model_validator(mode="after")
     def _check_ids(self) -> Self:
@@ -680,6 +702,11 @@ class BcpQueryFailed(_Model):
     by epoch sees it twice: drop the second.
 
     .. versionadded:: 0.2"""
+    bits: DeliveryBits | None = None
+    """What the failure was charged once the reader had the query (``value`` 0); absent on a
+    refusal at admission, which is not charged.
+
+    .. versionadded:: 0.3"""
 
 
 class ActiveSubscription(QuerySpec):

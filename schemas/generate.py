@@ -10,8 +10,9 @@ Files are named after the wire: the JSON-RPC frames (``jsonrpc.request.json``, .
 method's params and result (``initialize.params.json``, ``sendMessage.result.json``), the payload
 envelope (``envelope.json``), the content of each presence event (``peer_joined.json``), the
 content of each BCP message type (``bcp_query.json``) and of each chat type
-(``spawn_request.json``), the frontmatter of an agent definition (``agent_definition.json``), and
-the HTTP binding's bodies (``http.*.json``; the bus serves its OpenAPI document at
+(``spawn_request.json``), the frontmatter of an agent definition (``agent_definition.json``),
+the risk report of ``bcpbus agents check --json`` (``agents_check.json``), and the HTTP
+binding's bodies (``http.*.json``; the bus serves its OpenAPI document at
 ``/openapi.json``). The output is deterministic (sorted keys, two-space indent, a trailing
 newline), so ``--check`` compares text.
 """
@@ -29,6 +30,7 @@ from pydantic import BaseModel
 
 from schemas import bcp, bus, chat, http, jsonrpc
 from schemas.agents import AgentDefinition
+from schemas.risk import RiskReport
 
 __all__ = ["DEFAULT_DIRECTORY", "MODELS", "check", "render", "write"]
 
@@ -78,6 +80,8 @@ MODELS: Final[Mapping[str, type[BaseModel]]] = {
     **chat.CONTENT_MODELS,
     # Agent definitions: the YAML frontmatter of agents/*.md.
     "agent_definition": AgentDefinition,
+    # The risk report of `bcpbus agents check --json` (a tool's input, not a wire object).
+    "agents_check": RiskReport,
 }
 """Schema name (the file name without ``.json``) -> the model it is generated from."""
 

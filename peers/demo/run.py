@@ -62,17 +62,8 @@ CAT2 = {
     ],
 }
 CAT3 = {"category": 3, "directive": "Summarize the pricing update for the team.", "max_words": 40}
-BIG_CAT2 = {
-    "category": 2,
-    "questions": [
-        {
-            "id": "details",
-            "question": "Describe the new plans.",
-            "max_words": 50,
-            "expected_format": "short_text",
-        }
-    ],
-}
+HUGE_CAT3 = {"category": 3, "directive": "Summarize everything you read.", "max_words": 200}
+"""Estimated at 2,200 bits: more than the reference channel's whole budget."""
 
 ANSWERS: dict[str, Any] = {
     "q-pricing": {"region": "eu", "rating": 4, "tier": "pro", "has_pricing": True},
@@ -183,7 +174,10 @@ class _Demo:
             ("The reader pushes on a subscription", self._push),
             ("A Cat-3 summary waits for a human", self._cat3),
             ("An escalation without justification is refused", self._escalation),
-            ("The budget runs out, for pushes and queries alike", self._budget),
+            (
+                "Pushes are charged and rate-limited; a query larger than the budget is refused",
+                self._budget,
+            ),
         ]
         try:
             for number, (title, step) in enumerate(steps, 1):
@@ -304,23 +298,26 @@ class _Demo:
         raise StepFailed("the escalation was not refused")
 
     async def _budget(self) -> None:
-        for n in range(1, 10):
-            verdict = await self.reader.publish("research-findings", "main", FINDINGS)
-            if not verdict.success:
-                self.out(f"    push {n} refused: {verdict.error}: {verdict.detail}")
-                _expect(verdict.error == "budget_exhausted", "expected budget_exhausted")
-                break
-            delivery = await self.pushes.get()
-            self.out(f"    push {n} of research-findings delivered: {delivery.bandwidth_bits} bits")
-        else:
-            raise StepFailed("the budget never ran out")
+        verdict = await self.reader.publish("research-findings", "main", FINDINGS)
+        _expect(verdict.success is True, f"push refused: {verdict}")
+        delivery = await self.pushes.get()
+        split = delivery.bits
+        _expect(split is not None, "a delivery says what it cost")
+        assert split is not None
+        self.out(
+            f"    research-findings delivered: {delivery.bandwidth_bits} bits of value, "
+            f"{split.outcome} that it came, {split.timing} for its slot of the grid"
+        )
+        again = await self.reader.publish("research-findings", "main", FINDINGS)
+        self.out(f"    pushed again at once: {again.error}: {again.detail}")
+        _expect(again.error == "rate_limited", "expected rate_limited (min_interval_s)")
         try:
-            await self.controller.ask("researcher", BIG_CAT2, query_id="q-late")
+            await self.controller.ask("researcher", HUGE_CAT3, query_id="q-late")
         except QueryFailed as failed:
-            self.out(f"    a 550-bit query is refused too: {failed.reason}: {failed.detail}")
+            self.out(f"    a 2,200-bit query is refused: {failed.reason}: {failed.detail}")
             _expect(failed.reason == "budget_exhausted", "expected budget_exhausted")
             return
-        raise StepFailed("the query fit a budget that should be spent")
+        raise StepFailed("the query fit a budget it is larger than")
 
     # Output
 

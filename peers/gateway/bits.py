@@ -24,8 +24,8 @@ chooses among at most 2^charge of them. The code, for normalized text of n <= W 
   distribution; "the" costs about 4 bits, a rank-10,000 word about 17); ASCII digits; a
   vocabulary word with combining marks; Latin letters spelled out (each given the one before, by
   a letter-pair model of the vocabulary's spellings); or a run of pieces (words,
-  letters, digits, ASCII punctuation, or one other character of the field's alphabet at log2 of
-  its size) closed by an end mark. Counts are in Elias gamma code.
+  letters, digits, ASCII punctuation, a run of one ASCII mark, or one other character of the
+  field's alphabet at log2 of its size) closed by an end mark. Counts are in Elias gamma code.
 - A ``yes_no`` answer is 1 bit, a ``date`` :data:`DATE_BITS`, an ``integer`` or ``number`` a
   sign, then its digits with their counts.
 
@@ -48,12 +48,21 @@ from functools import cache
 from importlib import resources
 from typing import Final
 
-from schemas.bcp import ExpectedFormat, NormalizedValue, QuerySpec, Question, SpecField
+from schemas.bcp import (
+    AnomalyCode,
+    ExpectedFormat,
+    NormalizedValue,
+    QuerySpec,
+    Question,
+    SpecField,
+)
 
 __all__ = [
     "ALLOWANCE_UNTIL",
     "ALLOWANCE_WORDS",
     "BITS_PER_WORD",
+    "CEILING_BITS_PER_WORD",
+    "CEILING_BITS_PER_QUESTION",
     "DATE_BITS",
     "ENGLISH",
     "NAMES",
@@ -63,10 +72,13 @@ __all__ = [
     "alphabet_of",
     "answer_bits",
     "field_bits",
+    "findings_bits",
     "foreign_char",
     "question_bits",
+    "question_ceiling",
     "short_answer_allowance",
     "spec_bits",
+    "spec_ceiling",
     "text_bits",
     "value_bits",
     "vocabulary_rank",
@@ -125,7 +137,9 @@ NAMES: Final = Alphabet("any character", ((0x80, 0x10FFFF),))
 letters), each charged as if it were any of the 1,114,000 code points above ASCII."""
 
 _ASCII_PUNCTUATION: Final = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-_PIECE: Final = re.compile(r"[A-Za-z\u00c0-\u024f]+|[0-9]+|.", re.DOTALL)
+_PIECE: Final = re.compile(r"[A-Za-z\u00c0-\u024f]+|[0-9]+|([!-/:-@\[-`{-~])\1+|.", re.DOTALL)
+# A run of one ASCII mark ("=====", "__", "...") is one piece: headings' rules and dunder names
+# would otherwise cost 8 bits a character.
 # Latin letters beyond ASCII (Latin-1 Supplement to Latin Extended-B, with the signs × and ÷,
 # which cost the same as a letter here): they spell names such as Zoë, Saldaña or Dvořák.
 _LATIN_EXTRA: Final = 0x024F - 0x00C0 + 1
@@ -160,7 +174,8 @@ _COMBINING_MARKS: Final = 0x036F - 0x0300 + 1
 _PIECE_WORD: Final = _cost(0.25)
 _PIECE_LETTERS: Final = _cost(0.10)
 _PIECE_DIGITS: Final = _cost(0.15)
-_PIECE_PUNCT: Final = _cost(0.15)
+_PIECE_PUNCT: Final = _cost(0.12)
+_PIECE_REPEAT: Final = _cost(0.03)
 _PIECE_OTHER: Final = _cost(0.05)
 _PIECE_END: Final = _cost(0.30)
 # A letter spelled out: ASCII, or one of the Latin letters beyond it.
@@ -337,6 +352,8 @@ def _run_bits(run: str, alphabet: Alphabet) -> float:
             bits += _PIECE_DIGITS + _digits_bits(piece)
         elif piece in _ASCII_PUNCTUATION:
             bits += _PIECE_PUNCT + math.log2(len(_ASCII_PUNCTUATION))
+        elif piece[0] in _ASCII_PUNCTUATION:  # a run of one mark: which, then how many more
+            bits += _PIECE_REPEAT + math.log2(len(_ASCII_PUNCTUATION)) + _gamma(len(piece) - 1)
         elif alphabet.allows(piece):
             bits += _PIECE_OTHER + alphabet.char_bits
         else:
@@ -415,6 +432,84 @@ def spec_bits(spec: QuerySpec) -> float:
         questions = spec.questions or ()
         return math.fsum(question_bits(q) for q in questions) + short_answer_allowance(questions)
     return text_bits(spec.max_words or 0)
+
+
+CEILING_BITS_PER_WORD: Final = 48
+"""The most a word of a text answer may carry on average: the per-question ceiling's rate.
+
+English prose measures 9 to 14 bits a word under this code, short factual answers (names,
+figures) 15 to 37, prose in other Latin-script languages 25 to 47, since the vocabulary is
+English and their words are spelled out letter by letter; docs/bcp.md has the figures.
+"""
+
+CEILING_BITS_PER_QUESTION: Final = 64
+"""What a question may carry beyond :data:`CEILING_BITS_PER_WORD` a word: room for a long
+name or a figure with its unit in a short field."""
+
+
+def question_ceiling(question: Question) -> float:
+    """Return the most an answer to ``question`` may carry: 48 a word plus 64, or exact.
+
+    Formats with an exact code are bounded by what their longest answer measures: ``yes_no``
+    1 bit, ``date`` :data:`DATE_BITS`. Every other answer is measured (:func:`value_bits`) and
+    refused when it measures more than this.
+    """
+    if question.expected_format == "yes_no":
+        return 1.0
+    if question.expected_format == "date":
+        return DATE_BITS
+    return _text_ceiling(question.max_words)
+
+
+def _text_ceiling(max_words: int) -> float:
+    return float(CEILING_BITS_PER_WORD * max_words + CEILING_BITS_PER_QUESTION)
+
+
+def spec_ceiling(spec: QuerySpec, *, flag: bool = False) -> float:
+    """Return the most an answer to ``spec`` may carry: the worst case the gateway reserves.
+
+    Args:
+        spec: the query's or subscription's spec.
+        flag: the channel's ``anomaly_action`` is ``flag``: its findings reach the controller
+            too, and :func:`findings_bits` of the most findings is added.
+
+    Returns:
+        Cat-1: :func:`spec_bits` (exact). Cat-2: the sum of :func:`question_ceiling`; Cat-3:
+        48 a word of ``max_words`` plus 64. :func:`spec_bits` stays the estimate a spec shows.
+    """
+    if spec.category == 1:
+        return spec_bits(spec)
+    if spec.category == 2:
+        bits = math.fsum(question_ceiling(q) for q in spec.questions or ())
+    else:
+        bits = _text_ceiling(spec.max_words or 0)
+    return bits + (_findings_ceiling(spec) if flag else 0.0)
+
+
+def _findings_slots(spec: QuerySpec) -> int:
+    # One slot per answer key, and one for findings about the whole answer (a screener's).
+    return len(spec.response_keys()) + 1
+
+
+def _findings_ceiling(spec: QuerySpec) -> float:
+    return float(_findings_slots(spec) * (1 + len(AnomalyCode)))
+
+
+def findings_bits(spec: QuerySpec, codes: Sequence[tuple[str | None, str]]) -> float:
+    """Return what the findings delivered on a ``flag`` channel carry: codes only.
+
+    Each answer key, and the whole answer, has one slot: 1 bit says whether it has findings,
+    then one bit per :class:`~schemas.bcp.AnomalyCode` says which (a prefix code: 1/2 +
+    2^10 x 2^-11 = 1). Where in the text and which characters are never delivered.
+
+    Args:
+        spec: the spec answered (Cat-2 or Cat-3).
+        codes: ``(field, code)`` pairs delivered; ``field`` None for the whole answer.
+    """
+    if spec.category == 1:
+        return 0.0
+    flagged = len({field for field, _code in codes})
+    return float(_findings_slots(spec) + flagged * len(AnomalyCode))
 
 
 def alphabet_of(expected_format: ExpectedFormat | None) -> Alphabet:

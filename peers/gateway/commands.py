@@ -93,7 +93,9 @@ def add_gateway(sub: Any) -> None:
         help="what its rows keep of questions, answers and values (default: the bus's, as its "
         "latest bus_start row says)",
     )
-    parser.add_argument("--audit-key", help="the log's chain key (default: the --db path + .key)")
+    parser.add_argument(
+        "--audit-key", help="a version-1 log's HMAC key (default: the --db path + .key)"
+    )
     parser.set_defaults(command=_gateway)
 
 
@@ -182,7 +184,9 @@ def add_budget(sub: Any) -> None:
         default=f"operator:{os.environ.get('USER', 'unknown')}",
         help="who resets, for the audit row (default operator:$USER)",
     )
-    reset.add_argument("--audit-key", help="the log's chain key (default: the --db path + .key)")
+    reset.add_argument(
+        "--audit-key", help="a version-1 log's HMAC key (default: the --db path + .key)"
+    )
     reset.set_defaults(command=_budget_reset)
 
 

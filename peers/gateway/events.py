@@ -42,7 +42,8 @@ __all__ = [
 
 TimerKey = tuple[str, ...]
 """What a timer is for: ``("query", controller, query_id)``, ``("approval", approval_id)``,
-``("held", controller, hold_id)`` or ``("screen", screen_id)``."""
+``("held", controller, hold_id)``, ``("release", controller, delivery_id)`` or
+``("screen", screen_id)``."""
 
 
 # Events

@@ -141,7 +141,8 @@ class _Replay:
         bits = float(payload.get("bits", 0))
         cat2 = payload.get("category") == 2 and payload.get("query_id") is not None
         if bits >= 0:
-            self.state.ledger.charge(key, bits, cat2=cat2)
+            # A charge with an outcome is a settlement above the reserve, not a new query.
+            self.state.ledger.charge(key, bits, cat2=cat2 and "outcome" not in payload)
         else:
             # A refund with an outcome is a query settled to what its outcome costs: it still
             # counts as a Cat-2 query. One without gave everything back (logs before outcomes).

@@ -157,7 +157,9 @@ def combine(
             review = True
     if reasons:
         return ValidationResult(result.category, False, None, tuple(reasons), tuple(found))
-    return ValidationResult(result.category, True, result.response, (), tuple(found), review)
+    return ValidationResult(
+        result.category, True, result.response, (), tuple(found), review, result.value_bits
+    )
 
 
 _UNSCREENED = ValidationCode.UNSCREENED

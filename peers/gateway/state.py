@@ -186,6 +186,11 @@ class RateLimiter:
             return False
         return max_per_hour is None or len(times) < max_per_hour
 
+    def last(self, key: tuple[str, str, str]) -> float | None:
+        """Return when the latest accepted push under ``key`` was, or ``None``."""
+        times = self._times.get(key)
+        return times[-1] if times else None
+
     def record(self, key: tuple[str, str, str], now: float) -> None:
         """Note an accepted push at ``now``."""
         self._times.setdefault(key, deque()).append(now)

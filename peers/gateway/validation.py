@@ -16,10 +16,11 @@ bounded by the spec, not by the answer. The rules, by category (BCP §"Validatio
   ``bad_format``), agrees with its ``same_as`` question, and passes screening.
 - Cat-3: ``{"summary": text}`` under the same text rules without a format; always needs a human's
   approval (:attr:`ValidationResult.approval_required`).
-- Cat-2 and Cat-3, once every part is valid: the whole answer can carry no more bits than its spec
-  is charged (:func:`~peers.gateway.bits.answer_bits` at most
-  :func:`~peers.gateway.bits.spec_bits`), or it is ``too_long``. The charge is fixed when the
-  query is accepted, so an answer that would carry more is refused, never charged more.
+- Cat-2 and Cat-3, once every part is valid: the whole answer can carry no more bits than its
+  spec's ceiling (:func:`~peers.gateway.bits.spec_ceiling`, 48 a word plus 64 a question), nor
+  than the gateway reserved for it when the budget left was smaller (``max_bits``), or it is
+  ``too_long``. Within that, what it carries (:func:`~peers.gateway.bits.answer_bits`,
+  :attr:`ValidationResult.value_bits`) is what the channel is charged.
 
 Which form each check reads: the JSON type and the length bound read the raw answer; screening
 reads the raw answer too (invisible and bidi characters are findings although normalization drops
@@ -50,7 +51,7 @@ from functools import partial
 from itertools import islice
 from typing import Any, Final
 
-from peers.gateway.bits import alphabet_of, answer_bits, foreign_char, spec_bits
+from peers.gateway.bits import alphabet_of, answer_bits, foreign_char, spec_ceiling
 from peers.gateway.normalize import count_words, normalize_answer, normalize_summary
 from peers.gateway.screening import screen
 from schemas.bcp import (
@@ -103,6 +104,8 @@ class ValidationResult:
     anomalies: tuple[Anomaly, ...] = ()
     needs_review: bool = False
     """Accepted on a ``review`` channel with anomalies: a human must approve it."""
+    value_bits: float = 0.0
+    """What the accepted answer carries (:func:`~peers.gateway.bits.answer_bits`): its charge."""
 
     @property
     def approval_required(self) -> bool:
@@ -142,6 +145,7 @@ def validate_response(
     response: object,
     *,
     anomaly_action: AnomalyAction = "reject",
+    max_bits: float | None = None,
 ) -> ValidationResult:
     """Validate and normalize a reader's answer to ``spec``.
 
@@ -151,6 +155,8 @@ def validate_response(
             JSON value.
         anomaly_action: the channel's: ``reject`` fails an answer that screening flags,
             ``review`` accepts it with ``needs_review``, ``flag`` accepts it.
+        max_bits: the most the answer may carry when that is less than the spec's ceiling:
+            what the gateway could reserve of the budget left. ``None``: the ceiling.
 
     Returns:
         The verdict; never raises on any ``response``.
@@ -179,8 +185,11 @@ def validate_response(
         )
         if text is not None and _check_alphabet("summary", text, None, reasons):
             values["summary"] = text
-    if not reasons and spec.category != 1:
-        _check_capacity(spec, values, reasons)
+    carried = 0.0
+    if not reasons:
+        carried = answer_bits(spec, values)
+        if spec.category != 1:
+            _check_capacity(spec, carried, max_bits, reasons)
     if anomalies and anomaly_action == "reject":
         reasons.extend(_anomaly_reasons(anomalies))
     if reasons:
@@ -188,7 +197,7 @@ def validate_response(
     # Canonical field order (BCP hidden channels: ordering carries log2(N!) bits).
     ordered = {key: values[key] for key in spec.response_keys()}
     review = anomaly_action == "review" and bool(anomalies)
-    return ValidationResult(spec.category, True, ordered, (), tuple(anomalies), review)
+    return ValidationResult(spec.category, True, ordered, (), tuple(anomalies), review, carried)
 
 
 def _check_answers(
@@ -344,14 +353,20 @@ def _check_alphabet(
 
 
 def _check_capacity(
-    spec: QuerySpec, values: dict[str, NormalizedValue], reasons: list[ValidationReason]
+    spec: QuerySpec, carried: float, max_bits: float | None, reasons: list[ValidationReason]
 ) -> None:
-    """Refuse an answer that can carry more bits than its spec is charged (bits.answer_bits)."""
-    carried, charged = answer_bits(spec, values), spec_bits(spec)
-    if carried > charged:
+    """Refuse an answer that carries more than its ceiling or what was reserved for it."""
+    ceiling = spec_ceiling(spec)
+    if carried > ceiling:
         message = (
-            f"the answer can carry {carried:.1f} bits, more than the {charged:.1f} charged: "
-            "use fewer or commoner words"
+            f"the answer can carry {carried:.1f} bits, more than the {ceiling:.1f} this spec "
+            "allows: use fewer or commoner words"
+        )
+        reasons.append(_reason(None, ValidationCode.TOO_LONG, message))
+    elif max_bits is not None and carried > max_bits + 1e-9:
+        message = (
+            f"the answer can carry {carried:.1f} bits, more than the {max_bits:.1f} left of "
+            "the channel's budget: use fewer or commoner words"
         )
         reasons.append(_reason(None, ValidationCode.TOO_LONG, message))
 

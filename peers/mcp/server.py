@@ -14,6 +14,7 @@ This module imports :mod:`mcp`, an optional dependency (``pip install 'bcpbus[mc
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 from typing import Any, Final
@@ -28,11 +29,26 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from bus import __version__
+from bus.admission import ConnectionGuard, guarded_protocol
+from bus.config import (
+    DEFAULT_HTTP_HEADER_TIMEOUT,
+    DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT,
+    DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS,
+    DEFAULT_HTTP_MAX_HEADER_BYTES,
+)
 
 from .bridge import INBOX, Bridge
 from .tools import UNTRUSTED_WARNING
 
-__all__ = ["INBOX_URI", "Notifier", "build_server", "serve_http", "serve_stdio"]
+__all__ = [
+    "INBOX_URI",
+    "Closed",
+    "Notifier",
+    "build_server",
+    "http_server",
+    "serve_http",
+    "serve_stdio",
+]
 
 logger = logging.getLogger("peers.mcp")
 
@@ -160,16 +176,62 @@ async def serve_stdio(bridge: Bridge) -> None:
         await notifier.close()
 
 
+class Closed:
+    """Connections the HTTP server closed under its guard's rules, counted by reason: a peer
+    tool keeps no audit log, so each is a DEBUG line and a count."""
+
+    def __init__(self) -> None:
+        self.total: collections.Counter[str] = collections.Counter()
+        """Closed connections by reason (``header_timeout``, ``anonymous_cap``, ``bad_request``)."""
+
+    def count(self, reason: str, address: str) -> None:
+        """Count one connection closed for ``reason``."""
+        self.total[reason] += 1
+        logger.debug("closed an HTTP connection from %s: %s", address, reason)
+
+
+def http_server(
+    bridge: Bridge,
+    notifier: Notifier,
+    host: str,
+    port: int,
+    *,
+    header_timeout: float | None = DEFAULT_HTTP_HEADER_TIMEOUT,
+    max_per_address: int | None = DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS,
+) -> uvicorn.Server:
+    """Return the uvicorn server :func:`serve_http` runs, not started: ``await
+    server.serve()``, set ``server.should_exit`` to stop it.
+
+    Its connections follow the bus's HTTP rules (:mod:`bus.admission`): request headers within
+    ``header_timeout`` seconds of the opening or of the last response, and at most
+    ``max_per_address`` connections from one address, the oldest one waiting for headers
+    closed past it (the MCP endpoint has no token, so every connection counts). Without them
+    a client that opens sockets and sends nothing holds them, and their slots, for ever.
+    """
+    app = build_server(bridge, notifier).streamable_http_app(host=host)
+    guard = ConnectionGuard(Closed(), per_address=max_per_address, header_timeout=header_timeout)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        http=guarded_protocol(guard),
+        h11_max_incomplete_event_size=DEFAULT_HTTP_MAX_HEADER_BYTES,
+        timeout_keep_alive=DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT,
+    )
+    return uvicorn.Server(config)
+
+
 async def serve_http(bridge: Bridge, host: str, port: int) -> None:
     """Serve ``bridge`` over streamable HTTP at ``http://host:port/mcp`` until interrupted.
 
     Every MCP session shares the one bus connection. On a loopback ``host`` the SDK refuses
-    requests whose ``Host`` or ``Origin`` is not local (DNS rebinding).
+    requests whose ``Host`` or ``Origin`` is not local (DNS rebinding). Connections follow
+    the header timeout and per-address cap of :func:`http_server`.
     """
     notifier = Notifier()
-    app = build_server(bridge, notifier).streamable_http_app(host=host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     try:
-        await uvicorn.Server(config).serve()
+        await http_server(bridge, notifier, host, port).serve()
     finally:
         await notifier.close()

@@ -85,7 +85,12 @@ def test_a_corpus_whose_package_is_missing_is_named_not_fatal(monkeypatch):
     corpora, missing = load_corpora(limit=2)
     assert [m.name for m in missing] == ["x/absent"]
     assert "is not installed" in missing[0].reason
-    assert {c.name for c in corpora} == {"synthetic", "python/pydoc", "python/docstrings"}
+    assert {c.name for c in corpora} == {
+        "synthetic",
+        "python/pydoc",
+        "python/docstrings",
+        "written/foreign",
+    }
     assert "--no-deps" in INSTALL_HINT
 
 
@@ -114,3 +119,16 @@ def test_containment_runs_and_the_bus_agrees_with_validation(tmp_path):
     for gone in result["missing"]:
         assert f"skipped {gone['name']}" in done.stdout
         assert INSTALL_HINT in done.stdout
+
+
+def test_ordinary_foreign_prose_fits_every_field_size():
+    """The written non-English sentences, cut to 5, 10 and 50 words, are never refused for
+    capacity: the ceiling leaves room for words the English vocabulary lacks."""
+    from bench.containment import _fields
+    from bench.corpora import load_corpora
+
+    [foreign] = [c for c in load_corpora()[0] if c.name == "written/foreign"]
+    assert len(foreign.samples) >= 70
+    fields = _fields(foreign, "reject")
+    assert set(fields) == {"5", "10", "50"}
+    assert all(f["capacity"] == 0 for f in fields.values()), fields

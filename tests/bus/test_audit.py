@@ -281,18 +281,32 @@ def test_bad_topic_pattern_is_a_value_error(db: Path) -> None:
 
 
 def test_bits_per_channel(tmp_path: Path) -> None:
-    """Charged, refunded and delivered are apart per channel; the budget left is the latest
-    charge's, or the whole budget after a reset."""
+    """Charged, refunded and delivered are apart per channel, and split into value, outcome
+    and timing; the budget left is the latest charge's, or the whole budget after a reset."""
     path = make_log(
         tmp_path / "a.db",
         [
             charge("bcp:main:researcher", 7.9, 992.1),
-            {"event": "bcp_delivered", "payload": {"channel": "bcp:main:researcher", "bits": 6.9}},
+            {
+                "event": "bcp_delivered",
+                "payload": {
+                    "channel": "bcp:main:researcher",
+                    "bits": 6.9,
+                    "split": {"value": 6.9, "outcome": 1.0, "timing": 2.0},
+                },
+            },
             charge("bcp:main:other", 671.0, 329.0),
             charge("bcp:main:researcher", 441.0, 551.1),
             charge("bcp:main:researcher", -437.4, 988.5),  # a rejected summary's refund
             {"event": "bcp_bits_charged", "payload_json": "{not json"},
             {"event": "bcp_budget_reset", "payload": {"channel": "bcp:main:other"}},
+            {
+                "event": "bcp_query_failed",
+                "payload": {
+                    "channel": "bcp:main:researcher",
+                    "split": {"value": 0.0, "outcome": 3.585, "timing": 4.0},
+                },
+            },
         ],
     )
     rows = audit.bits_per_channel(path)
@@ -303,6 +317,9 @@ def test_bits_per_channel(tmp_path: Path) -> None:
             "refunded": 0.0,
             "delivered": 0.0,
             "deliveries": 0,
+            "value": 0.0,
+            "outcome": 0.0,
+            "timing": 0.0,
             "budget_bits": 1000,
             "budget_left": 1000,
             "last_ts": "2026-05-09T10:00:02.000000Z",
@@ -313,6 +330,9 @@ def test_bits_per_channel(tmp_path: Path) -> None:
             "refunded": pytest.approx(437.4),
             "delivered": pytest.approx(6.9),
             "deliveries": 1,
+            "value": pytest.approx(6.9),
+            "outcome": pytest.approx(4.585),
+            "timing": pytest.approx(6.0),
             "budget_bits": 1000,
             "budget_left": 988.5,
             "last_ts": "2026-05-09T10:00:04.000000Z",

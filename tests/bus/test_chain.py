@@ -4,6 +4,7 @@ mistake for tampering (batches, replaced rows, restarts, a second writer, migrat
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import os
 import sqlite3
@@ -15,7 +16,9 @@ import pytest
 
 from bus import audit, cli
 from bus.activity import SCHEMA, ActivityLog
-from bus.chain import ChainBroken, default_key_path, key_id, load_key
+from bus.chain import ChainBroken
+from bus.chain_v1 import default_key_path, encode_row, fields_of, key_id
+from bus.checkpoints import Checkpointer, SigningKey
 
 TIMEOUT = 10.0
 
@@ -88,7 +91,7 @@ async def test_replaced_rows_restarts_and_a_second_writer_keep_the_chain(tmp_pat
             first.record("send_finish", message_id="ok-1")
             await asyncio.gather(first.commit(), second.commit())
         assert first.rows_unwritable == 1
-    result = audit.verify(path, default_key_path(path))
+    result = audit.verify(path)
     assert result.ok, result.problems
     assert result.rows == 37 and len(result.segments) == 1
 
@@ -126,7 +129,7 @@ def test_a_forged_insert_is_named(db: Path, capsys) -> None:
         "INSERT INTO activity_log (ts, event, status, chain) VALUES "
         f"('2020-01-01T00:00:00.000000Z', 'bcp_approval_decided', 'approved', '{forged}');",
     )
-    assert audit.verify(db, default_key_path(db)).problems[1].row == 35
+    assert audit.verify(db).problems[1].row == 35
 
 
 def test_rows_reordered_in_the_middle_are_named(db: Path) -> None:
@@ -138,7 +141,7 @@ def test_rows_reordered_in_the_middle_are_named(db: Path) -> None:
         + "UPDATE activity_log SET id = 10 WHERE id = 11;"
         + "UPDATE activity_log SET id = 11 WHERE id = -1;",
     )
-    problems = audit.verify(db, default_key_path(db)).problems
+    problems = audit.verify(db).problems
     assert problems[0].row == 10 and "does not match" in problems[0].why
 
 
@@ -178,15 +181,6 @@ def test_a_dropped_trigger_alone_is_reported(db: Path, capsys) -> None:
     assert code == 1 and "its trigger activity_log_no_delete was dropped" in line
 
 
-def test_the_wrong_key_is_named_as_such(db: Path, capsys, tmp_path: Path) -> None:
-    """Another key fails at the chain_start row, saying which key the log was chained with."""
-    other = tmp_path / "other.key"
-    other.write_text("11" * 32 + "\n")
-    code, line = verify(db, "--key", str(other), capsys=capsys)
-    assert code == 1 and line.startswith("row 1: its segment was chained with another key")
-    assert key_id(load_key(default_key_path(db))) in line
-
-
 async def test_a_row_forged_while_the_log_is_open_is_reported_at_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -198,7 +192,7 @@ async def test_a_row_forged_while_the_log_is_open_is_reported_at_once(
         await log.write("send_start", message_id="b")
     [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "row 3, written by another connection, does not verify: it has no hash" in error
-    problems = audit.verify(path, default_key_path(path)).problems
+    problems = audit.verify(path).problems
     assert [p.row for p in problems] == [3]
 
 
@@ -221,8 +215,8 @@ async def test_opening_a_log_with_a_broken_tail_is_refused_naming_the_row(db: Pa
         .fetchone()
     )
     assert json.loads(start[1])["broken"]["row"] == 33
-    assert audit.verify(db, default_key_path(db)).problems[0].row == 33
-    assert audit.verify(db, default_key_path(db), start=start[0]).ok
+    assert audit.verify(db).problems[0].row == 33
+    assert audit.verify(db, start=start[0]).ok
     # The triggers were created again, and the log opens as usual from now on.
     async with ActivityLog(db) as log:
         assert log.started is None
@@ -235,29 +229,24 @@ async def test_opening_a_log_whose_trigger_was_dropped_is_refused(db: Path) -> N
         await ActivityLog(db).open()
 
 
-async def test_opening_a_chained_log_without_its_key_is_refused(db: Path) -> None:
-    """A missing key is not replaced by a new one: the old chain could no longer be checked."""
-    default_key_path(db).rename(db.with_name("backup.key"))
-    with pytest.raises(ChainBroken, match="its key .* is missing"):
-        await ActivityLog(db).open()
-    assert not default_key_path(db).exists()
-
-
 # Files
 
 
-async def test_database_wal_shm_and_key_are_created_0600(tmp_path: Path) -> None:
-    """Whatever the umask, the log's files are the owner's alone."""
+async def test_database_wal_shm_and_checkpoints_are_created_0600(tmp_path: Path) -> None:
+    """Whatever the umask, the log's files are the owner's alone, and no chain key is made."""
     old = os.umask(0o022)
     try:
         path = tmp_path / "new" / "bcpbus.db"
-        async with ActivityLog(path) as log:
+        sink = Checkpointer(SigningKey.generate("test/bcpbus"), tmp_path / "new" / "cp")
+        async with ActivityLog(path, checkpoints=sink) as log:
             await log.write("connect", actor="x")
-            files = [path, Path(f"{path}-wal"), Path(f"{path}-shm"), default_key_path(path)]
+            files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
             modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in files}
+        modes["cp"] = stat.S_IMODE((tmp_path / "new" / "cp").stat().st_mode)
     finally:
         os.umask(old)
-    assert modes == dict.fromkeys(modes, 0o600)
+    assert modes == dict.fromkeys(modes, 0o600) and len(modes) == 4
+    assert not default_key_path(path).exists()
 
 
 async def test_the_head_is_shipped_every_n_rows_and_verifies(tmp_path: Path) -> None:
@@ -267,7 +256,7 @@ async def test_the_head_is_shipped_every_n_rows_and_verifies(tmp_path: Path) -> 
     lines = heads.read_text().split()
     assert len(lines) >= 4 and lines[-1] == "{}:{}".format(*audit.head(path))
     for line in lines:
-        assert audit.verify(path, default_key_path(path), expect_head=line).ok
+        assert audit.verify(path, expect_head=line).ok
 
 
 # Migration of a log written before the chain
@@ -308,8 +297,83 @@ async def test_a_log_of_the_previous_version_is_migrated_and_chained(tmp_path: P
     assert [r["event"] for r in rows[5:]] == ["chain_start", "send_start"]
     assert [r["chain"] is None for r in rows] == [True] * 5 + [False] * 2
     assert json.loads(rows[5]["payload_json"])["previous"]["rows"] == 5
-    assert audit.verify(path, default_key_path(path)).ok
+    assert audit.verify(path).ok
     # The rows from before the chain are bound too: changing one shows at the chain_start.
     tamper(path, DROP_TRIGGERS + "UPDATE activity_log SET message_id = 'x' WHERE id = 2;")
-    problem = audit.verify(path, default_key_path(path)).problems[0]
+    problem = audit.verify(path).problems[0]
     assert problem.row == 6 and "rows before it were changed" in problem.why
+
+
+# Logs chained by version 1 (an HMAC under a key beside the database)
+
+
+def v1_log(path: Path, rows: int = 4) -> bytes:
+    """A log as version 1 wrote it: a chain_start and ``rows`` sends, HMAC-chained; its key."""
+    key = bytes(range(32))
+    default_key_path(path).write_text(key.hex() + "\n")
+    default_key_path(path).chmod(0o600)
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA)
+    names = ["id", "ts", "event", "message_id", "status", "payload_json", "epoch"]
+    fields = fields_of(names)
+    prev = bytes(32)
+    start = json.dumps({"chain": 1, "key_id": key_id(key), "previous": None})
+    for n in range(rows + 1):
+        values = [n + 1, f"2026-05-09T10:00:0{n}.000000Z"]
+        values += (
+            ["chain_start", None, "new", start, None]
+            if n == 0
+            else ["send_start", f"m-{n}", None, None, n]
+        )
+        mac = hmac.new(key, (bytes(32) if n == 0 else prev) + encode_row(fields, values), "sha256")
+        prev = mac.digest()
+        marks = ",".join("?" * (len(names) + 1))
+        conn.execute(
+            f"INSERT INTO activity_log ({','.join(names)}, chain) VALUES ({marks})",
+            [*values, prev.hex()],
+        )
+    conn.commit()
+    conn.close()
+    return key
+
+
+def test_a_version_1_log_verifies_with_its_key_and_says_so_without(tmp_path: Path, capsys) -> None:
+    """verify checks a version-1 log with the key beside it, and without it names the version
+    instead of failing on every row."""
+    db = tmp_path / "bcpbus.db"
+    v1_log(db)
+    code, line = verify(db, capsys=capsys)
+    assert code == 0 and line.startswith("ok: 5 rows intact")
+    default_key_path(db).rename(tmp_path / "elsewhere.key")
+    code, line = verify(db, capsys=capsys)
+    assert code == 1 and "chained by an earlier version (chain 1, an HMAC)" in line
+    tamper(db, DROP_TRIGGERS + "UPDATE activity_log SET message_id = 'x' WHERE id = 3;")
+    code, line = verify(db, "--key", str(tmp_path / "elsewhere.key"), capsys=capsys)
+    assert code == 1 and line.startswith("row 3: it does not match its hash")
+
+
+async def test_opening_a_version_1_log_checks_it_then_chains_on_with_version_2(
+    tmp_path: Path,
+) -> None:
+    """The first open verifies the old chain with its key, then an `upgraded` chain_start binds
+    it, so verify needs no key afterwards and still sees an old row changed."""
+    db = tmp_path / "bcpbus.db"
+    v1_log(db)
+    async with asyncio.timeout(TIMEOUT), ActivityLog(db) as log:
+        assert log.started == "upgraded"
+        await log.write("send_start", message_id="new")
+    default_key_path(db).unlink()
+    result = audit.verify(db)
+    assert result.ok and result.rows == 7 and "chained by an earlier version" in result.notes[0]
+    tamper(db, DROP_TRIGGERS + "UPDATE activity_log SET message_id = 'x' WHERE id = 3;")
+    problem = audit.verify(db).problems[0]
+    assert problem.row == 6 and "rows before it were changed" in problem.why
+
+
+async def test_opening_a_version_1_log_without_its_key_is_refused(tmp_path: Path) -> None:
+    """A missing version-1 key is not papered over: the old chain could not be checked."""
+    db = tmp_path / "bcpbus.db"
+    v1_log(db)
+    default_key_path(db).unlink()
+    with pytest.raises(ChainBroken, match="chained by an earlier version .* key .* is missing"):
+        await ActivityLog(db).open()

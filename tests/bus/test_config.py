@@ -153,5 +153,8 @@ def test_audit_section_paths_are_relative_to_the_file(tmp_path):
     assert config.audit.key_file == str(tmp_path / "keys/log.key")
     assert config.audit.head == str(tmp_path / "heads.txt")
     assert load(tmp_path, "audit:\n  head: '-'\n  head_every_rows: 5\n").audit.head == "-"
+    signed = load(tmp_path, "audit:\n  signing_key: k/s.key\n  checkpoints: cp\n  sign: false\n")
+    assert signed.audit.signing_key == str(tmp_path / "k/s.key")
+    assert signed.audit.checkpoints == str(tmp_path / "cp") and signed.audit.sign is False
     with pytest.raises(ConfigError, match="audit.head_every_rows"):
         load(tmp_path, "audit:\n  head_every_rows: 0\n")

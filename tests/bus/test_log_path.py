@@ -16,7 +16,6 @@ import pytest
 
 from bus import audit
 from bus.activity import ActivityLog
-from bus.chain import default_key_path
 from bus.errors import AuditUnavailable
 from peers.testing import Inbox, running_bus, scaled
 
@@ -171,7 +170,7 @@ async def test_a_writer_killed_mid_stream_leaves_a_chain_that_reopens_and_verifi
         await child.wait()
     async with ActivityLog(db) as log:  # raises ChainBroken if the tail does not verify
         await log.write("connect", actor="after the crash")
-    result = audit.verify(db, default_key_path(db))
+    result = audit.verify(db)
     assert result.ok, result.problems
     with sqlite3.connect(db) as conn:
         [(sends,)] = conn.execute("SELECT COUNT(*) FROM activity_log WHERE event = 'send_start'")

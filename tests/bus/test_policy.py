@@ -39,6 +39,7 @@ PEERS: dict[str, tuple[str, ...]] = {
     "agent:scout": ("reader",),
     "system:gateway": (),
     "human:alice": (),
+    "auditor:carol": (),
     "system:screener-x": ("screener",),
 }
 NON_GATEWAY = [peer for peer in PEERS if peer != "system:gateway"]
@@ -61,6 +62,7 @@ def grants_of(client_id: str) -> Grants:
         ("agent:researcher", {"agent", "reader"}),
         ("system:gateway", {"gateway"}),
         ("human:alice", {"approver"}),
+        ("auditor:carol", {"auditor"}),
         ("system:screener-x", {"screener"}),
         ("other:peer", set()),
         ("system:other", set()),
@@ -138,6 +140,8 @@ SEND_CASES = [
     # approver
     ("human:alice", "bcp_approval_decision", "system:approval", True),
     ("human:alice", "bcp_approval_decision", "agent:main", False),
+    # auditor: reads, never decides
+    ("auditor:carol", "bcp_approval_decision", "system:approval", False),
     ("human:alice", "bcp_approval_request", "system:approval", False),
 ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,12 @@ from tests.peers.test_approver import (
 
 # The installed console script, from the same environment as the tests.
 BCPBUS = [str(Path(sys.executable).with_name("bcpbus"))]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 ENV = {key: value for key, value in os.environ.items() if key != "BCPBUS_TOKEN"}
+
+
+def _digits_as_zero(path: Path) -> str:
+    return re.sub(r"\d", "0", path.read_text(encoding="utf-8"))
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -87,6 +93,23 @@ def test_list_with_no_table_or_no_database(tmp_path):
     assert json.loads(run("approve", "list", "--json", cwd=tmp_path).stdout) == []
     missing = run("approve", "--db", "nope.db", "list", cwd=tmp_path)
     assert missing.returncode == 2 and "nope.db" in missing.stderr
+
+
+def test_list_and_show_find_the_database_of_the_bcpbus_init_layout(tmp_path):
+    """`--config` reads the db from the file `serve --config` reads, as `bcpbus init` writes it;
+    without it, a missing ./bcpbus.db says to give --db or --config (exit 2)."""
+    assert run("init", "site", cwd=tmp_path).returncode == 0
+    make_approvals_db(tmp_path / "site" / "bcpbus.db", [approval_row("a1")])
+    listed = run("approve", "--config", "site/bcpbus.yaml", "list", cwd=tmp_path)
+    assert listed.returncode == 0 and "a1" in listed.stdout, listed.stderr
+    shown = run("approve", "show", "a1", "--config", "site/bcpbus.yaml", cwd=tmp_path)
+    assert shown.returncode == 0 and "status: pending" in shown.stdout, shown.stderr
+    missing = run("approve", "list", cwd=tmp_path)
+    assert missing.returncode == 2 and "--config" in missing.stderr, missing.stderr
+    both = run("approve", "--db", "x.db", "--config", "site/bcpbus.yaml", "list", cwd=tmp_path)
+    assert both.returncode == 2 and "not allowed with" in both.stderr, both.stderr
+    bad = run("approve", "--config", "nope.yaml", "list", cwd=tmp_path)
+    assert bad.returncode == 2 and "nope.yaml" in bad.stderr, bad.stderr
 
 
 def test_show_renders_the_request_with_terminal_controls_escaped(tmp_path):
@@ -205,6 +228,9 @@ async def test_a_decision_on_a_decided_approval_says_it_was_already_decided(tmp_
             f"approval {request.approval_id} was already decided: approved by human:bob at" in err
         )
         assert "the gateway did not take this decision (already_decided)" in err
+        # docs/approvals.md prints this very line, with its own id and time.
+        shown = err.strip().replace(request.approval_id, "ap-1f2e3d4c5b6a")
+        assert re.sub(r"\d", "0", f"# {shown}") in _digits_as_zero(DOCS / "approvals.md"), err
         code, _, err = await arun(*args, "approve", "ap-typo", cwd=tmp_path, BCPBUS_TOKEN=token)
         assert code == 1 and "unknown_approval" in err and "already" not in err, err
 

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sqlite3
+import stat
 
 import pytest
 
@@ -124,3 +125,52 @@ async def test_heads_on_stdout_come_after_the_listening_line(tmp_path):
     """`--audit-head -` keeps `listening on` the first line of stdout (`serving` checks it)."""
     async with serving(tmp_path, "--no-gateway", "--audit-head", "-", "--audit-head-rows", "1"):
         pass
+
+
+async def test_keygen_serve_and_verify_with_nothing_but_the_public_key(tmp_path):
+    """`audit keygen` makes the key pair, `serve --signing-key` signs checkpoints into
+    bcpbus.db.checkpoints (0600), and `audit verify --pubkey` checks them: no secret needed."""
+    made = run(
+        "audit", "keygen", "--out", "keys/signing.key", "--name", "t.example/bcpbus", cwd=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    assert "public key: keys/signing.key.pub: t.example/bcpbus+" in made.stdout
+    async with serving(tmp_path, "--no-gateway", "--signing-key", "keys/signing.key"):
+        pass
+    checkpoints = tmp_path / "bcpbus.db.checkpoints"
+    assert stat.S_IMODE(checkpoints.stat().st_mode) == 0o600
+    checked = run("audit", "verify", "--pubkey", "keys/signing.key.pub", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout
+    assert "checkpoints verify, the last at row" in checked.stdout
+    again = run("audit", "keygen", "--out", "keys/signing.key", cwd=tmp_path)
+    assert again.returncode == 2 and "never overwritten" in again.stderr
+
+
+async def test_serve_refuses_a_signing_key_others_can_read_in_one_line(tmp_path):
+    """A signing key with group or other permissions stops `serve` before it listens."""
+    assert run("audit", "keygen", "--out", "signing.key", cwd=tmp_path).returncode == 0
+    (tmp_path / "signing.key").chmod(0o644)
+    refused = run(
+        "serve", "--port", "0", "--no-gateway", "--signing-key", "signing.key", cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "listening" not in refused.stdout
+    assert refused.stderr.splitlines()[-1].startswith("bcpbus: error: signing key signing.key")
+    assert "chmod 600" in refused.stderr
+
+
+async def test_serve_signs_by_default_with_a_key_in_the_config_directory(tmp_path, monkeypatch):
+    """With no key given, `serve` makes one under $XDG_CONFIG_HOME/bcpbus (not beside the
+    database) and signs with it; --no-checkpoints writes none."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    async with serving(tmp_path, "--no-gateway"):
+        pass
+    key = tmp_path / "config" / "bcpbus" / "signing.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    public = f"{key}.pub"
+    assert run("audit", "verify", "--pubkey", public, cwd=tmp_path).returncode == 0
+    other = tmp_path / "off"
+    other.mkdir()
+    async with serving(other, "--no-gateway", "--no-checkpoints"):
+        pass
+    assert not (other / "bcpbus.db.checkpoints").exists()

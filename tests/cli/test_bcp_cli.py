@@ -28,9 +28,11 @@ def test_demo_runs_every_step_and_exits_0(tmp_path):
         assert f"[{step}]" in out
     assert "FAILED" not in out
     assert "validation_failed" in out and "escalation_requires_justification" in out
-    assert "budget_exhausted" in out and "Bits per channel" in out
+    assert "budget_exhausted" in out and "rate_limited" in out and "Bits per channel" in out
     bits = json.loads(run("audit", "--db", str(db), "--bits", "--json", cwd=tmp_path).stdout)
-    assert bits[0]["channel"] == "bcp:main:researcher" and bits[0]["budget_left"] < 671
+    assert bits[0]["channel"] == "bcp:main:researcher" and bits[0]["budget_left"] < 2000
+    # What the channel paid, split: every delivery's value, outcome and grid slot.
+    assert bits[0]["value"] > 0 and bits[0]["outcome"] > 0 and bits[0]["timing"] > 0
 
 
 def test_demo_without_a_terminal_rejects_the_summary_and_still_passes(tmp_path):
@@ -61,11 +63,15 @@ async def test_serve_runs_the_gateway_with_the_reference_agents(tmp_path):
             await reader.close()
             await controller.close()
     story = json.loads(run("audit", "--bits", "--json", cwd=tmp_path).stdout)
-    # A delivered 1-bit answer costs 2 bits: one more says it was delivered, not failed. It was
-    # charged 3.585 (the dearer outcome, a failure) and given back the difference.
-    assert story[0]["charged"] - story[0]["refunded"] == pytest.approx(2.0)
-    assert story[0]["refunded"] == pytest.approx(1.585, abs=1e-3)
-    assert story[0]["delivered"] == pytest.approx(1.0) and story[0]["deliveries"] == 1
+    # A delivered 1-bit answer costs 2 bits and its grid slot (2 bits for the first, more for a
+    # later one): one bit says it was delivered, not failed. It was charged the dearer outcome
+    # (a failure) and its dearest slot, and given back the difference.
+    row = story[0]
+    assert row["value"] == pytest.approx(1.0) and row["outcome"] == pytest.approx(1.0)
+    assert row["timing"] >= 2.0
+    paid = row["value"] + row["outcome"] + row["timing"]
+    assert row["charged"] - row["refunded"] == pytest.approx(paid, abs=1e-3)
+    assert row["delivered"] == pytest.approx(1.0) and row["deliveries"] == 1
     verified = run("audit", "verify", cwd=tmp_path)
     assert verified.returncode == 0 and verified.stdout.startswith("ok: "), verified.stdout
 

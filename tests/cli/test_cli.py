@@ -219,8 +219,8 @@ async def test_serve_two_peers_and_audit(tmp_path):
     ]
     table = run("audit", "--topic", "agent:*", "--event", "send_finish", cwd=tmp_path).stdout
     assert "cli-1" in table
-    refused = json.loads(run("audit", "--event", "auth_failed", "--json", cwd=tmp_path).stdout)
-    assert refused and refused[0]["actor"] == "agent:w1"
+    refused = json.loads(run("audit", "--event", "ws_refused", "--json", cwd=tmp_path).stdout)
+    assert [row["payload"]["reasons"] for row in refused] == [{"wrong_token": 1}]
 
 
 async def test_serve_answers_healthz_and_flushes_on_sigterm(tmp_path):

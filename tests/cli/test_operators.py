@@ -296,6 +296,7 @@ async def test_serve_summarizes_what_it_runs_with_and_warns_without_agents(tmp_p
         "bcpbus: peers: bcpbus-peers.yaml (0 peers)",
         "bcpbus: warning: no agent definitions in agents",
         "bcpbus: activity log: bcpbus.db",
+        "bcpbus: checkpoints: signed with ",
         "bcpbus: log: warning and above",
     ):
         assert expected in text, text

@@ -9,7 +9,7 @@ importing only the ones below it::
     frames    the frames it sends, built through their schemas models
     context   shared state, refusals, row builders
     outcomes  what each outcome of a query costs
-    outbox    deliveries to controllers, held while they are offline
+    outbox    deliveries to controllers, released on a grid, held while they are offline
     queries   admission, asking the reader, failure, expiry, completion
     approvals escalations and reviews, decisions, expiry
     screens   valid answers judged by the channel's screener peers
@@ -182,6 +182,8 @@ class GatewayCore:
                 return self.approvals.expire(approval_id)
             case TimerFired(key=("held", controller, hold_id)):
                 return self.outbox.expire(controller, hold_id)
+            case TimerFired(key=("release", controller, delivery_id)):
+                return self.outbox.release(controller, delivery_id)
             case TimerFired(key=("screen", screen_id)):
                 return self.screens.expire(screen_id)
             case PeerJoined():

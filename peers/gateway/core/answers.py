@@ -14,6 +14,7 @@ from typing import Any
 from schemas.agents import Channel
 from schemas.bcp import ReasonCode
 
+from ..bits import spec_ceiling
 from ..events import Action, MessageReceived, Respond
 from ..state import QueryState
 from ..validation import ValidationResult, validate_response
@@ -49,7 +50,9 @@ class Answers:
                 *ctx.tell_reader(event, channel, ref, ReasonCode.UNKNOWN_QUERY, detail),
                 Respond(False, ReasonCode.UNKNOWN_QUERY, detail),
             ]
-        result = validate_response(query.spec, raw, anomaly_action=channel.anomaly_action)
+        result = validate_response(
+            query.spec, raw, anomaly_action=channel.anomaly_action, max_bits=_answer_cap(query)
+        )
         if self.screens.needed(channel, query.spec, result):
             # At once: a second answer meanwhile is not taken (see Queries.expire).
             query.state = QueryState.SCREENING
@@ -83,7 +86,7 @@ class Answers:
 
             def review() -> list[Action]:
                 return self.approvals.review(
-                    channel, query.spec, result, query=query, bits=query.bits
+                    channel, query.spec, result, query=query, bits=result.value_bits
                 )
 
             # The approval opens once the reader has its verdict, as an approver joining
@@ -94,7 +97,9 @@ class Answers:
         return [
             row,
             *ctx.tell_reader(event, channel, ref, None, "accepted"),
-            *self.queries.complete(query, result.response or {}, anomalies(result)),
+            *self.queries.complete(
+                query, result.response or {}, anomalies(result), result.value_bits
+            ),
             Respond(True, "delivered"),
         ]
 
@@ -116,3 +121,11 @@ class Answers:
             event, channel, ref, reason, result.detail(), result, retries_left=query.retries_left
         )
         return [*told, Respond(False, reason, result.detail())]
+
+
+def _answer_cap(query: Query) -> float:
+    """The most the answer itself may carry: the reserve's cap less a flag channel's codes."""
+    if query.channel.anomaly_action != "flag":
+        return query.cap
+    codes = spec_ceiling(query.spec, flag=True) - spec_ceiling(query.spec)
+    return query.cap - codes

@@ -22,6 +22,7 @@ from schemas.bcp import (
     BcpQueryRequest,
     BcpValidationResult,
     DecisionRefusal,
+    DeliveryBits,
     NormalizedResponse,
     QuerySpec,
     ReasonCode,
@@ -34,7 +35,6 @@ from ..validation import ValidationResult, validate_response
 from .context import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, Approval, Context, Query
 from .frames import anomalies, delivery, iso, wire
 from .outbox import Outbox
-from .outcomes import outcome_charge
 from .queries import Queries
 
 __all__ = ["Approvals"]
@@ -69,8 +69,12 @@ class Approvals:
         query: Query | None = None,
         subscription: Subscription | None = None,
         bits: float,
+        split: DeliveryBits | None = None,
     ) -> list[Action]:
-        """Hold a valid answer or push for a human before the controller gets it."""
+        """Hold a valid answer or push for a human before the controller gets it.
+
+        ``bits`` is what the answer carries; ``split`` a push's whole charge, made already.
+        """
         content: dict[str, Any] = {"kind": "response", "response": result.response}
         if query is not None:
             content["query_id"] = query.query_id
@@ -86,6 +90,7 @@ class Approvals:
             query=query,
             subscription=subscription,
             bits=bits,
+            split=split,
             response=result.response,
             anomalies=anomalies(result),
         )
@@ -224,17 +229,21 @@ class Approvals:
             return self.queries.fail(query, ReasonCode.ESCALATION_REJECTED, detail)
         if query is not None:
             if accepted:
-                return self.queries.complete(query, response or {}, approval.anomalies)
+                return self.queries.complete(
+                    query, response or {}, approval.anomalies, approval.bits
+                )
             detail = f"the answer was {status}"
             return self.queries.fail(query, ReasonCode.APPROVAL_REJECTED, detail)
         assert approval.subscription is not None
         sid = approval.subscription.id
         if accepted:
+            # Charged when it was accepted (value, outcome, slot); it leaves once approved.
+            assert approval.split is not None
             content = delivery(
                 channel,
                 approval.spec,
                 response or {},
-                approval.bits,
+                approval.split,
                 approval.anomalies,
                 subscription_id=sid,
             )
@@ -250,8 +259,8 @@ class Approvals:
     def _ask_after_escalation(self, query: Query) -> list[Action]:
         channel = query.channel
         # The budget may have been spent while the human decided: check again.
-        reserve = outcome_charge(query.bits).reserve
-        if not self.ctx.state.ledger.fits(channel.key, reserve, channel.budget_bits):
+        least = self.queries.least(channel, query.spec, query.bits)
+        if not self.ctx.state.ledger.fits(channel.key, least, channel.budget_bits):
             detail = "the budget ran out during approval"
             return self.queries.fail(query, ReasonCode.BUDGET_EXHAUSTED, detail)
         return self.queries.ask_reader(query, f"escalation-{query.query_id}")

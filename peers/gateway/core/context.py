@@ -19,12 +19,14 @@ from bus.activity import canonical_sha256
 from bus.config import LogContent
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
+    DeliveryBits,
     NormalizedResponse,
     QuerySpec,
     ReasonCode,
 )
 from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, agent_id
 
+from .. import timing
 from ..events import Action, Commit, MessageReceived, Record, Send, Sent
 from ..state import ChannelKey, GatewayState, Held, QueryState
 from ..validation import ValidationResult
@@ -37,6 +39,7 @@ __all__ = [
     "Context",
     "Query",
     "Refusal",
+    "Release",
     "Settings",
     "channel_of",
     "parse",
@@ -82,11 +85,26 @@ class Query:
     state: QueryState = QueryState.ASKING
     charged: float = 0.0
     """The bits charged to it so far: its reserve once the reader is asked, then its outcome's."""
+    cap: float = 0.0
+    """The most its delivered value may carry (see :func:`.outcomes.reserve`)."""
+    asked_at: float | None = None
+    """When the reader was asked: the anchor of its release grid (see :mod:`..timing`)."""
 
     @property
     def timer(self) -> tuple[str, ...]:
         """The key of its expiry timer."""
         return ("query", self.channel.controller, self.query_id)
+
+
+@dataclass
+class Release:
+    """A delivery held until its grid point (see :mod:`..timing`)."""
+
+    at: float
+    channel: Channel
+    message_type: str
+    content: dict[str, Any]
+    then: Callable[[bool], list[Action]] | None
 
 
 @dataclass
@@ -102,6 +120,9 @@ class Approval:
     query: Query | None = None
     subscription: Subscription | None = None
     bits: float = 0.0
+    """What the answer or push carries (its value's charge)."""
+    split: DeliveryBits | None = None
+    """A push's charge, value, outcome and timing, for its delivery once approved."""
     response: NormalizedResponse | None = None
     anomalies: list[dict[str, Any]] = field(default_factory=list)
 
@@ -133,8 +154,28 @@ class Context:
         """Approvals waiting for a human, by ``approval_id``."""
         self.outbox: dict[str, list[Held]] = {}
         """Deliveries held for offline controllers, oldest first."""
+        self.releases: dict[str, list[Release]] = {}
+        """Deliveries waiting for their grid point, by controller, earliest first."""
+        self.started = clock()
+        """When this core started: the grid anchor of a subscription's first push."""
         self._then: dict[int, Then] = {}
         self._tokens = itertools.count(1)
+
+    def last_slot(self, channel: Channel, category: int) -> int:
+        """Return the last slot a query on ``channel`` can end in: every wait it may take.
+
+        Its time to live; then, for Cat-2 and Cat-3, its screeners' time if the channel has
+        any, and a human's if the answer may need one (Cat-3, a ``review`` channel, or
+        ``screener_failure: review``).
+        """
+        s = self.settings
+        window = s.query_ttl
+        if category >= 2 and channel.screeners:
+            window += s.screener_timeout
+        reviewed = "review" in (channel.anomaly_action, channel.screener_failure)
+        if category == 3 or (category == 2 and reviewed):
+            window += s.approval_timeout
+        return timing.max_slot(window, channel.delivery_quantum)
 
     def send_then(
         self, topic: str, message_type: str, content: BaseModel | Mapping[str, Any], then: Then
@@ -194,6 +235,7 @@ class Context:
             query_id=content.get("query_id"),
             subscription_id=content.get("subscription_id"),
             bits=content.get("bandwidth_bits"),
+            split=content.get("bits"),
             taint=content.get("taint"),
             response=self.content(content.get("response")),
             **extra,

@@ -14,8 +14,10 @@ from schemas.bcp import (
     ID_PATTERN,
     SUBSCRIPTION_ID_PATTERN,
     UNTRUSTED_NOTICE,
+    AnomalyCode,
     BcpResponseDelivery,
     BcpValidationResult,
+    DeliveryBits,
     NormalizedResponse,
     QuerySpec,
 )
@@ -23,7 +25,7 @@ from schemas.common import step_down
 
 from ..validation import ValidationResult
 
-__all__ = ["anomalies", "delivery", "iso", "validation_result", "wire"]
+__all__ = ["anomalies", "codes_only", "delivery", "iso", "validation_result", "wire"]
 
 _ID = re.compile(ID_PATTERN)
 _SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
@@ -52,26 +54,28 @@ def delivery(
     channel: Channel,
     spec: QuerySpec,
     response: NormalizedResponse,
-    bits: float,
+    bits: DeliveryBits,
     found: list[dict[str, Any]],
     **ref: str,
 ) -> dict[str, Any]:
     """Return the ``bcp_response_delivery`` content for a valid answer or push.
 
     Cat-2 and Cat-3 content is marked ``untrusted``, with the notice and its provenance.
+    ``bits`` is what it was charged; ``bandwidth_bits`` is its value's part.
     """
     content: dict[str, Any] = {
         **ref,
         "category": spec.category,
         "from_agent": channel.reader,
         "response": response,
-        "bandwidth_bits": round(bits, 3),
+        "bandwidth_bits": round(bits.value, 3),
         "taint": step_down(channel.reader_taint),
         "channel_mode": "bcp",
+        "bits": _rounded(bits),
     }
     # Only a flag channel delivers the anomalies; on review a human approved the answer.
     if found and channel.anomaly_action == "flag":
-        content["anomalies"] = found
+        content["anomalies"] = codes_only(spec, found)
     if spec.category >= 2:
         # Free text from a tainted reader: say so, and where it came from, in the frame itself,
         # so that a controller can keep it apart from instructions (see render_for_prompt).
@@ -79,6 +83,32 @@ def delivery(
         content["notice"] = UNTRUSTED_NOTICE
         content["provenance"] = {"channel": channel.topic, "reader": channel.reader, **ref}
     return wire(BcpResponseDelivery.model_validate(content))
+
+
+def _rounded(bits: DeliveryBits) -> DeliveryBits:
+    return DeliveryBits(
+        value=round(bits.value, 3), outcome=round(bits.outcome, 3), timing=round(bits.timing, 3)
+    )
+
+
+_CODE_ORDER = {code.value: index for index, code in enumerate(AnomalyCode)}
+
+
+def codes_only(spec: QuerySpec, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return the findings a ``flag`` channel delivers: each ``(field, code)`` once, in the
+    spec's field order then the codes' order, the code as its own detail.
+
+    Where a finding was, which character, which screener said so: none of it reaches the
+    controller, as each would be a channel the reader picks (an invisible character at a chosen
+    index carries its index). What remains is charged (:func:`..bits.findings_bits`).
+    """
+    keys = {key: index for index, key in enumerate(spec.response_keys())}
+    pairs = {(f.get("field"), str(f["code"])) for f in found}
+    ordered = sorted(pairs, key=lambda p: (keys.get(p[0] or "", len(keys)), _CODE_ORDER[p[1]]))
+    return [
+        {"code": code, "detail": code, **({"field": field} if field is not None else {})}
+        for field, code in ordered
+    ]
 
 
 def wire(model: BaseModel) -> dict[str, Any]:

@@ -1,4 +1,10 @@
-"""Deliveries to controllers, held while a controller is offline, flushed when it joins.
+"""Deliveries to controllers, released on their channel's grid, held while a controller is
+offline, flushed when it joins.
+
+A delivery with a grid point (``at``, see :mod:`..timing`) waits for it first: the core sets a
+``("release", controller, delivery_id)`` timer, and when any of a controller's release timers
+fires every delivery due by then leaves, earliest first, so that two deliveries due at one grid
+point keep their order.
 
 A delivery that finds its controller away, or finds earlier ones still held, becomes a
 ``bcp_held`` row (committed before it is kept) and waits ``outbox_ttl`` seconds; when the
@@ -18,7 +24,7 @@ from schemas.common import agent_id
 
 from ..events import Action, CancelTimer, Commit, Send, SetTimer
 from ..state import Held
-from .context import Context
+from .context import Context, Release
 from .frames import iso
 
 __all__ = ["Outbox"]
@@ -36,16 +42,54 @@ class Outbox:
         message_type: str,
         content: Mapping[str, Any],
         then: Callable[[bool], list[Action]] | None = None,
+        *,
+        at: float | None = None,
     ) -> list[Action]:
-        """Send to the channel's controller, or hold it while the controller is away.
+        """Send to the channel's controller at ``at`` (a grid point), or hold it while the
+        controller is away.
 
-        ``then`` gets whether it was delivered now; its actions follow.
+        ``then`` gets whether it was delivered when it left; its actions follow. ``None`` for
+        ``at``, or a time already past: now.
         """
-        after = then or _nothing
-        controller = channel.controller
         # One id for this message however often it is sent (now, or from the outbox later), so
         # that a controller that also fetches the first copy by epoch can drop the repeat.
         content = {**content, "delivery_id": f"d-{uuid.uuid4().hex[:16]}"}
+        now = self.ctx.clock()
+        if at is None or at <= now:
+            return self._now(channel, message_type, content, then)
+        queue = self.ctx.releases.setdefault(channel.controller, [])
+        # Earliest first; one due at the same point as another goes after it.
+        index = next((i for i, r in enumerate(queue) if r.at > at), len(queue))
+        queue.insert(index, Release(at, channel, message_type, content, then))
+        key = ("release", channel.controller, content["delivery_id"])
+        return [SetTimer(key, at - now)]
+
+    def release(self, controller: str, delivery_id: str) -> list[Action]:
+        """Send the delivery whose timer fired, every one queued before it, and every other one
+        due by now, earliest first."""
+        queue = self.ctx.releases.get(controller, [])
+        ids = [r.content["delivery_id"] for r in queue]
+        upto = ids.index(delivery_id) + 1 if delivery_id in ids else 0
+        now = self.ctx.clock()
+        actions: list[Action] = []
+        while queue and (upto > 0 or queue[0].at <= now + 1e-6):
+            upto -= 1
+            due = queue.pop(0)
+            actions.append(CancelTimer(("release", controller, due.content["delivery_id"])))
+            actions += self._now(due.channel, due.message_type, due.content, due.then)
+        if not queue:
+            self.ctx.releases.pop(controller, None)
+        return actions
+
+    def _now(
+        self,
+        channel: Channel,
+        message_type: str,
+        content: Mapping[str, Any],
+        then: Callable[[bool], list[Action]] | None,
+    ) -> list[Action]:
+        after = then or _nothing
+        controller = channel.controller
         if self.ctx.outbox.get(controller):
             # Keep the order: nothing overtakes what is already held.
             return [*self.hold(channel, message_type, content), *after(False)]

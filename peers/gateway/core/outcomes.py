@@ -17,7 +17,11 @@ A refund that took a failure below ``1 + log2(F)`` (the seed refunded everything
 was away) breaks the inequality, and a reader that declines on purpose moves bits for free.
 
 The gateway reserves :attr:`OutcomeCharge.reserve` (the dearer of the two) when it passes the
-query to the reader, and gives back the difference once the outcome is known.
+query to the reader, and gives back the difference once the outcome is known. ``b`` there is the
+most the answer may carry: the spec's ceiling (:func:`peers.gateway.bits.spec_ceiling`), or what
+is left of the budget when that is less (:func:`reserve`); a delivery is then settled to what
+its answer carries, not to ``b``. The slot the outcome is released in is charged on top
+(:mod:`peers.gateway.timing`), reserved up to the query's last slot.
 
 A refusal at admission is not charged: it follows from the controller's own request and the
 channel's state (ids, categories, budget, task escalations), all of which the controller already
@@ -29,7 +33,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["FAILURE_OUTCOMES", "OutcomeCharge", "outcome_charge"]
+__all__ = [
+    "ANSWERED",
+    "FAILED",
+    "FAILURE_OUTCOMES",
+    "OutcomeCharge",
+    "Reserve",
+    "outcome_charge",
+    "reserve",
+]
 
 FAILURE_OUTCOMES = (
     "reader_unavailable: the reader did not take the query",
@@ -44,6 +56,13 @@ FAILURE_OUTCOMES = (
 Each differs from the others in ``error`` or ``detail``, so each counts as its own outcome.
 A new way for an accepted query to fail belongs here, or the charges undercount it.
 """
+
+
+ANSWERED = 1.0
+"""What a delivery's outcome tells beyond its answer: one bit, "answered"."""
+
+FAILED = 1.0 + math.log2(len(FAILURE_OUTCOMES))
+"""What a failure tells: one bit, "failed", then which of the failures."""
 
 
 @dataclass(frozen=True)
@@ -65,5 +84,30 @@ class OutcomeCharge:
 
 def outcome_charge(answer_bits: float) -> OutcomeCharge:
     """Return what a query whose answer carries ``answer_bits`` costs, by outcome."""
-    failed = 1.0 + math.log2(len(FAILURE_OUTCOMES))
-    return OutcomeCharge(answer_bits, answer_bits + 1.0, failed)
+    return OutcomeCharge(answer_bits, answer_bits + ANSWERED, FAILED)
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """What a query is charged when its reader gets it, and what its answer may then carry."""
+
+    total: float
+    """The charge: the dearer outcome with the most its answer may carry, and the last slot."""
+    cap: float
+    """The most the delivered value may carry (the answer, and a flag channel's codes)."""
+
+
+def reserve(estimate: float, ceiling: float, timing: float, left: float) -> Reserve:
+    """Return what to reserve for a query: its ceiling, or all that is left when that is less.
+
+    Args:
+        estimate: the spec's estimate (:func:`peers.gateway.bits.spec_bits`): admission
+            checked that its reserve fits, so the answer may carry at least this.
+        ceiling: the most any answer may carry (:func:`peers.gateway.bits.spec_ceiling`).
+        timing: what the query's last slot costs (:func:`peers.gateway.timing.slot_bits`).
+        left: what is left of the channel's budget.
+    """
+    low = outcome_charge(estimate).reserve + timing
+    high = outcome_charge(ceiling).reserve + timing
+    total = max(low, min(high, left))
+    return Reserve(total, max(estimate, min(ceiling, total - timing - ANSWERED)))

@@ -5,23 +5,33 @@ channel's budget, and validate against the subscription's spec; each refusal is 
 ``bcp_push_refused`` row. An accepted push is charged (committed) and then delivered, held for
 an offline controller, or held for a human's review; the reader's verdict says which. On a
 channel with screeners a valid Cat-2 or Cat-3 push is judged by them first (:mod:`.screens`),
-one push per subscription at a time; its budget and limits are checked again once they have
-decided, as queries may have spent the budget meanwhile.
+one push per subscription at a time; its limits are checked again once they have decided.
+
+A push is charged what it told the controller (:class:`~schemas.bcp.DeliveryBits`): what its
+value carries (:attr:`~peers.gateway.validation.ValidationResult.value_bits`, and a flag
+channel's codes), one bit that a push came at all, and the slot of the grid it was sent in,
+counted from when the subscription allowed it (the previous push plus ``min_interval_s``, or
+the gateway's start; :mod:`..timing`). A push that does not fit the budget left is refused
+``budget_exhausted``, uncharged, once validated.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from schemas.agents import Channel, Subscription
-from schemas.bcp import BcpResponse, ReasonCode
+from schemas.bcp import BcpResponse, DeliveryBits, QuerySpec, ReasonCode
 from schemas.common import agent_id
 
-from ..bits import spec_bits
+from .. import timing
+from ..bits import findings_bits
 from ..events import Action, Commit, MessageReceived, Respond
 from ..validation import ValidationResult, validate_response
 from .approvals import Approvals
 from .context import Context, Refusal, raw_answer
-from .frames import anomalies, delivery
+from .frames import anomalies, codes_only, delivery
 from .outbox import Outbox
+from .outcomes import ANSWERED
 from .screens import Screens
 
 __all__ = ["Pushes"]
@@ -116,28 +126,39 @@ class Pushes:
     ) -> list[Action]:
         ctx, sid, spec = self.ctx, subscription.id, subscription.as_spec()
         ref = {"subscription_id": sid}
-        bits = spec_bits(spec)
-        ctx.state.ledger.charge(channel.key, bits, cat2=False)
+        found = anomalies(result)
+        slot = self._slot(channel, subscription)
+        bits = DeliveryBits(
+            value=result.value_bits + self._codes_bits(channel, spec, found),
+            outcome=ANSWERED,
+            timing=slot.bits,
+        )
+        total = bits.value + bits.outcome + bits.timing
+        if not ctx.state.ledger.fits(channel.key, total, channel.budget_bits):
+            left = ctx.state.ledger.left(channel.key, channel.budget_bits)
+            detail = f"this push carries {total:.1f} bits; {left:.1f} left"
+            return self._refuse(event, channel, ref, Refusal(ReasonCode.BUDGET_EXHAUSTED, detail))
+        ctx.state.ledger.charge(channel.key, total, cat2=False)
         ctx.state.rates.record((*channel.key, sid), ctx.clock())
         charged: list[Action] = [
-            ctx.record("bcp_push_received", channel, "accepted", bits=bits, **ref),
-            ctx.charged(channel, bits, subscription_id=sid, category=spec.category),
+            ctx.record("bcp_push_received", channel, "accepted", bits=total, **ref),
+            ctx.charged(
+                channel, total, subscription_id=sid, category=spec.category, split=bits.model_dump()
+            ),
             Commit(),
         ]
         if result.approval_required:
 
             def review() -> list[Action]:
                 return self.approvals.review(
-                    channel, spec, result, subscription=subscription, bits=bits
+                    channel, spec, result, subscription=subscription, bits=bits.value, split=bits
                 )
 
             # The approval opens once the reader has its verdict (see answers.py).
             held = "valid; held for human approval"
             told = ctx.tell_reader(event, channel, ref, None, held, then=review)
             return [*charged, *told, Respond(True, "held_for_approval")]
-        content = delivery(
-            channel, spec, result.response or {}, bits, anomalies(result), subscription_id=sid
-        )
+        content = delivery(channel, spec, result.response or {}, bits, found, subscription_id=sid)
 
         def verdict(delivered: bool) -> list[Action]:
             if delivered:
@@ -147,7 +168,24 @@ class Pushes:
             return [*ctx.tell_reader(event, channel, ref, None, detail), Respond(True, "held")]
 
         # Deliver first, so that the verdict the reader waits for says whether it was held.
-        return [*charged, *self.outbox.deliver(channel, "bcp_response_delivery", content, verdict)]
+        deliver = self.outbox.deliver(
+            channel, "bcp_response_delivery", content, verdict, at=slot.at
+        )
+        return [*charged, *deliver]
+
+    def _slot(self, channel: Channel, subscription: Subscription) -> timing.Release:
+        """The grid slot of a push now, counted from when its subscription allowed it."""
+        ctx = self.ctx
+        last = ctx.state.rates.last((*channel.key, subscription.id))
+        anchor = ctx.started if last is None else last + subscription.min_interval_s
+        return timing.release(anchor, ctx.clock(), channel.delivery_quantum)
+
+    @staticmethod
+    def _codes_bits(channel: Channel, spec: QuerySpec, found: list[dict[str, Any]]) -> float:
+        if channel.anomaly_action != "flag":
+            return 0.0
+        codes = [(f.get("field"), f["code"]) for f in codes_only(spec, found)]
+        return findings_bits(spec, codes)
 
     def _check(self, channel: Channel, response: BcpResponse) -> Subscription:
         """Return the subscription ``response`` pushes on, within its limits; raise Refusal."""
@@ -163,15 +201,12 @@ class Pushes:
             min_interval_s=subscription.min_interval_s,
             max_per_hour=subscription.max_per_hour,
         ):
+            hourly = subscription.max_per_hour
+            limit = f" and {hourly} per hour" if hourly is not None else ""
             raise Refusal(
                 ReasonCode.RATE_LIMITED,
-                f"at most one push per {subscription.min_interval_s}s and "
-                f"{subscription.max_per_hour} per hour",
+                f"at most one push per {subscription.min_interval_s:g}s{limit}",
             )
-        bits = spec_bits(subscription)
-        if not ctx.state.ledger.fits(channel.key, bits, channel.budget_bits):
-            left = ctx.state.ledger.left(channel.key, channel.budget_bits)
-            raise Refusal(
-                ReasonCode.BUDGET_EXHAUSTED, f"this push needs {bits:.1f} bits; {left:.1f} left"
-            )
+        if ctx.state.ledger.left(channel.key, channel.budget_bits) <= 0:
+            raise Refusal(ReasonCode.BUDGET_EXHAUSTED, "no bits are left of the budget")
         return subscription

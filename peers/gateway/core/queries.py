@@ -20,19 +20,21 @@ from schemas.bcp import (
     BcpQuery,
     BcpQueryFailed,
     BcpQueryRequest,
+    DeliveryBits,
     NormalizedResponse,
     QuerySpec,
     ReasonCode,
 )
 from schemas.common import agent_id
 
-from ..bits import spec_bits
+from .. import timing
+from ..bits import findings_bits, spec_bits, spec_ceiling
 from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
 from ..state import QueryState
 from .context import GATEWAY_CLIENT_ID, Context, Query, Refusal, channel_of, parse
-from .frames import delivery, iso, wire
+from .frames import codes_only, delivery, iso, wire
 from .outbox import Outbox
-from .outcomes import outcome_charge
+from .outcomes import ANSWERED, FAILED, outcome_charge, reserve
 
 __all__ = ["Admitted", "Queries", "Refused"]
 
@@ -98,12 +100,12 @@ class Queries:
             )
         spec = request.as_spec()
         bits = spec_bits(spec)
-        reserve = outcome_charge(bits).reserve
-        if not state.ledger.fits(key, reserve, channel.budget_bits):
+        least = self.least(channel, spec, bits)
+        if not state.ledger.fits(key, least, channel.budget_bits):
             left = state.ledger.left(key, channel.budget_bits)
             raise Refusal(
                 ReasonCode.BUDGET_EXHAUSTED,
-                f"this query needs {reserve:.1f} bits; {left:.1f} of {channel.budget_bits:.1f} "
+                f"this query needs {least:.1f} bits; {left:.1f} of {channel.budget_bits:.1f} "
                 "are left",
             )
         limit = channel.max_cat2_queries
@@ -120,6 +122,16 @@ class Queries:
             raise Refusal(verdict.reason, _ESCALATION_TEXT[verdict.reason])
         escalation = verdict.escalation and request.category == 3
         return Admitted(channel, request, spec, bits, escalation)
+
+    def least(self, channel: Channel, spec: QuerySpec, estimate: float) -> float:
+        """Return the least a query of ``estimate`` bits reserves: what admission checks."""
+        return outcome_charge(estimate).reserve + self._last_slot_bits(channel, spec)
+
+    def _last_slot_bits(self, channel: Channel, spec: QuerySpec) -> float:
+        if not channel.delivery_quantum:
+            return 0.0
+        last = self.ctx.last_slot(channel, spec.category)
+        return timing.slot_bits(last, last + 1)
 
     def open(self, admitted: Admitted) -> Query:
         """Start a query from an admitted request; its id is used from now on."""
@@ -138,13 +150,17 @@ class Queries:
     def ask_reader(self, query: Query, message_id: str) -> list[Action]:
         """Charge ``query`` and send it to the reader; reply ``accepted`` once it took it.
 
-        It is charged its dearer outcome (:attr:`~.outcomes.OutcomeCharge.reserve`) now; a
-        reader that takes nothing is one of the failures, charged like the others.
+        It is charged its dearer outcome with the most its answer may carry, and its last slot
+        (:func:`~.outcomes.reserve`) now; a reader that takes nothing is one of the failures,
+        charged like the others.
         """
         ctx, channel, key = self.ctx, query.channel, query.channel.key
-        reserve = outcome_charge(query.bits).reserve
-        ctx.state.ledger.charge(key, reserve, cat2=query.spec.category == 2)
-        query.charged = reserve
+        last = self._last_slot_bits(channel, query.spec)
+        flag = channel.anomaly_action == "flag"
+        left = ctx.state.ledger.left(key, channel.budget_bits)
+        held = reserve(query.bits, spec_ceiling(query.spec, flag=flag), last, left)
+        ctx.state.ledger.charge(key, held.total, cat2=query.spec.category == 2)
+        query.charged, query.cap, query.asked_at = held.total, held.cap, ctx.clock()
         ctx.state.tasks.record(key, query.task_id, query.spec.category)
         content = BcpQuery.model_validate(
             {
@@ -179,24 +195,48 @@ class Queries:
             ]
 
         send = ctx.send_then(agent_id(channel.reader), "bcp_query", content, sent)
-        charged = ctx.charged(channel, reserve, **ref, answer_bits=query.bits)
+        charged = ctx.charged(channel, held.total, **ref, answer_bits=held.cap)
         return [accepted, charged, Commit(), send]
 
     def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
-        """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row."""
+        """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row.
+
+        One the reader had is charged its failure and its slot, and leaves on the grid; one it
+        never had (an escalation refused, a restart's stand-in) is not charged and leaves now.
+        """
         channel = query.channel
         self.ctx.pending.pop((channel.controller, query.query_id), None)
+        fields: dict[str, Any] = {"query_id": query.query_id, "error": reason, "detail": detail}
+        settle: list[Action] = []
+        at = None
+        if query.asked_at is not None:
+            slot = self._slot(query)
+            if reason == ReasonCode.READER_UNAVAILABLE:
+                # Always at once, before the gateway's reply: no reader timed it (it carries
+                # no slot), and the controller tells it from "no gateway" by its coming first.
+                slot = timing.Release(self.ctx.clock(), 0, 0.0)
+            bits = DeliveryBits(value=0.0, outcome=FAILED, timing=slot.bits)
+            settle = self._settle(query, FAILED + slot.bits, reason)
+            fields["bits"] = bits
+            at = None if reason == ReasonCode.READER_UNAVAILABLE else slot.at
+        failed = BcpQueryFailed.model_validate(fields)
+        split = fields["bits"].model_dump() if "bits" in fields else None
         row = self.ctx.record(
-            "bcp_query_failed", channel, reason, query_id=query.query_id, detail=detail
+            "bcp_query_failed", channel, reason, query_id=query.query_id, detail=detail, split=split
         )
-        failed = BcpQueryFailed(query_id=query.query_id, error=reason, detail=detail)
         return [
             CancelTimer(query.timer),
-            *self._settle(query, outcome_charge(query.bits).failed, reason),
+            *settle,
             row,
             Commit(),
-            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed)),
+            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed), at=at),
         ]
+
+    def _slot(self, query: Query) -> timing.Release:
+        assert query.asked_at is not None
+        last = self.ctx.last_slot(query.channel, query.spec.category)
+        quantum = query.channel.delivery_quantum
+        return timing.release(query.asked_at, self.ctx.clock(), quantum, last=last)
 
     def expire(self, controller: str, query_id: str) -> list[Action]:
         """Fail a query that got no valid answer in time; one under approval waits for it.
@@ -214,28 +254,45 @@ class Queries:
         return [row, *self.fail(query, ReasonCode.TIMEOUT, detail)]
 
     def complete(
-        self, query: Query, response: NormalizedResponse, found: list[dict[str, Any]]
+        self,
+        query: Query,
+        response: NormalizedResponse,
+        found: list[dict[str, Any]],
+        value_bits: float,
     ) -> list[Action]:
-        """Deliver a valid (or approved) answer to the controller."""
+        """Deliver a valid (or approved) answer to the controller at its grid point.
+
+        It is charged what it carries (``value_bits``, and a flag channel's codes), one bit
+        for the outcome, and its slot; the rest of the reserve comes back.
+        """
         channel = query.channel
         self.ctx.pending.pop((channel.controller, query.query_id), None)
-        content = delivery(
-            channel, query.spec, response, query.bits, found, query_id=query.query_id
-        )
+        if found and channel.anomaly_action == "flag":
+            codes = [(f.get("field"), f["code"]) for f in codes_only(query.spec, found)]
+            value_bits += findings_bits(query.spec, codes)
+        elif channel.anomaly_action == "flag":
+            value_bits += findings_bits(query.spec, [])
+        slot = self._slot(query)
+        bits = DeliveryBits(value=value_bits, outcome=ANSWERED, timing=slot.bits)
+        content = delivery(channel, query.spec, response, bits, found, query_id=query.query_id)
         return [
             CancelTimer(query.timer),
             # A lost refund row only leaves the ledger charging more: no commit needed here.
-            *self._settle(query, outcome_charge(query.bits).delivered, "delivered"),
-            *self.outbox.deliver(channel, "bcp_response_delivery", content),
+            *self._settle(query, value_bits + ANSWERED + slot.bits, "delivered"),
+            *self.outbox.deliver(channel, "bcp_response_delivery", content, at=slot.at),
         ]
 
     def _settle(self, query: Query, cost: float, outcome: str) -> list[Action]:
         """Give back what ``query`` was charged beyond ``cost``, what its outcome costs."""
         refund = query.charged - cost
-        if refund <= 1e-9:
+        if abs(refund) <= 1e-9 or not query.charged:
             return []  # Not charged (refused before the reader), or charged exactly that.
         channel = query.channel
-        self.ctx.state.ledger.refund(channel.key, refund)
+        if refund > 0:
+            self.ctx.state.ledger.refund(channel.key, refund)
+        else:
+            # More than reserved (a human's edit measured more): the ledger records it all.
+            self.ctx.state.ledger.charge(channel.key, -refund)
         query.charged = cost
         ref = {"query_id": query.query_id, "category": query.spec.category}
         return [self.ctx.charged(channel, -refund, **ref, outcome=outcome)]

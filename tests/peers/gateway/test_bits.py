@@ -19,6 +19,7 @@ from peers.gateway.bits import (
     question_bits,
     short_answer_allowance,
     spec_bits,
+    spec_ceiling,
     text_bits,
     value_bits,
     vocabulary_rank,
@@ -684,7 +685,8 @@ formats = st.sampled_from(
     st.sampled_from(["reject", "flag"]),
 )
 def test_accepted_cat2_answers_carry_no_more_than_charged(questions, action):
-    """Whatever text a reader sends, an accepted answer's code length is within the charge."""
+    """Whatever text a reader sends, an accepted answer is charged its code length, within the
+    ceiling."""
     spec = QuerySpec.model_validate(
         {
             "category": 2,
@@ -699,9 +701,10 @@ def test_accepted_cat2_answers_carry_no_more_than_charged(questions, action):
     event("accepted" if result.accepted else "refused")
     if result.response is None:
         return
-    # Steer the search toward answers that come closest to their charge.
-    target(answer_bits(spec, result.response) / spec_bits(spec))
-    assert answer_bits(spec, result.response) <= spec_bits(spec)
+    # Steer the search toward answers that come closest to their ceiling.
+    carried = answer_bits(spec, result.response)
+    target(carried / spec_ceiling(spec))
+    assert carried <= result.value_bits <= spec_ceiling(spec)
     for question in spec.questions or ():
         text = str(result.response[question.id])
         assert max(len(word) for word in text.split()) <= MAX_WORD_CHARS
@@ -712,15 +715,28 @@ def test_accepted_cat2_answers_carry_no_more_than_charged(questions, action):
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 40), hostile_text)
 def test_accepted_summaries_carry_no_more_than_charged(max_words, text):
-    """An accepted Cat-3 summary of hostile text is within its charge and its alphabet."""
+    """An accepted Cat-3 summary of hostile text is charged what it carries, within its ceiling
+    and its alphabet."""
     spec = QuerySpec(category=3, directive="Summarize.", max_words=max_words)
     result = validate_response(spec, {"summary": text}, anomaly_action="flag")
     event("accepted" if result.accepted else "refused")
     if result.response is None:
         return
-    target(answer_bits(spec, result.response) / spec_bits(spec))
-    assert answer_bits(spec, result.response) <= spec_bits(spec)
+    carried = answer_bits(spec, result.response)
+    target(carried / spec_ceiling(spec))
+    assert carried <= result.value_bits <= spec_ceiling(spec)
     assert foreign_char(str(result.response["summary"]), ENGLISH) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 12), hostile_text, st.floats(0, 400))
+def test_an_answer_never_carries_more_than_was_reserved_for_it(max_words, text, max_bits):
+    """With less of the budget left than the ceiling, what is accepted carries at most that."""
+    q = {"id": "a", "question": "?", "max_words": max_words, "expected_format": "short_text"}
+    spec = QuerySpec.model_validate({"category": 2, "questions": [q]})
+    result = validate_response(spec, {"a": text}, max_bits=max_bits)
+    if result.accepted:
+        assert result.value_bits <= max_bits + 1e-9
 
 
 @given(st.text(hostile_chars, min_size=1, max_size=80))

@@ -541,6 +541,7 @@ def test_a_cat3_answer_waits_for_a_human_and_is_delivered_on_approval(tmp_path):
         "record bcp_approval_decided approved",
         "commit",
         "cancel query",
+        "record bcp_bits_charged charged",
         "send bcp_response_delivery to agent:main",
         "record bcp_delivered delivered",
         "commit",
@@ -700,7 +701,8 @@ def test_a_valid_push_is_charged_and_committed_before_it_is_delivered(tmp_path):
         "reply delivered",
     ]
     assert sent(actions, "bcp_response_delivery")["subscription_id"] == "alerts"
-    assert core.state.ledger.used(KEY) == 1
+    # The value's bit, and one that a push came at all (no grid here: no slot).
+    assert core.state.ledger.used(KEY) == 2
 
 
 def test_pushes_past_the_rate_limit_or_the_budget_are_refused_with_the_reason(tmp_path):
@@ -919,3 +921,83 @@ def test_anomalies_reach_the_controller_on_flag_and_the_human_on_review(tmp_path
         assert sent(actions, "bcp_response_delivery")["anomalies"]
     else:
         assert sent(actions, "bcp_approval_request").anomalies
+
+
+# The release grid (delivery_quantum)
+
+
+def test_an_answer_leaves_at_its_grid_point_charged_its_slot(tmp_path):
+    """An answer given 0.7 steps after the reader was asked waits for the first grid point,
+    and pays what it carries, one bit, and slot 0."""
+    core, shell, clock = make(tmp_path, quantum=0.1)
+    ask(shell)
+    clock.now += 0.07
+    actions = answer(shell, {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"})
+    assert "send bcp_response_delivery to agent:main" not in show(actions)
+    [timer] = [a for a in actions if isinstance(a, SetTimer) and a.key[0] == "release"]
+    assert timer.delay == pytest.approx(0.03, abs=1e-5)
+    clock.now += timer.delay
+    released = shell.handle(TimerFired(timer.key))
+    delivery = sent(released, DELIVERY)
+    assert delivery["bits"] == {
+        "value": pytest.approx(CAT1_BITS, abs=1e-3),
+        "outcome": 1.0,
+        "timing": 2.0,
+    }
+    assert core.state.ledger.used(KEY) == pytest.approx(CAT1_BITS + 1 + 2, abs=1e-3)
+
+
+def test_a_late_answer_pays_for_its_slot_and_releases_in_order(tmp_path):
+    """Two answers due at one grid point leave in the order they were given; a later slot costs
+    more, never more than what was reserved."""
+    core, shell, clock = make(tmp_path, quantum=0.1)
+    ask(shell, "q1")
+    ask(shell, "q2")
+    reserved = core.state.ledger.used(KEY)
+    clock.now += 0.35  # slot 3: 1 + gamma(4) = 6 bits
+    good = {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"}
+    timers = [
+        a
+        for query_id in ("q1", "q2")
+        for a in answer(shell, good, query_id)
+        if isinstance(a, SetTimer) and a.key[0] == "release"
+    ]
+    assert [t.delay for t in timers] == [pytest.approx(0.05, abs=1e-5)] * 2
+    clock.now += 0.05
+    released = shell.handle(TimerFired(timers[1].key))
+    ids = [a.content["query_id"] for a in released if isinstance(a, Send) and a.type == DELIVERY]
+    assert ids == ["q1", "q2"]
+    assert shell.handle(TimerFired(timers[0].key)) == []
+    used = core.state.ledger.used(KEY)
+    assert used == pytest.approx(2 * (CAT1_BITS + 1 + 6), abs=1e-3) and used < reserved
+
+
+def test_a_failure_leaves_on_the_grid_and_says_what_it_cost(tmp_path):
+    """retries_exhausted waits for its grid point and carries its bits: outcome and slot."""
+    core, shell, clock = make(tmp_path, quantum=0.1)
+    ask(shell)
+    actions = []
+    for _ in range(SETTINGS.max_retries + 1):
+        actions = answer(shell, {"nonsense": 1})
+    [timer] = [a for a in actions if isinstance(a, SetTimer) and a.key[0] == "release"]
+    clock.now += timer.delay
+    failed = sent(shell.handle(TimerFired(timer.key)), "bcp_query_failed")
+    assert failed["error"] == "retries_exhausted"
+    assert failed["bits"] == {
+        "value": 0.0,
+        "outcome": pytest.approx(FAILED, abs=1e-3),
+        "timing": 2.0,
+    }
+    assert core.state.ledger.used(KEY) == pytest.approx(FAILED + 2, abs=1e-3)
+
+
+def test_a_cat2_answer_is_charged_what_it_carries_not_its_estimate(tmp_path):
+    """The reserve is the ceiling; a short answer pays its measure and the rest comes back."""
+    core, shell, _ = make(tmp_path)
+    ask(shell, spec=CAT2)
+    reserved = core.state.ledger.used(KEY)
+    actions = answer(shell, {"company": "Acme Corp", "founded": "1998-04-01"})
+    delivery = sent(actions, DELIVERY)
+    assert delivery["bandwidth_bits"] == delivery["bits"]["value"] < 11 * 5 + 44 + 21.8
+    assert core.state.ledger.used(KEY) == pytest.approx(delivery["bandwidth_bits"] + 1, abs=1e-3)
+    assert reserved > core.state.ledger.used(KEY)

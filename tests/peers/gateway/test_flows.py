@@ -14,9 +14,10 @@ from bus import audit
 from bus.activity import canonical_sha256
 from bus.errors import InvalidParams
 from peers import Peer, QueryFailed
+from peers.gateway.bits import answer_bits
 from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
-from schemas.bcp import BcpResponseDelivery, BcpValidationResult
+from schemas.bcp import BcpResponseDelivery, BcpValidationResult, QuerySpec
 
 CAT1 = {
     "category": 1,
@@ -55,6 +56,7 @@ bcp_channels:
     max_cat2_queries: {max_cat2}
     anomaly_action: {anomaly}
     max_escalations_per_task: 1
+    delivery_quantum: {quantum}
 {subscriptions}---
 main
 """
@@ -66,6 +68,7 @@ bcp_channels:
     max_category: 3
     budget_bits: 100000
     anomaly_action: {anomaly}
+    delivery_quantum: {quantum}
 ---
 researcher
 """
@@ -79,7 +82,9 @@ def agents(
     max_cat2: int = 10,
     anomaly: str = "reject",
     subscriptions: str = "",
+    quantum: float = 0,
 ) -> Path:
+    """Write the pair's definitions; ``quantum`` 0 (no release grid) unless a test says."""
     directory = tmp_path / "agents"
     directory.mkdir(exist_ok=True)
     (directory / "main.md").write_text(
@@ -89,10 +94,11 @@ def agents(
             max_cat2=max_cat2,
             anomaly=anomaly,
             subscriptions=subscriptions,
+            quantum=quantum,
         )
     )
     # The stricter side wins, so the reader declares the same anomaly_action.
-    (directory / "researcher.md").write_text(READER.format(anomaly=anomaly))
+    (directory / "researcher.md").write_text(READER.format(anomaly=anomaly, quantum=quantum))
     return directory
 
 
@@ -200,9 +206,10 @@ async def test_injected_answer_is_rejected_then_a_clean_retry_is_delivered(tmp_p
         "Acme  Corp",
     ]
     assert [d["response"]["company"] for d in detail["delivered"]] == ["Acme Corp"]
-    assert detail["charged"] - detail["refunded"] == pytest.approx(
-        detail["delivered"][0]["bits"] + 1
-    )
+    # The budget paid what the value carries, one bit for the outcome, and the slot.
+    split = content["bits"]
+    assert split["value"] == detail["delivered"][0]["bits"] and split["outcome"] == 1
+    assert detail["charged"] - detail["refunded"] == pytest.approx(sum(split.values()), abs=0.01)
 
 
 async def test_digest_mode_keeps_hashes_of_the_gateways_content(tmp_path):
@@ -598,7 +605,8 @@ async def test_hostile_reader_cannot_reach_the_controller(tmp_path):
 
 
 async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
-    """The reference pair: the reader learns its subscriptions; a push charges 671.0 bits."""
+    """The reference pair: the reader learns its subscriptions; a push is charged what it
+    carries, a second one within min_interval_s is refused, and queries share what is left."""
     findings = {
         "topic": "Quantum  networking",
         "finding": "A new relay design doubles range.",
@@ -615,16 +623,31 @@ async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
         assert isinstance(verdict, BcpValidationResult)
         assert verdict.success is True and verdict.subscription_id == "research-findings"
         delivery = await pushed.get()
-        assert delivery["bandwidth_bits"] == 671.0 and delivery["taint"] == "medium"
+        spec = QuerySpec.model_validate(
+            {"category": 2, "questions": p.reader.subscriptions[0]["questions"]}
+        )
+        carried = answer_bits(spec, delivery["response"])
+        assert delivery["bandwidth_bits"] == pytest.approx(carried, abs=0.001)
+        assert carried < 363.0  # the estimate of the 8 + 24 + 1-word spec
+        assert delivery["bits"]["value"] == delivery["bandwidth_bits"]
+        assert delivery["bits"]["outcome"] == 1 and delivery["bits"]["timing"] >= 1
+        assert delivery["taint"] == "medium"
         assert delivery["response"]["topic"] == "Quantum networking"
-        # 2000 bits: two pushes fit (1342), a third (2013) does not.
-        assert (await p.reader.publish("research-findings", "main", findings)).success
-        third = await p.reader.publish("research-findings", "main", findings)
-        assert third.error == "budget_exhausted"
+        again = await p.reader.publish("research-findings", "main", findings)
+        assert again.error == "rate_limited"  # the default min_interval_s, 10 s
+        used = h.gateway.ledger.used(("main", "researcher"))
+        assert used == pytest.approx(sum(delivery["bits"].values()), abs=0.01)
+        # bcpbus audit --bits splits what the channel paid the same way.
+        await h.bus.log.commit()
+        [row] = audit.bits_per_channel(h.bus.db)
+        assert row["deliveries"] == 1
+        for part in ("value", "outcome", "timing"):
+            assert row[part] == pytest.approx(delivery["bits"][part], abs=0.01)
+        # 2000 bits: a summary of 190 words (2,090 bits estimated) no longer fits.
         with pytest.raises(QueryFailed) as failed:
             await p.main.ask(
                 "researcher",
-                {"category": 3, "directive": "x", "max_words": 100},
+                {"category": 3, "directive": "x", "max_words": 190},
                 timeout=scaled(10),
             )
         assert failed.value.reason == "budget_exhausted"

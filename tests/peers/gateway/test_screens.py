@@ -154,6 +154,7 @@ def test_a_pass_verdict_delivers_the_answer(tmp_path):
         "commit",
         "send bcp_validation_result to agent:researcher",
         "cancel query",
+        "record bcp_bits_charged charged",
         "send bcp_response_delivery to agent:main",
         "record bcp_delivered delivered",
         "commit",
@@ -205,10 +206,14 @@ def test_a_flag_counts_like_the_gateways_own_findings(tmp_path, action, outcome)
         request = sent(actions, "bcp_approval_request")
         assert [a.model_dump(exclude_none=True) for a in request.anomalies] == expected
     else:
-        # The codes reach the controller with the gateway's words; the screener's never do.
+        # Only the codes reach the controller, in the spec's field order: not the screener's
+        # name (a choice among the channel's screeners), nor its words.
         delivery = sent(actions, "bcp_response_delivery")
-        assert delivery["anomalies"] == expected
-        assert "free text" not in str(delivery)
+        assert delivery["anomalies"] == [
+            {"code": "instruction", "detail": "instruction", "field": "founded"},
+            {"code": "url", "detail": "url"},
+        ]
+        assert SCREENER not in str(delivery) and "free text" not in str(delivery)
 
 
 def test_a_screened_cat3_summary_still_goes_to_a_human(tmp_path):
@@ -391,7 +396,7 @@ def test_a_push_is_checked_against_the_budget_again_after_screening(tmp_path):
     """The budget spent while a push was screened refuses it, uncharged, once it passes."""
     core, shell, _ = screening(tmp_path, subscriptions=PUSHED)
     screen = screen_id(push(shell, "findings", {"finding": "Prices rose"}))
-    core.state.ledger.charge(KEY, 1990)
+    core.state.ledger.charge(KEY, 1999)
     actions = verdict(shell, screen, verdict="pass")
     assert show(actions)[:3] == [
         "record bcp_screened pass",
@@ -400,7 +405,7 @@ def test_a_push_is_checked_against_the_budget_again_after_screening(tmp_path):
     ]
     assert "record bcp_push_refused budget_exhausted" in show(actions)
     assert "send bcp_response_delivery to agent:main" not in show(actions)
-    assert core.state.ledger.used(KEY) == 1990
+    assert core.state.ledger.used(KEY) == 1999
 
 
 # The combination, for every outcome

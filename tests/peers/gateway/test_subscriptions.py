@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from peers import Controller, Reader
+from peers.gateway.bits import value_bits
 from peers.gateway.runner import running_gateway
 from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
@@ -21,6 +22,7 @@ bcp_channels:
     role: controller
     max_category: 3
     budget_bits: 5000
+    delivery_quantum: 0
     subscriptions:
       - id: alerts
         category: 1
@@ -31,15 +33,18 @@ bcp_channels:
         category: 1
         fields:
           - {name: level, type: integer, min: 0, max: 7}
+        min_interval_s: 0.001
         max_per_hour: 2
       - id: digest
         category: 3
         directive: Summarize what changed.
         max_words: 20
+        min_interval_s: 0.001
       - id: notes
         category: 2
         questions:
           - {id: note, question: "Anything new?", max_words: 5, expected_format: short_text}
+        min_interval_s: 0.001
   - peer: scout
     role: controller
     max_category: 1
@@ -53,6 +58,7 @@ bcp_channels:
     role: reader
     max_category: 3
     budget_bits: 5000
+    delivery_quantum: 0
 ---
 """
 
@@ -248,8 +254,10 @@ async def test_pushes_charge_the_shared_budget(tmp_path, agents_dir):
             await researcher.close()
         charges = [json.loads(r["payload_json"]) for r in h.bus.rows(event="bcp_bits_charged")]
         assert [c["subscription_id"] for c in charges] == ["notes", "hourly"]
-        assert [c["bits"] for c in charges] == [55.0 + 44.0, 3.0]  # 5 words + allowance
-        assert h.gateway.ledger.used(("main", "researcher")) == 102.0
+        # What each value carries, and a bit that a push came (no grid on this channel).
+        note = value_bits("one", 5, "short_text") + 1
+        assert [c["bits"] for c in charges] == [pytest.approx(note), 4.0]
+        assert h.gateway.ledger.used(("main", "researcher")) == pytest.approx(note + 4.0)
 
 
 def test_reader_and_controller_need_agent_ids():

@@ -3,6 +3,7 @@ from typing import Any
 import pytest
 from hypothesis import given, strategies as st
 
+from peers.gateway.bits import answer_bits
 from peers.gateway.validation import (
     MAX_WORD_CHARS,
     ValidationResult,
@@ -449,31 +450,56 @@ def test_cat3_summary_allows_the_english_alphabet_only():
     assert validate_response(CAT3, {"summary": "Zoë paid €5 for 3 µg of it."}).accepted
 
 
-def test_an_answer_carrying_more_than_its_charge_is_too_long():
-    """Words within every limit that can carry more bits than charged are refused as too_long."""
+def test_an_answer_carrying_more_than_its_ceiling_is_too_long():
+    """Words within every limit that carry more than 48 a word plus 64 are refused as too_long."""
     spec = cat2("short_text", max_words=2)
-    assert validate_response(spec, {"a": "the end"}).accepted
-    result = validate_response(spec, {"a": "qzxv wpfk"})
+    assert validate_response(spec, {"a": "qzxv wpfk"}).accepted  # 60 bits: now charged, not refused
+    result = validate_response(spec, {"a": "Qz7Xv!Wp&Fk#Jq@Zx Wp%Fk^Qz*Xv(Jq)Zx"})
     assert codes(result) == [ValidationCode.TOO_LONG]
     assert result.reasons[0].field is None
-    assert "more than the 66.0 charged" in result.reasons[0].message  # 2 words + allowance
+    assert "more than the 160.0 this spec allows" in result.reasons[0].message
+
+
+def test_an_accepted_answer_is_charged_what_it_carries():
+    """value_bits is the answer's measure under the code, not the spec's 11 bits a word."""
+    spec = cat2("short_text", max_words=10)
+    result = validate_response(spec, {"a": "the end"})
+    assert result.accepted
+    assert result.value_bits == pytest.approx(answer_bits(spec, result.response or {}))
+    assert result.value_bits < 11 * 2
+
+
+def test_an_answer_over_the_budget_left_is_too_long():
+    """With less left than the ceiling, an answer that carries more than what is left is refused."""
+    spec = cat2("short_text", max_words=10)
+    assert validate_response(spec, {"a": "Katalin Karikó won"}).accepted
+    result = validate_response(spec, {"a": "Katalin Karikó won"}, max_bits=20.0)
+    assert codes(result) == [ValidationCode.TOO_LONG]
+    assert "left of the channel's budget" in result.reasons[0].message
 
 
 def test_capacity_is_pooled_over_the_answer():
-    """A short answer leaves bits to another: the charge bounds the whole answer, not each part."""
-    topic = "Microplastics, PFAS and glyphosate residues in Bavarian mineral water"
-    answer = {**GOOD_CAT2, "topic": topic}  # 228 bits: more than the 154 of a topic alone
-    assert validate_response(CAT2, answer).accepted
-    alone = QuerySpec.model_validate({"category": 2, "questions": [CAT2.questions[0]]})
-    assert codes(validate_response(alone, {"topic": answer["topic"]})) == [ValidationCode.TOO_LONG]
+    """The ceiling bounds the whole answer, not each part: a long word uses another's room."""
+    spec = QuerySpec.model_validate(
+        {
+            "category": 2,
+            "questions": [
+                {"id": "a", "question": "?", "max_words": 1, "expected_format": "short_text"},
+                {"id": "b", "question": "?", "max_words": 1, "expected_format": "short_text"},
+            ],
+        }
+    )
+    long_word = "Pneumonoultramicroscopicsilicovolcanoconiosis"  # spelled out: about 150 bits
+    assert validate_response(spec, {"a": long_word, "b": "yes"}).accepted
+    alone = cat2("short_text", max_words=1)
+    assert codes(validate_response(alone, {"a": long_word})) == [ValidationCode.TOO_LONG]
 
 
-def test_a_one_word_integer_answer_fits_in_its_11_bits_up_to_two_digits():
-    """A one-word integer question (11 bits) takes -99..99; a year needs two words (22 bits)."""
-    assert validate_response(cat2("integer", max_words=1), {"a": "-42"}).accepted
-    year = {"a": "2024"}
-    assert codes(validate_response(cat2("integer", max_words=1), year)) == [ValidationCode.TOO_LONG]
-    assert validate_response(cat2("integer", max_words=2), year).accepted
+def test_a_one_word_integer_answer_fits_up_to_about_thirty_digits():
+    """A one-word integer question (112 bits at most) takes 30 digits, not 31."""
+    assert validate_response(cat2("integer", max_words=1), {"a": "2024"}).accepted
+    huge = {"a": "9" * 31}  # 113 bits; 32 digits would also be an encoded run
+    assert codes(validate_response(cat2("integer", max_words=1), huge)) == [ValidationCode.TOO_LONG]
 
 
 def test_cat2_short_list_of_only_commas_is_empty():
