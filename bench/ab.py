@@ -5,6 +5,7 @@ pairs, in ABBA order (other, this; this, other; ...), so that both see the same 
 run is a child ``python -c`` started in its tree, so ``bench``, ``bus`` and ``peers`` are that
 tree's (and the children it starts get ``PYTHONPATH`` to it, see :mod:`bench.common`). Make the
 other tree with ``git worktree add /tmp/base COMMIT``; remove it with ``git worktree remove``.
+``--this TREE`` compares two other trees, e.g. a change of the past against its parent.
 
 Prints each run, then per tree the median msgs/s and server CPU µs/msg, and the median (min-max)
 of the per-pair ratios this/other.
@@ -64,11 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; return the exit code."""
     parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
     parser.add_argument("other", type=Path, help="the other tree (a git worktree)")
+    parser.add_argument(
+        "--this", type=Path, default=THIS, help="the tree to compare (default: this checkout)"
+    )
     parser.add_argument("--pairs", type=int, default=6, help="runs of each tree (default 6)")
     parser.add_argument("--window", type=int, default=64, help="sendMessage calls in flight")
     parser.add_argument("--count", type=int, default=20_000, help="messages measured per run")
     args = parser.parse_args(argv)
-    trees = {"other": args.other.resolve(), "this": THIS}
+    trees = {"other": args.other.resolve(), "this": args.this.resolve()}
     runs: dict[str, list[dict[str, float]]] = {"other": [], "this": []}
     for pair in range(args.pairs):
         for name in ("other", "this") if pair % 2 == 0 else ("this", "other"):

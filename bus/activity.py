@@ -1,16 +1,26 @@
-"""The append-only SQLite activity log: every protocol event, written in batches by one task.
+"""The append-only SQLite activity log: every protocol event, written in batches, one at a time.
 
 Callers :meth:`ActivityLog.record` rows (synchronous, a tuple append) and
 :meth:`~ActivityLog.commit` when they need them on disk before going on; the bus commits before
 it answers each ``sendMessage``, so a message is never delivered without its audit row (fail
-closed). One writer task drains the buffer: each batch is one ``INSERT`` statement, which SQLite
-runs as one transaction, however many callers wait on it (group commit).
+closed). Each batch is one ``INSERT`` statement, which SQLite runs as one transaction, however
+many callers wait on it (group commit).
+
+A commit is one hop: :meth:`~ActivityLog.commit` hands the pending rows to the database thread
+itself (once the tasks ready in the same loop iteration have recorded theirs), and the thread
+hands back a callback that releases the committers in the loop iteration that reads its
+wake-up; the rows recorded while a batch is on the thread go in the next one, started by that
+callback. A writer task is there for what no commit asks for: rows nobody
+commits (connection events, written ``LINGER`` after the first of them), a batch that failed
+(retried, or split to isolate a row SQLite refuses), and the flush on close. Before, every commit
+went through that task: one loop iteration more at each end, the task woken, then woken again
+by the thread's future (figures in bench/README.md, "One hop per commit").
 
 Every statement runs on one database thread (a plain :mod:`sqlite3` connection, ``busy_timeout``
 5 s), never on the event loop's: a stalled disk (a frozen filesystem, a lock another process
 holds) stalls the log's commits, not the loop, its pings and the peers that are not waiting for
-the log. The writer hands the thread one batch at a time and rows recorded meanwhile form the
-next batch, so the cost is one round trip per transaction, not per row: 24 µs of CPU on a 2-core
+the log. The thread gets one batch at a time and rows recorded meanwhile form the next batch,
+so the cost is one round trip per transaction, not per row: 24 µs of CPU on a 2-core
 VM, the same as through :mod:`aiosqlite`'s thread (24-26 µs both); a thread of its own lets the
 file check, the ``INSERT`` and the checkpoint share that one round trip. Against the ``INSERT``
 on the loop's thread it replaces (``python -m bench log``, interleaved): a lone caller's 4-row
@@ -384,6 +394,14 @@ class ActivityLog:
         # a transaction for the first row of each message and another for the rest.
         self._linger: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
+        # The batch commit() handed to the database thread itself, if one is there: at most one
+        # batch is on the thread at a time, however it was started (see _hand_over).
+        self._inflight: asyncio.Future[None] | None = None
+        # The writer task is retrying, splitting or flushing: commit() leaves batches to it.
+        self._draining = False
+        self._hand_over_due = False  # _hand_over is scheduled
+        # Why the last batch commit() handed over failed; the writer task takes it from there.
+        self._handed_failure: Exception | None = None
         self._rows_per_statement = batch_max
         self._closing = False
         self._closed = asyncio.Event()
@@ -573,7 +591,7 @@ class ActivityLog:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._waiters.append((target, future))
-        self._wakeup.set()
+        self._hand_over_soon()
         observe = self.on_commit
         if observe is None:
             await future
@@ -593,10 +611,62 @@ class ActivityLog:
         self.record(event, **fields)
         await self.commit()
 
-    # The writer task
+    # One hop per commit: commit() hands the batch to the database thread itself
+
+    def _hand_over_soon(self) -> None:
+        """Call :meth:`_hand_over` once the tasks ready in this loop iteration have run.
+
+        So that their commits share the batch: handed over at once, the first commit of an
+        iteration went alone, and with 64 senders (in-process) a batch held a third of the rows
+        it held through the writer task (0.08 transactions a message against 0.03).
+        """
+        if not self._hand_over_due and self._inflight is None:
+            self._hand_over_due = True
+            asyncio.get_running_loop().call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """Start a batch of the pending rows on the database thread, unless one is there already
+        (its return starts the next), the writer task is at work (it writes them), or the log
+        has stopped.
+
+        This is the common path of every commit, with no task between the committers and the
+        thread: the thread hands back a callback that releases the committers in the loop
+        iteration that reads its wake-up. Through the writer task they ran one iteration later,
+        after a step of the task, whose event and linger timer were armed again for every
+        transaction.
+        """
+        self._hand_over_due = False
+        if self._inflight is not None or self._draining or self._unavailable is not None:
+            return
+        writer, thread = self._writer, self._thread
+        if writer is None or writer.done() or thread is None or not self._pending:
+            return
+        batch = self._pending[: self._rows_per_statement]
+        self._chain_on_loop(batch)
+        self._inflight = asyncio.get_running_loop().create_future()
+        thread.submit(self._write_on_thread, (batch,), functools.partial(self._handed_back, batch))
+
+    def _handed_back(self, batch: list[_Row], _: object, exc: BaseException | None) -> None:
+        """The thread's answer for a batch :meth:`_hand_over` started (event loop)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and not inflight.done():
+            inflight.set_result(None)
+        if exc is None:
+            self._committed(len(batch))
+            if self._waiters:
+                self._hand_over_soon()  # the rows recorded meanwhile: group commit
+            return
+        self._prepared = None
+        if not isinstance(exc, Exception):  # pragma: no cover - KeyboardInterrupt on the thread
+            exc = AuditUnavailable(f"activity log write failed: {exc!r}")
+        # The writer task retries the batch, splits it, or gives up, as for any batch.
+        self._handed_failure = exc
+        self._wakeup.set()
+
+    # The writer task: rows nobody commits, failures, and the flush on close
 
     async def _run(self) -> None:
-        """Drain the buffer whenever rows arrive, until closed and drained (or failing)."""
+        """Drain the buffer whenever woken, until closed and drained (or failing)."""
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
@@ -605,6 +675,8 @@ class ActivityLog:
                 self._linger = None
             try:
                 await self._drain()
+                if self._closing:
+                    await self._drain()  # what was recorded while the last drain ran
             except AuditUnavailable as exc:
                 self._fail_waiters(exc)
             if self._closing:
@@ -617,41 +689,69 @@ class ActivityLog:
         self._fail_waiters(AuditUnavailable("activity log is closed"))
 
     async def _drain(self) -> None:
-        """Write every pending row, one batch at a time, releasing waiters as rows commit.
+        """Write the rows pending now, one batch at a time, releasing waiters as rows commit;
+        then leave the next batches to :meth:`_hand_over` again.
 
         Raises:
             AuditUnavailable: a batch failed every attempt (it is still pending), or the file
                 was deleted or replaced (nothing more will be written).
         """
+        self._draining = True
+        try:
+            while self._inflight is not None:  # the batch commit() handed over comes first
+                await asyncio.wait({self._inflight})
+            await self._write_pending(self._rows_recorded)
+        finally:
+            self._draining = False
+        if self._waiters:
+            self._hand_over()
+
+    async def _write_pending(self, target: int) -> None:
+        """Write pending rows until the first ``target`` ever recorded are committed. Stopping
+        there, rather than at an empty buffer, gives a busy log back to :meth:`_hand_over`."""
         attempt, delay = 1, self.retry_delay
-        while self._pending:
+        failed, self._handed_failure = self._handed_failure, None
+        if failed is not None and _retry_as_is(failed):  # as if the loop below had failed
+            batch = self._pending[: self._rows_per_statement]
+            delay = await self._failed(batch, failed, attempt, delay)
+            attempt += 1
+        while self._pending and self.rows_committed < target:
             if self._unavailable is not None:
                 raise AuditUnavailable(self._unavailable)
             batch = self._pending[: self._rows_per_statement]
             try:
                 await self._write_rows(batch)
-            except _FileGone as exc:
-                self._unavailable = (
-                    f"activity log file was {exc}; nothing more can be logged: restart the bus"
-                )
-                logger.error("activity log file %s was %s; restart the bus", self.path, exc)
-                raise AuditUnavailable(self._unavailable) from exc
             except Exception as exc:  # sqlite3.Error, OSError, ...: the database's trouble
-                logger.warning(
-                    "activity log write of %d rows failed (attempt %d of %d): %r",
-                    len(batch),
-                    attempt,
-                    self.retries,
-                    exc,
-                )
-                if attempt >= self.retries:
-                    raise AuditUnavailable(
-                        f"activity log could not write {len(batch)} rows: {exc}"
-                    ) from exc
-                await asyncio.sleep(delay)
-                attempt, delay = attempt + 1, delay * 2
+                delay = await self._failed(batch, exc, attempt, delay)
+                attempt += 1
             else:
                 attempt, delay = 1, self.retry_delay
+
+    async def _failed(self, batch: list[_Row], exc: Exception, attempt: int, delay: float) -> float:
+        """Report a failed attempt at ``batch``, wait before the next; return the delay after.
+
+        Raises:
+            AuditUnavailable: that was the last attempt, or the file was deleted or replaced.
+        """
+        if isinstance(exc, _FileGone):
+            self._unavailable = (
+                f"activity log file was {exc}; nothing more can be logged: restart the bus"
+            )
+            logger.error("activity log file %s was %s; restart the bus", self.path, exc)
+            raise AuditUnavailable(self._unavailable) from exc
+        logger.warning(
+            "activity log write of %d rows failed (attempt %d of %d): %r",
+            len(batch),
+            attempt,
+            self.retries,
+            exc,
+        )
+        if attempt >= self.retries:
+            raise AuditUnavailable(
+                f"activity log could not write {len(batch)} rows: {exc}"
+            ) from exc
+        await asyncio.sleep(delay)
+        return delay * 2
 
     async def _write_rows(self, batch: list[_Row]) -> None:
         """Commit ``batch``, the head of the pending rows, releasing its waiters; if SQLite
@@ -724,17 +824,24 @@ class ActivityLog:
             _FileGone: the rows went to a file that is no longer at ``path``.
             Exception: what SQLite (or binding the rows) raised; nothing was written.
         """
-        assert self._thread is not None and self._chainer is not None
-        # The chain is computed here, on the loop, while it holds the GIL anyway: on the
-        # database thread the same work made that thread wait for the GIL of a busy loop
-        # before and after it, and the bus lost a quarter of its throughput at window 64.
-        # Batches go one at a time, so self.head is the previous batch's.
+        assert self._thread is not None
+        self._chain_on_loop(batch)
+        await self._thread.run(self._write_on_thread, batch)
+
+    def _chain_on_loop(self, batch: list[_Row]) -> None:
+        """Chain ``batch`` after the last row committed, for :meth:`_insert` to write.
+
+        The chain is computed here, on the loop, while it holds the GIL anyway: on the database
+        thread the same work made that thread wait for the GIL of a busy loop before and after
+        it, and the bus lost a quarter of its throughput at window 64. Batches go one at a time,
+        so self.head is the previous batch's.
+        """
+        assert self._chainer is not None
         last_id, last_chain = self.head or (0, None)
         try:
             self._prepared = (batch, *self._chainer.link(batch, last_id, last_chain))
         except Exception:  # a row SQLite will refuse too: _insert raises it in its place
             self._prepared = None
-        await self._thread.run(self._write_on_thread, batch)
 
     # On the database thread
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -36,6 +37,7 @@ class DatabaseThread:
     def __init__(self, name: str, *, after: Callable[[], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._after = after
+        # (function, args, and an asyncio.Future or a done callback; None for the last job)
         self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any]] = (
             queue.SimpleQueue()
         )
@@ -49,6 +51,21 @@ class DatabaseThread:
         future: asyncio.Future[_T] = self._loop.create_future()
         self._jobs.put((function, args, future))
         return future
+
+    def submit(
+        self,
+        function: Callable[..., _T],
+        args: tuple[Any, ...],
+        done: Callable[[_T | None, BaseException | None], None],
+    ) -> None:
+        """Run ``function(*args)`` on the thread, then ``done(result, None)`` or ``done(None,
+        exc)`` on the event loop.
+
+        ``done`` is the callback the thread hands back itself, so it runs in the loop iteration
+        that reads the thread's wake-up: one iteration sooner than a future's callbacks or
+        awaiters, which the loop schedules for the iteration after. ``done`` must not raise.
+        """
+        self._jobs.put((function, args, done))
 
     async def stop(self, last: Callable[[], None]) -> None:
         """Run ``last`` on the thread after every function queued, then end the thread."""
@@ -64,14 +81,15 @@ class DatabaseThread:
                     function()
                 except Exception:  # pragma: no cover - closing fails only on a failing disk
                     logger.exception("activity log: closing the database failed")
-                self._hand_back(self._stopped, None, None)
+                self._hand_back(functools.partial(_settle, self._stopped), None, None)
                 return
+            settle = future if callable(future) else functools.partial(_settle, future)
             try:
                 result = function(*args)
             except BaseException as exc:
-                self._hand_back(future, None, exc)
+                self._hand_back(settle, None, exc)
             else:
-                self._hand_back(future, result, None)
+                self._hand_back(settle, result, None)
             try:
                 self._after()
             except Exception:  # pragma: no cover - _after catches its own; this guards a bug,
@@ -79,10 +97,10 @@ class DatabaseThread:
                 logger.exception("activity log: work between batches failed")
 
     def _hand_back(
-        self, future: asyncio.Future[Any], result: Any, exc: BaseException | None
+        self, settle: Callable[[Any, BaseException | None], None], result: Any, exc: Any
     ) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            self._loop.call_soon_threadsafe(_settle, future, result, exc)
+            self._loop.call_soon_threadsafe(settle, result, exc)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -42,19 +42,20 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 class FlakyWrites:
-    """Replaces a log's _write_batch: fails while ``failing`` is set, else writes for real."""
+    """Replaces a log's _insert, which every batch runs on the database thread however it was
+    started: fails while ``failing`` is set, else writes for real."""
 
     def __init__(self, log: ActivityLog) -> None:
-        self.real = log._write_batch
+        self.real = log._insert
         self.failing = True
         self.attempts = 0
-        log._write_batch = self  # type: ignore[method-assign]
+        log._insert = self  # type: ignore[method-assign]
 
-    async def __call__(self, batch: list[tuple[str | None, ...]]) -> None:
+    def __call__(self, batch: list[tuple[str | None, ...]]) -> None:
         self.attempts += 1
         if self.failing:
             raise sqlite3.OperationalError("disk I/O error")
-        await self.real(batch)
+        self.real(batch)
 
 
 class Inserts:
@@ -576,13 +577,13 @@ async def test_transient_failure_is_absorbed_by_retries(log: ActivityLog) -> Non
     flaky = FlakyWrites(log)
     real = flaky.real
 
-    async def fail_once(batch: list[tuple[str | None, ...]]) -> None:
+    def fail_once(batch: list[tuple[str | None, ...]]) -> None:
         flaky.attempts += 1
         if flaky.attempts == 1:
             raise sqlite3.OperationalError("database is locked")
-        await real(batch)
+        real(batch)
 
-    log._write_batch = fail_once  # type: ignore[method-assign]
+    log._insert = fail_once  # type: ignore[method-assign]
     async with asyncio.timeout(TIMEOUT):
         await log.write("connect")
     assert flaky.attempts == 2
@@ -609,6 +610,7 @@ async def test_cancelled_writer_fails_waiters(tmp_path: Path) -> None:
     await log.open()
     assert log._writer is not None
     log._writer.cancel()
+    await asyncio.wait({log._writer})
     log.record("connect")
     async with asyncio.timeout(TIMEOUT):
         with pytest.raises(AuditUnavailable):
@@ -619,15 +621,15 @@ async def test_cancelled_writer_fails_waiters(tmp_path: Path) -> None:
 
 async def test_cancelled_committer_of_a_failed_batch_is_skipped(log: ActivityLog) -> None:
     """A committer cancelled while its batch fails is skipped; the others still get the error."""
-    entered, release = asyncio.Event(), asyncio.Event()
+    loop, real = asyncio.get_running_loop(), log._insert
+    entered, release = asyncio.Event(), threading.Event()
 
-    async def blocked_failure(batch: list[tuple[str | None, ...]]) -> None:
-        entered.set()
-        await release.wait()
+    def blocked_failure(batch: list[tuple[str | None, ...]]) -> None:  # on the database thread
+        loop.call_soon_threadsafe(entered.set)
+        release.wait(TIMEOUT)
         raise sqlite3.OperationalError("disk I/O error")
 
-    real = log._write_batch
-    log._write_batch = blocked_failure  # type: ignore[method-assign]
+    log._insert = blocked_failure  # type: ignore[method-assign]
     log.record("send_start")
     cancelled = asyncio.create_task(log.commit())
     other = asyncio.create_task(log.commit())
@@ -639,7 +641,7 @@ async def test_cancelled_committer_of_a_failed_batch_is_skipped(log: ActivityLog
         with pytest.raises(AuditUnavailable):
             await other
     assert cancelled.cancelled()
-    log._write_batch = real  # type: ignore[method-assign]
+    log._insert = real  # type: ignore[method-assign]
 
 
 async def test_crashed_writer_is_logged_and_fails_waiters(
@@ -653,6 +655,7 @@ async def test_crashed_writer_is_logged_and_fails_waiters(
     log = ActivityLog(tmp_path / "a.db")
     log._drain = broken_drain  # type: ignore[method-assign]
     await log.open()
+    FlakyWrites(log)  # commit() hands the batch over itself; its failure is the writer's
     log.record("connect")
     async with asyncio.timeout(TIMEOUT):
         with pytest.raises(AuditUnavailable):
