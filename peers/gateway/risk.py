@@ -138,12 +138,10 @@ def _dicts(value: Any) -> list[dict[str, Any]]:
 def delivery_quantum(channel: Channel) -> float:
     """Return the time grain of a channel's deliveries, as the controller can observe it.
 
-    UPDATE when channels have ``delivery_quantum`` (docs, DESIGN section 7: deliveries leave on
-    a time grid): return ``channel.delivery_quantum`` when it is set. Until then every channel
-    delivers at once, and the grain is :data:`OBSERVED_RESOLUTION_S`.
+    Deliveries leave on the channel's ``delivery_quantum`` grid; a channel that turns the grid
+    off (0) delivers at once, and the grain is then :data:`OBSERVED_RESOLUTION_S`.
     """
-    del channel
-    return OBSERVED_RESOLUTION_S
+    return max(channel.delivery_quantum, OBSERVED_RESOLUTION_S)
 
 
 def timing_bits(window_s: float | None, quantum_s: float) -> float | None:

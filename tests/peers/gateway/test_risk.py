@@ -86,7 +86,9 @@ def test_fifty_unsealed_words_a_push_fail_with_a_readable_verdict(tmp_path):
     assert "notes: 50 unsealed words a push" in notes.verdict
     assert "FAIL, more than 32: seal note" in notes.verdict
     assert channel.verdict.startswith("bcp:boss:reader: FAIL, notes let more than 32")
-    assert notes.timing_window_s == 60 and notes.timing_bits == pytest.approx(math.log2(60_001))
+    assert notes.timing_window_s == 60 and notes.timing_bits == pytest.approx(
+        math.log2(601)
+    )  # 60 s on a 0.1 s grid
 
 
 def test_a_sealed_question_counts_as_sealed_and_is_stripped_before_checking(tmp_path):
