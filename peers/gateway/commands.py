@@ -139,7 +139,8 @@ def _gateway(args: argparse.Namespace) -> int:
     except AuthenticationFailed:
         raise ValueError(
             f"the bus at {args.url} refused system:gateway's token: check --token or "
-            "--token-file, or make one with `bcpbus peers add system:gateway` (or `peers rotate`)"
+            "--token-file, or make one with `bcpbus peers add system:gateway` (`peers rotate "
+            "system:gateway` where it is listed already)"
         ) from None
     except InvalidURL as exc:
         raise ValueError(
