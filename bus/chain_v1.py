@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chain import CHAIN_START, GENESIS, Problem, payload_of, unhex
+from .chain import CHAIN_START, GENESIS, Problem, SegmentChecks, payload_of, unhex
 
 __all__ = [
     "LEGACY_VERSION",
@@ -108,7 +108,7 @@ def encode_row(fields: Fields, values: Sequence[Any]) -> bytes:
 
 
 @dataclass
-class LegacyVerifier:
+class LegacyVerifier(SegmentChecks):
     """Check rows chained by version 1, oldest first; collect what does not match.
 
     Feed every row (id order) to :meth:`check` as a mapping of column to value; then
@@ -240,43 +240,3 @@ class LegacyVerifier:
         self._chained = True
         self._run = expected
         return expected
-
-    def _check_previous(self, row_id: int, previous: Any) -> None:
-        before = self.rows - 1
-        last_id = self._prev_id
-        if not isinstance(previous, dict):
-            previous = {}
-        rows, chain = previous.get("rows", 0), previous.get("chain")
-        if rows != before or previous.get("last_id") != last_id:
-            self._bad(
-                row_id,
-                f"it starts a segment after {rows} rows (the last {previous.get('last_id')}), but "
-                f"{before} rows (the last {last_id}) come before it: rows before it were added or "
-                "removed since",
-            )
-        elif before and chain != self._run.hex():
-            self._bad(row_id, "rows before it were changed or reordered since its segment started")
-
-    def _link_problem(self, row_id: Any, stored: str | None, prev_id: Any) -> None:
-        if stored is None:
-            self._bad(row_id, "it has no hash: it was inserted by something other than the log")
-        elif not self._chained:
-            self._bad(
-                row_id, "no chain_start row comes before it: the start of the log was removed"
-            )
-        elif isinstance(prev_id, int) and isinstance(row_id, int) and row_id > prev_id + 1:
-            gap = prev_id + 1 if row_id == prev_id + 2 else f"{prev_id + 1}-{row_id - 1}"
-            self._bad(row_id, f"row {gap} before it is missing: removed")
-        elif isinstance(prev_id, int) and row_id != prev_id + 1:
-            self._bad(row_id, f"it follows row {prev_id}: the ids were changed")
-        else:
-            self._bad(
-                row_id,
-                "it does not match its hash: it was changed, forged, or the rows before it were "
-                "replaced",
-            )
-
-    def _bad(self, row_id: Any, why: str) -> None:
-        if isinstance(row_id, int) and row_id < self.start:
-            return
-        self.problems.append(Problem(row_id if isinstance(row_id, int) else None, why))
