@@ -182,6 +182,10 @@ async def test_js_reader_answers_a_query_and_pushes(tmp_path, node):
             async with asyncio.timeout(scaled(10)):
                 push = await pushes.get()
             assert push.pop("delivery_id").startswith("d-")
+            # The push's value and its outcome bit; when on the grid it came is the reader's
+            # choice, charged at least one bit (docs/bcp.md, "Time").
+            bits = push.pop("bits")
+            assert bits["value"] == 3.0 and bits["outcome"] == 1.0 and bits["timing"] >= 1.0
             assert push == {
                 "subscription_id": "research-alerts",
                 "category": 1,
