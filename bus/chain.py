@@ -257,6 +257,39 @@ class SegmentChecks:
     _run: bytes
     _chained: bool
 
+    def _start_links(self) -> None:
+        """Start with no row seen: the run at the genesis, nothing chained yet."""
+        self._run = GENESIS
+        # The last row: its id, its stored chain, and that chain as bytes (what the next row's
+        # hash is keyed to).
+        self._prev_id = None
+        self._prev_stored: str | None = None
+        self._prev_digest = GENESIS
+        self._chained = False
+        self._partial = False
+
+    @property
+    def head(self) -> tuple[int, str] | None:
+        """The last row's id and ``chain``."""
+        if isinstance(self._prev_id, int) and self._prev_stored is not None:
+            return self._prev_id, self._prev_stored
+        return None
+
+    def resume(self, prev: tuple[int, str | None] | None) -> None:
+        """Check a tail: the next row follows ``prev`` (id and stored ``chain``), or starts a
+        segment whose ``previous`` is not checked (``None``)."""
+        if prev is not None:
+            self._prev_id, self._prev_stored = prev
+            self._prev_digest = unhex(prev[1])
+        self._chained = True
+        self._partial = True
+        self._run = self._prev_digest
+
+    @property
+    def run(self) -> bytes:
+        """The chain over every row so far, as the writer would have stored it."""
+        return self._run
+
     def _check_previous(self, row_id: int, previous: Any) -> None:
         before = self.rows - 1
         last_id = self._prev_id
@@ -339,41 +372,12 @@ class Verifier(SegmentChecks):
 
             self._legacy = LegacyVerifier(self.legacy_key, self.start)
         self._in_legacy = False
-        self._run = GENESIS
-        # The last row: its id, its stored chain, and that chain as bytes (what the next row's
-        # hash is keyed to).
-        self._prev_id: Any = None
-        self._prev_stored: str | None = None
-        self._prev_digest = GENESIS
-        self._chained = False
-        self._partial = False
+        self._start_links()
 
     @property
     def chained(self) -> bool:
         """Whether a version-2 ``chain_start`` was seen (or the check resumed after one)."""
         return self._chained
-
-    @property
-    def head(self) -> tuple[int, str] | None:
-        """The last row's id and ``chain``."""
-        if isinstance(self._prev_id, int) and self._prev_stored is not None:
-            return self._prev_id, self._prev_stored
-        return None
-
-    def resume(self, prev: tuple[int, str | None] | None) -> None:
-        """Check a tail: the next row follows ``prev`` (id and stored ``chain``), or starts a
-        segment whose ``previous`` is not checked (``None``)."""
-        if prev is not None:
-            self._prev_id, self._prev_stored = prev
-            self._prev_digest = unhex(prev[1])
-        self._chained = True
-        self._partial = True
-        self._run = self._prev_digest
-
-    @property
-    def run(self) -> bytes:
-        """The chain over every row so far, as the writer would have stored it."""
-        return self._run
 
     def columns(self, names: Sequence[str]) -> None:
         """Say which columns the rows given to :meth:`check` have, in their order."""

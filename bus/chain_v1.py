@@ -137,42 +137,13 @@ class LegacyVerifier(SegmentChecks):
     def __post_init__(self) -> None:
         self._mac = hmac.new(self.key, digestmod="sha256")
         self._key_id = key_id(self.key)
-        self._run = GENESIS
-        # The last row: its id, its stored chain, and that chain as bytes (what the next row's
-        # hash is keyed to).
-        self._prev_id: Any = None
-        self._prev_stored: str | None = None
-        self._prev_digest = GENESIS
-        self._chained = False
-        self._partial = False
-
-    @property
-    def head(self) -> tuple[int, str] | None:
-        """The last row's id and ``chain``."""
-        if isinstance(self._prev_id, int) and self._prev_stored is not None:
-            return self._prev_id, self._prev_stored
-        return None
-
-    def resume(self, prev: tuple[int, str | None] | None) -> None:
-        """Check a tail: the next row follows ``prev`` (id and stored ``chain``), or starts a
-        segment whose ``previous`` is not checked (``None``)."""
-        if prev is not None:
-            self._prev_id, self._prev_stored = prev
-            self._prev_digest = unhex(prev[1])
-        self._chained = True
-        self._partial = True
-        self._run = self._prev_digest
+        self._start_links()
 
     def _hmac(self, prev: bytes, content: bytes) -> bytes:
         mac = self._mac.copy()
         mac.update(prev)
         mac.update(content)
         return mac.digest()
-
-    @property
-    def run(self) -> bytes:
-        """The chain over every row so far, as the writer would have stored it."""
-        return self._run
 
     def columns(self, names: Sequence[str]) -> None:
         """Say which columns the rows given to :meth:`check` have, in their order."""
