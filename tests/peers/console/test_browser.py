@@ -45,6 +45,8 @@ async def open_page(browser: Any, **options: Any) -> tuple[Any, Any, list[str]]:
 async def sign_in(page: Any, r: Rig, token: str) -> None:
     """Sign in with the keyboard: type the token into the focused field, press Enter."""
     await page.goto(f"{r.url}/signin")
+    # autofocus lands after load; typing before it would type into nothing
+    await page.wait_for_function("document.activeElement?.id === 'token'")
     await page.keyboard.type(token)
     await page.keyboard.press("Enter")
     await page.wait_for_url(f"{r.url}/approvals")
