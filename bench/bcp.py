@@ -1,8 +1,8 @@
 """Scenario 3: the BCP round trip, controller query -> gateway -> reader -> gateway -> controller.
 
 Three processes: ``bcpbus serve`` with its in-process gateway (its default, on the in-memory
-link of :mod:`bus.local`), a controller (:class:`peers.bcp.Controller`, ``agent:main``) and a
-reader (:class:`peers.bcp.Reader`, ``agent:researcher``) that answers every query at once with
+link of :mod:`bus.transports.local`), a controller (:class:`peers.bcp.Controller`, ``agent:main``)
+and a reader (:class:`peers.bcp.Reader`, ``agent:researcher``) that answers every query at once with
 a valid answer. The controller keeps ``window`` :meth:`~peers.bcp.Controller.ask` calls in
 flight; one query is five ``sendMessage`` calls through the bus (query request, query,
 response, validation result, delivery), each with its audit rows committed, plus the gateway's

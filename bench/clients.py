@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from bus import codec
+from bus.core import codec
 from peers.client import Message, Peer
 from schemas.common import timestamp
 

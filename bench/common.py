@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bus.credentials import Credentials
+from bus.ops.credentials import Credentials
 
 __all__ = [
     "Child",

@@ -24,8 +24,8 @@ from typing import Any
 
 from websockets.asyncio.client import connect as ws_connect
 
-from bus.config import DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
-from bus.local import Socket
+from bus.ops.config import DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
+from bus.transports.local import Socket
 from peers.client import Peer
 
 from .common import (

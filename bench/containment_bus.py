@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from bus.assemble import running
-from bus.credentials import Credentials
-from bus.identities import default_agents_dir, load_identities
+from bus.core.identities import default_agents_dir, load_identities
+from bus.ops.credentials import Credentials
 from peers.bcp import Controller, Reader
 from peers.client import Peer
 from peers.gateway.runner import running_gateway

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bus.activity import ActivityLog
-from bus.credentials import Credentials
-from bus.epochs import Epochs
-from bus.policy import Grants, Policy
+from bus.core.epochs import Epochs
+from bus.core.policy import Grants, Policy
+from bus.log.activity import ActivityLog
+from bus.ops.credentials import Credentials
 from bus.server import Bus
 
 from .common import percentile, spread, summarize, table

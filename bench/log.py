@@ -1,6 +1,6 @@
 """Scenario 6: the activity log alone: rows/s its writer commits, and what group commit adds.
 
-One worker process opens an :class:`~bus.activity.ActivityLog` on a fresh file and runs three
+One worker process opens an :class:`~bus.log.activity.ActivityLog` on a fresh file and runs three
 loads, the way the bus uses it:
 
 - ``bulk``: record 50,000 rows, then one ``commit()``; rows/s is the writer's ceiling.
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bus.activity import ActivityLog
+from bus.log.activity import ActivityLog
 
 from .common import emit, percentile, spawn_worker, spread, summarize, table
 

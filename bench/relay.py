@@ -20,7 +20,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from bus import codec
+from bus.core import codec
 
 __all__ = ["Relay", "main"]
 

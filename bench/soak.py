@@ -43,7 +43,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from bus.errors import BusError
+from bus.core.errors import BusError
 from peers.client import Message, Peer
 
 from .clients import filler

@@ -1,6 +1,6 @@
 """Scenario 8: ``bcpbus audit verify`` over a large activity log (target: 1,000,000 rows in 30 s).
 
-The orchestrator builds the log with :class:`~bus.activity.ActivityLog` itself, the way the bus
+The orchestrator builds the log with :class:`~bus.log.activity.ActivityLog` itself, the way the bus
 writes it: one ``sendMessage``'s four rows at a time (``send_start`` with a 200-byte envelope,
 ``process_start``, ``process_finish``, ``send_finish``), committed in batches of 1,000 rows, so
 every row is chained by the writer. Then it runs ``python -m peers audit verify`` on the file as
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bus.activity import ActivityLog
+from bus.log.activity import ActivityLog
 
 from .common import spread, summarize, table
 

@@ -1,8 +1,10 @@
 """bcpbus: a JSON-RPC 2.0 message bus over WebSocket for the Bandwidth-Constrained Protocol.
 
-The pieces, pure ones first: :mod:`bus.protocol` (sans-I/O JSON-RPC session), :mod:`bus.topics`
-(patterns and the subscription index), :mod:`bus.policy` (authorization), :mod:`bus.credentials`
-(token hashes), :mod:`bus.activity` (the append-only SQLite log), :mod:`bus.server` (the
+The pieces, pure ones first: :mod:`bus.core.protocol` (sans-I/O JSON-RPC session),
+:mod:`bus.core.topics`
+(patterns and the subscription index), :mod:`bus.core.policy` (authorization),
+:mod:`bus.ops.credentials`
+(token hashes), :mod:`bus.log.activity` (the append-only SQLite log), :mod:`bus.server` (the
 websockets shell), :mod:`bus.cli` (the ``bcpbus`` command).
 """
 

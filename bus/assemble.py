@@ -20,21 +20,21 @@ import ssl as _ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
-from .activity import ActivityLog
-from .checkpoints import (
+from .core.identities import PeerIdentity
+from .core.policy import Policy
+from .log.activity import ActivityLog
+from .log.checkpoints import (
     Checkpointer,
     SigningKey,
     default_checkpoints_path,
     load_signing_key,
 )
-from .config import AuditSettings, HttpSettings, Limits, LogContent
-from .credentials import Credentials
-from .identities import PeerIdentity
-from .policy import Policy
+from .ops.config import AuditSettings, HttpSettings, Limits, LogContent
+from .ops.credentials import Credentials
 from .server import Bus
 
 if TYPE_CHECKING:
-    from .http import HttpBinding
+    from .transports.http import HttpBinding
 
 __all__ = ["HttpListenFailed", "running"]
 
@@ -64,9 +64,10 @@ async def running(
         audit: where the log's head goes and the key that signs its checkpoints (none unless
             ``audit.signing_key`` is set); None for the defaults.
         accept_broken_log: start on a log whose chain shows a change, recording it.
-        ssl: serve ``wss://`` with this context (see :func:`bus.tls.server_context`), and
+        ssl: serve ``wss://`` with this context (see :func:`bus.ops.tls.server_context`), and
             ``https://`` on the HTTP port with the same one.
-        http: the HTTP binding (:mod:`bus.http`), served when its ``port`` is set; the bus's
+        http: the HTTP binding (:mod:`bus.transports.http`), served when its ``port`` is set; the
+        bus's
             :attr:`~bus.server.Bus.http_url` is then its URL.
 
     Raises:
@@ -77,7 +78,7 @@ async def running(
             port.
         ImportError: ``http.port`` is set and the ``http`` extra is not installed.
         ValueError: the signing key is missing, not a key, or readable by others
-            (:class:`~bus.checkpoints.KeyExposed`).
+            (:class:`~bus.log.checkpoints.KeyExposed`).
     """
     audit = audit or AuditSettings()
     checkpoints = None
@@ -121,7 +122,7 @@ async def _http_binding(
     bus: Bus, settings: HttpSettings, host: str, ssl: _ssl.SSLContext | None
 ) -> AsyncIterator[HttpBinding]:
     try:
-        from .http import HttpBinding  # noqa: F811 - the extra is optional: imported on use
+        from .transports.http import HttpBinding  # noqa: F811 - the extra is optional: imported on use
     except ImportError as exc:
         raise ImportError(
             f"the HTTP binding needs the http extra ({exc.name} is missing): "

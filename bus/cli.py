@@ -32,20 +32,20 @@ from typing import Any, TypeAlias
 
 from schemas.agents import load_agents
 
-from . import __version__, audit, completion
+from . import __version__
 from .assemble import HttpListenFailed, running
-from .chain_v1 import default_key_path
-from .checkpoints import create_signing_key, default_checkpoints_path
-from .config import AuditSettings, ConfigError, ServeConfig
-from .credentials import Credentials, CredentialsError, validate_webhook_url
-from .egress import private_host
-from .errors import BusError
-from .identities import PeerIdentity, default_agents_dir, load_identities
-from .policy import Policy, PolicyError
-from .reload import BusFiles, Reloader
-from .server import Bus
-from .starter import write_starter
-from .startup import (
+from .core.errors import BusError
+from .core.identities import PeerIdentity, default_agents_dir, load_identities
+from .core.policy import Policy, PolicyError
+from .log import audit
+from .log.chain_v1 import default_key_path
+from .log.checkpoints import create_signing_key, default_checkpoints_path
+from .ops import completion
+from .ops.config import AuditSettings, ConfigError, ServeConfig
+from .ops.credentials import Credentials, CredentialsError, validate_webhook_url
+from .ops.reload import BusFiles, Reloader
+from .ops.starter import write_starter
+from .ops.startup import (
     StartupError,
     check_db,
     check_http_extra,
@@ -54,7 +54,9 @@ from .startup import (
     explain_db,
     summary,
 )
-from .tls import server_context
+from .ops.tls import server_context
+from .server import Bus
+from .transports.egress import private_host
 
 __all__ = [
     "Beside",
@@ -75,7 +77,7 @@ Commands: TypeAlias = Callable[["argparse._SubParsersAction[argparse.ArgumentPar
 
 RunBeside: TypeAlias = Callable[[Bus, Reloader], AbstractAsyncContextManager[object]]
 """Runs something beside a started bus for the duration of an ``async with`` block; what it
-reads from files it adds to the reloader (:mod:`bus.reload`)."""
+reads from files it adds to the reloader (:mod:`bus.ops.reload`)."""
 
 Beside: TypeAlias = Callable[[ServeConfig], RunBeside | None]
 """Given the serve config, what ``serve`` runs beside the bus (the BCP gateway), or None.
@@ -538,7 +540,7 @@ async def serve(
     when the bus and what runs beside it (the gateway) are ready (with the HTTP binding,
     ``http on http://HOST:PORT`` follows it); the start-up summary comes
     before it, on stderr (through ``say``). SIGHUP, or a change to the peers file, the policy
-    or the agent definitions, reloads them (:mod:`bus.reload`).
+    or the agent definitions, reloads them (:mod:`bus.ops.reload`).
 
     Raises:
         StartupError: the port, the database path or the TLS files cannot be used; the

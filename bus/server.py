@@ -1,8 +1,8 @@
 """The bus: a websockets server that authenticates peers, authorizes and routes their messages.
 
-:class:`Bus` is the asyncio shell around the pure parts: :mod:`bus.protocol` parses frames,
-:mod:`bus.topics` finds subscribers, :mod:`bus.policy` decides, :mod:`bus.activity` records.
-Use it as an async context manager::
+:class:`Bus` is the asyncio shell around the pure parts: :mod:`bus.core.protocol` parses frames,
+:mod:`bus.core.topics` finds subscribers, :mod:`bus.core.policy` decides, :mod:`bus.log.activity`
+records. Use it as an async context manager::
 
     async with ActivityLog("bcpbus.db") as log:
         async with Bus(policy=Policy.default(), credentials=creds, log=log) as bus:
@@ -40,13 +40,10 @@ from schemas.bus import (
 )
 from schemas.common import timestamp
 
-from . import __version__, _json
-from .activity import ActivityLog, canonical_sha256
-from .config import Limits, LogContent
-from .connection import ByteBudget, Connection, Link, PeerGone
-from .credentials import Credentials, PeerRecord
-from .epochs import Epochs
-from .errors import (
+from . import __version__
+from .core import _json
+from .core.epochs import Epochs
+from .core.errors import (
     CLOSE_AUTH_FAILED,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
@@ -68,21 +65,25 @@ from .errors import (
     ShuttingDown,
     SubscriptionNotFound,
 )
-from .fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
-from .history import History
-from .identities import PeerIdentity
-from .local import LocalSocket, Socket, local_pair
-from .params import SendFields, parse, read_send_message
-from .policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
-from .presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
-from .protocol import Request
-from .pushes import PLAIN, Debounce, PushOptions, push_window
-from .recent import RecentIds
-from .refusals import Refusals
-from .rights import Regrant, Revoke, review
-from .router import Route, Router
-from .topics import validate_pattern, validate_topic
-from .watch import Anonymous, SlowConsumers
+from .core.identities import PeerIdentity
+from .core.params import SendFields, parse, read_send_message
+from .core.policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
+from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
+from .core.protocol import Request
+from .core.pushes import PLAIN, Debounce, PushOptions, push_window
+from .core.recent import RecentIds
+from .core.router import Route, Router
+from .core.topics import validate_pattern, validate_topic
+from .core.watch import Anonymous, SlowConsumers
+from .log.activity import ActivityLog, canonical_sha256
+from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
+from .log.history import History
+from .ops.config import Limits, LogContent
+from .ops.credentials import Credentials, PeerRecord
+from .ops.refusals import Refusals
+from .ops.rights import Regrant, Revoke, review
+from .transports.connection import ByteBudget, Connection, Link, PeerGone
+from .transports.local import LocalSocket, Socket, local_pair
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
@@ -133,7 +134,7 @@ class Bus:
         )
         self.refusals = Refusals(log, self.limits.refusal_log_interval, event="ws_refused")
         """What sockets that never initialized were refused, one ``ws_refused`` row per
-        interval: an anonymous client cannot write rows of its own (:mod:`bus.refusals`)."""
+        interval: an anonymous client cannot write rows of its own (:mod:`bus.ops.refusals`)."""
         self._refusals_task: asyncio.Task[None] | None = None
         self._budget = ByteBudget(self.limits.max_inflight_bytes)
         window = self.limits.dedup_window
@@ -160,16 +161,17 @@ class Bus:
         self._held: dict[Link, _Held] = {}
         self._history = History(log.path)
         self.http_url: str | None = None
-        """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.http`) when the bus was
+        """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.transports.http`) when the
+        bus was
         assembled with one (:func:`bus.assemble.running`), else None. The binding imports the
         bus, never the other way round."""
         self.http_mount: Callable[[str, Any], None] | None = None
         """Serves an ASGI app under a path on the HTTP binding's port
-        (:meth:`bus.http.HttpBinding.mount`) while there is one, else None: how what runs beside
-        the bus (the console) adds its pages."""
+        (:meth:`bus.transports.http.HttpBinding.mount`) while there is one, else None: how what
+        runs beside the bus (the console) adds its pages."""
         self.on_delivered: Callable[[str, float], None] | None = None
         """Told each delivery's outcome (``process_finish`` status) and how many seconds the
-        ``processMessage`` call took; :mod:`bus.metrics` sets it."""
+        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it."""
         self._methods = {
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
@@ -326,7 +328,7 @@ class Bus:
 
         Pass this method as ``Peer(..., connector=bus.connect_local)``: the peer then
         initializes, is authorized and logged as over a WebSocket, without a socket (see
-        :mod:`bus.local`). The bus closes the link with 1001 when it shuts down.
+        :mod:`bus.transports.local`). The bus closes the link with 1001 when it shuts down.
 
         Raises:
             ShuttingDown: the bus is closing.
@@ -339,7 +341,7 @@ class Bus:
         link.add_done_callback(self._local_links.discard)
         return peer_end
 
-    # Peers that are not on a socket (bus.http, bus.webhooks)
+    # Peers that are not on a socket (bus.transports.http, bus.transports.webhooks)
 
     async def route_for_token(
         self, token: str | None, request: Request, *, address: str
@@ -818,7 +820,7 @@ class Bus:
         """Put a new configuration in force at once, for new and connected peers alike.
 
         Each connected peer is reviewed as if it initialized again with the token it used
-        (:func:`bus.rights.review`): one whose token was removed or rotated, or whose roles the
+        (:func:`bus.ops.rights.review`): one whose token was removed or rotated, or whose roles the
         policy now refuses, is closed with 4005 (``CLOSE_REVOKED``); the others get their new
         grants and lose the subscriptions those no longer allow. Nothing here awaits, so no
         request is handled under half of the change.
@@ -1120,7 +1122,7 @@ class Bus:
         )
         return status == "processed"
 
-    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.pushes)
+    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
 
     def _push_now(self, route: Route[Link], message: _Message) -> bool:
         """Whether ``route``'s subscriptions want ``message`` pushed now; if not, log why, and
@@ -1206,7 +1208,7 @@ class Bus:
         """The messages after ``since_epoch`` on topics matching ``pattern`` that the peer with
         ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport.
 
-        What "may receive" means is :mod:`bus.fetch`'s (the policy for ``pattern``, the taint
+        What "may receive" means is :mod:`bus.log.fetch`'s (the policy for ``pattern``, the taint
         rule from each sender, no ``bcp:`` topic but for the declassifier, not its own). The
         read is logged (a ``fetch`` row, committed before this returns).
 
@@ -1382,7 +1384,7 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
     """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
 
     The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.activity.canonical_sha256(envelope)``.
+    holds the message can recompute it: ``bus.log.activity.canonical_sha256(envelope)``.
     """
     if mode == "full":
         return _json.dumps(payload)

@@ -7,7 +7,7 @@ The SDK's public names are re-exported here::
     from peers import PeerError, PeerClosed, ConnectFailed  # what goes wrong (peers.errors)
 
 Everything the SDK raises is a :class:`PeerError`, except the bus's JSON-RPC error answers,
-which are :class:`bus.errors.BusError` subclasses.
+which are :class:`bus.core.errors.BusError` subclasses.
 """
 
 from .approver import Approver

@@ -36,8 +36,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from bus import audit
-from bus.audit import has_relation, neutralize, read_only, untrusted_lines
+from bus.log import audit
+from bus.log.audit import has_relation, neutralize, read_only, untrusted_lines
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalDecision, BcpApprovalRequest
 from schemas.common import APPROVAL_TOPIC, GATEWAY_CLIENT_ID
 

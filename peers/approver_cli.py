@@ -33,9 +33,9 @@ from typing import Any, TextIO, TypeVar
 
 from websockets.exceptions import WebSocketException
 
-from bus import audit
-from bus.config import ServeConfig
-from bus.errors import BusError
+from bus.core.errors import BusError
+from bus.log import audit
+from bus.ops.config import ServeConfig
 from peers.approver import (
     Approver,
     Decision,

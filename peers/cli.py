@@ -21,8 +21,8 @@ from functools import partial
 from pathlib import Path
 
 from bus import cli as bus_cli
-from bus.config import ServeConfig
-from bus.reload import Reloader
+from bus.ops.config import ServeConfig
+from bus.ops.reload import Reloader
 from bus.server import Bus
 
 from .approver_cli import add_approve

@@ -44,12 +44,18 @@ from websockets.exceptions import (
 from websockets.protocol import State
 
 from bus import __version__
-from bus.calls import PendingCalls
-from bus.errors import AuditUnavailable, AuthenticationFailed, BusError, EpochNotKept, ShuttingDown
-from bus.local import Socket
-from bus.protocol import ErrorResponse, Notification, Request, Response, Session
-from bus.pushes import PushOptions, push_window
-from bus.topics import matches
+from bus.core.calls import PendingCalls
+from bus.core.errors import (
+    AuditUnavailable,
+    AuthenticationFailed,
+    BusError,
+    EpochNotKept,
+    ShuttingDown,
+)
+from bus.core.protocol import ErrorResponse, Notification, Request, Response, Session
+from bus.core.pushes import PushOptions, push_window
+from bus.core.topics import matches
+from bus.transports.local import Socket
 from schemas.bus import FetchMessagesResult, ListSubscriptionsResult, SubscriptionInfo
 
 from .errors import ConnectFailed, InvalidURL, PeerClosed, PeerError, PeerTimeout
@@ -194,7 +200,8 @@ class Peer:
         auth_header: send the token as ``Authorization: Bearer`` at the handshake instead of in
             ``initialize``.
         connector: opens the connection instead of a WebSocket to ``url``; a peer in the bus's
-            own process passes :meth:`bus.server.Bus.connect_local` (see :mod:`bus.local`).
+            own process passes :meth:`bus.server.Bus.connect_local` (see
+            :mod:`bus.transports.local`).
         resume: after a reconnect, fetch what was missed and hand it to the handlers first.
         cafile: for a ``wss://`` url, trust only the CA certificates in this PEM file (a private
             CA, a self-signed bus); by default the system's.
@@ -474,7 +481,8 @@ class Peer:
         self._subscriptions[pattern] = params
 
     async def unsubscribe(self, pattern: str) -> None:
-        """Drop a pattern. Raises :class:`bus.errors.SubscriptionNotFound` if not subscribed."""
+        """Drop a pattern. Raises :class:`bus.core.errors.SubscriptionNotFound` if not
+        subscribed."""
         await self.request("unsubscribe", {"topic": pattern})
         self._subscriptions.pop(pattern, None)
 

@@ -2,7 +2,7 @@
 
 Everything :class:`~peers.client.Peer`, :class:`~peers.bcp.Controller` and
 :class:`~peers.bcp.Reader` raise is a :class:`PeerError`, except the bus's own answers: a
-JSON-RPC error response is raised as the matching :class:`bus.errors.BusError` subclass
+JSON-RPC error response is raised as the matching :class:`bus.core.errors.BusError` subclass
 (``AuthenticationFailed``, ``Forbidden``...), as it always was. The transport's exceptions
 (websockets, ``OSError``) never leave the SDK: they are translated where they happen and kept
 as ``__cause__``.
@@ -12,12 +12,12 @@ as ``__cause__``.
     PeerError
     ├── ConnectFailed      (ConnectionError)  the bus was unreachable or refused the handshake
     ├── InvalidURL         (ValueError)       the url is not a ws:// or wss:// URI
-    ├── PeerClosed         (bus.calls.PeerGone, a ConnectionError)  not connected, or closed
+    ├── PeerClosed         (bus.core.calls.PeerGone, a ConnectionError)  not connected, or closed
     │                                         before the answer came: the bus's PeerGone too
     ├── PeerTimeout        (TimeoutError)     no answer in time
     ├── MalformedMessage   (ValueError)       the gateway sent content its schema does not allow
     └── QueryFailed                           BCP: the gateway ended a query without a delivery
-    bus.errors.BusError                       the bus answered with a JSON-RPC error
+    bus.core.errors.BusError                  the bus answered with a JSON-RPC error
 
 Each class also derives from the builtin that code written before this tree catches
 (``except ConnectionError``, ``except TimeoutError``), so that code keeps working.
@@ -25,7 +25,7 @@ Each class also derives from the builtin that code written before this tree catc
 
 from __future__ import annotations
 
-from bus.calls import PeerGone
+from bus.core.calls import PeerGone
 
 __all__ = [
     "ConnectFailed",
@@ -83,7 +83,7 @@ class PeerClosed(PeerError, PeerGone):
     Attributes:
         message: what was closed.
         code: the WebSocket close code, when the connection was closed with one (4001:
-            another connection took this clientId; see ``bus.errors.CLOSE_CODES``).
+            another connection took this clientId; see ``bus.core.errors.CLOSE_CODES``).
         reason: the close reason the bus gave.
     """
 

@@ -40,9 +40,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bus import audit
-from bus.errors import AuthenticationFailed, BusError, InvalidParams
-from bus.topics import matches, validate_pattern, validate_topic
+from bus.core.errors import AuthenticationFailed, BusError, InvalidParams
+from bus.core.topics import matches, validate_pattern, validate_topic
+from bus.log import audit
 from schemas.bus import ListPeersResult
 
 from .client import ConnectionEvent, Disconnected, GaveUp, Message, Peer, Reconnected, Reply

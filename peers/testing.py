@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bus.activity import ActivityLog
 from bus.assemble import running
-from bus.config import HttpSettings, Limits, LogContent
-from bus.credentials import Credentials
-from bus.identities import PeerIdentity, default_agents_dir, load_identities
-from bus.policy import Policy
+from bus.core.identities import PeerIdentity, default_agents_dir, load_identities
+from bus.core.policy import Policy
+from bus.log.activity import ActivityLog
+from bus.ops.config import HttpSettings, Limits, LogContent
+from bus.ops.credentials import Credentials
 from bus.server import Bus
 from schemas.common import GATEWAY_CLIENT_ID, agent_id
 
@@ -39,7 +39,7 @@ from .gateway.runner import running_gateway
 from .gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
-    from bus.http import HttpBinding
+    from bus.transports.http import HttpBinding
 
 __all__ = [
     "BcpHarness",
@@ -215,7 +215,7 @@ async def running_bus(
         if http is None or http.port is None:
             yield BusHarness(bus, bus.log, credentials, db)
             return
-        from bus.http import HttpBinding  # the http extra: imported only when asked for
+        from bus.transports.http import HttpBinding  # the http extra: imported only when asked for
 
         async with HttpBinding(bus, http, host="127.0.0.1") as binding:
             bus.http_url, bus.http_mount = binding.url, binding.mount
@@ -255,7 +255,8 @@ async def running_bcp(
     ``digest``).
 
     The gateway connects as ``bcpbus serve`` connects it, over an in-process link
-    (:mod:`bus.local`); ``local=False`` connects it over a WebSocket, as ``bcpbus gateway``.
+    (:mod:`bus.transports.local`); ``local=False`` connects it over a WebSocket, as ``bcpbus
+    gateway``.
     """
     agents = Path(agents_dir) if agents_dir is not None else default_agents_dir()
     if agents is None:

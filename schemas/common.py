@@ -48,7 +48,7 @@ def timestamp(moment: datetime | None = None) -> str:
 
     ``2026-01-02T03:04:05.678Z``: the form of every time on the wire. (The activity log's ``ts``
     column keeps microseconds, in a fixed-width form of its own that sorts as text; see
-    :mod:`bus.activity`.)
+    :mod:`bus.log.activity`.)
     """
     moment = datetime.now(UTC) if moment is None else moment.astimezone(UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,7 +1,7 @@
 """Pydantic models of the JSON-RPC 2.0 envelopes, for JSON Schema generation and for peers.
 
-The bus's own parser (:mod:`bus.protocol`) checks frames by hand for speed and for the exact error
-codes JSON-RPC 2.0 asks for; these models describe the same shapes for other languages.
+The bus's own parser (:mod:`bus.core.protocol`) checks frames by hand for speed and for the exact
+error codes JSON-RPC 2.0 asks for; these models describe the same shapes for other languages.
 """
 
 from __future__ import annotations

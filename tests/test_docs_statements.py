@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from bus.policy import Policy
+from bus.core.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -86,7 +86,7 @@ def test_init_and_the_reference_agents_work_from_the_installed_package(installed
             timeout=scaled(60),
         )
 
-    found = python("-c", "import bus.identities as i; print(i.reference_agents())")
+    found = python("-c", "import bus.core.identities as i; print(i.reference_agents())")
     assert found.stdout.strip() == str(installed / "peers" / "reference_agents"), found.stderr
     init = python("-m", "peers", "init", "site")
     assert init.returncode == 0, init.stderr
@@ -98,6 +98,6 @@ def test_init_and_the_reference_agents_work_from_the_installed_package(installed
     echo = python("-c", "import peers.examples.echo")
     assert echo.returncode == 0, echo.stderr
     check = python(
-        "-c", "from bus.config import ServeConfig; print(ServeConfig.load('site/bcpbus.yaml'))"
+        "-c", "from bus.ops.config import ServeConfig; print(ServeConfig.load('site/bcpbus.yaml'))"
     )
     assert check.returncode == 0, check.stderr

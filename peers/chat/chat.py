@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from bus.errors import BusError, DuplicateMessage
+from bus.core.errors import BusError, DuplicateMessage
 from schemas.chat import (
     SPAWN_TOPIC,
     SYSTEM_CLIENT_ID,

@@ -24,8 +24,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from bus.credentials import validate_client_id
-from bus.errors import BusError
+from bus.core.errors import BusError
+from bus.ops.credentials import validate_client_id
 from schemas.chat import MAX_TEXT
 
 from ..approver import neutralize

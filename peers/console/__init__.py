@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from bus.reload import Reloader
+from bus.ops.reload import Reloader
 from bus.server import Bus
 
 from .app import COOKIE, Console, Viewer

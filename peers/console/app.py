@@ -26,8 +26,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from bus.errors import AuthenticationFailed, BusError, Forbidden
-from bus.protocol import Request as RpcRequest
+from bus.core.errors import AuthenticationFailed, BusError, Forbidden
+from bus.core.protocol import Request as RpcRequest
 from bus.server import Bus
 from schemas.common import APPROVAL_TOPIC
 

@@ -1,7 +1,7 @@
 """The console's audit page: what crossed each channel, refusals, one query's story, the chain.
 
 Everything is read from the activity log with the functions behind ``bcpbus audit``
-(:mod:`bus.audit`), on a thread, read-only: bits per channel and their history as a chart
+(:mod:`bus.log.audit`), on a thread, read-only: bits per channel and their history as a chart
 (:mod:`peers.console.charts`), refusals by reason, one query's timeline (the question, every
 raw answer the reader sent, escaped, the value delivered, every row), and the log's head; and
 from the agent definitions, each channel's risk report (``bcpbus agents check``).
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from bus import audit
+from bus.log import audit
 
 from ..gateway.risk_command import check
 from .charts import bits_history, draw

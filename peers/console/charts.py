@@ -2,7 +2,7 @@
 
 :func:`bits_history` reads the gateway's ``bcp_bits_charged``, ``bcp_delivered`` and
 ``bcp_budget_reset`` rows and adds them up per channel, as ``bcpbus audit --bits`` does
-(:func:`bus.audit.bits_per_channel`), but keeps every step. :func:`draw` turns one channel's
+(:func:`bus.log.audit.bits_per_channel`), but keeps every step. :func:`draw` turns one channel's
 steps into the geometry of a chart (pure: no I/O, no markup) that the page's template writes
 as inline SVG: one step line each for bits charged, refunded and delivered, and the budget as a
 dashed line. Nothing is fetched by the browser and no script draws it, so the page keeps its
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from bus.audit import read_only
+from bus.log.audit import read_only
 
 __all__ = ["Chart", "History", "Line", "Step", "bits_history", "draw"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bus.errors import BusError
-from bus.protocol import Request
+from bus.core.errors import BusError
+from bus.core.protocol import Request
 from bus.server import Bus
 from schemas.bcp import BcpApprovalDecision, DecisionRefusal
 from schemas.bus import Envelope, SendMessageParams
@@ -58,8 +58,8 @@ async def send_decision(
 
     Raises:
         BusError: the bus refused the message: the token is no longer valid
-            (:class:`~bus.errors.AuthenticationFailed`), the peer may not decide
-            (:class:`~bus.errors.Forbidden`), or the bus is closing.
+            (:class:`~bus.core.errors.AuthenticationFailed`), the peer may not decide
+            (:class:`~bus.core.errors.Forbidden`), or the bus is closing.
     """
     try:
         content = BcpApprovalDecision(

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bus.audit import read_only
+from bus.log.audit import read_only
 
 from ..approver import StoredApproval
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bus.credentials import Credentials
+from bus.ops.credentials import Credentials
 
 __all__ = ["Session", "SessionSettings", "Sessions", "same_secret"]
 

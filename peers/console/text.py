@@ -5,7 +5,7 @@ text: Jinja2 escapes ``<``, ``>``, ``&`` and quotes (autoescape), so markup neve
 Escaping does not stop what a browser does with characters that are not markup: a right-to-left
 override (U+202E) reverses what follows it, zero-width characters hide words inside words, a
 line separator breaks a line where none shows in the source. :func:`reveal` turns each such
-character into a visible marker, ``⟨U+202E⟩``, as :func:`bus.audit.neutralize` turns them into
+character into a visible marker, ``⟨U+202E⟩``, as :func:`bus.log.audit.neutralize` turns them into
 ``\\u202e`` for a terminal, and :func:`segments` says which parts are markers so that a template
 can style them apart from the text.
 

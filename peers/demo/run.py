@@ -19,10 +19,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bus import audit
 from bus.assemble import running
-from bus.credentials import Credentials
-from bus.identities import load_identities, reference_agents
+from bus.core.identities import load_identities, reference_agents
+from bus.log import audit
+from bus.ops.credentials import Credentials
 from peers.approver import Approver, render_request
 from peers.bcp import Controller, QueryFailed, Reader
 from peers.client import Peer

@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bus.errors import BusError
+from bus.core.errors import BusError
 from schemas.chat import MAX_TEXT, Configure, ScheduledMessage, TgMessage, TgReply
 
 from ..client import Message, Peer, Reply

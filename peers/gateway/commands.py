@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bus.activity import ActivityLog
-from bus.config import AuditSettings
-from bus.errors import AuthenticationFailed
-from bus.identities import default_agents_dir
-from bus.startup import StartupError, check_db
+from bus.core.errors import AuthenticationFailed
+from bus.core.identities import default_agents_dir
+from bus.log.activity import ActivityLog
+from bus.ops.config import AuditSettings
+from bus.ops.startup import StartupError, check_db
 from schemas.agents import build_channels, load_agents
 
 from ..errors import ConnectFailed, InvalidURL, PeerTimeout

@@ -32,9 +32,9 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from bus.activity import ActivityLog
-from bus.config import LogContent
-from bus.errors import BusError
+from bus.core.errors import BusError
+from bus.log.activity import ActivityLog
+from bus.ops.config import LogContent
 from peers.client import Message, Peer, Reply
 from schemas.agents import Channel
 

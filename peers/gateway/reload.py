@@ -1,6 +1,6 @@
 """The gateway's changes without a restart: its channels and the operators' budget resets.
 
-:class:`GatewayChannels` is the gateway's part of a :class:`bus.reload.Reloader`: when the
+:class:`GatewayChannels` is the gateway's part of a :class:`bus.ops.reload.Reloader`: when the
 agent definitions change (or on SIGHUP) it builds the channels again and, if the bus's part
 accepts its files too, puts them in force together (see :meth:`Gateway.use_channels`).
 

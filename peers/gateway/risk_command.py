@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bus.identities import default_agents_dir
+from bus.core.identities import default_agents_dir
 from schemas.agents import AgentDefinition, DefinitionError, check_agents, parse_agent
 from schemas.risk import ChannelRisk, RiskReport, SpecRisk
 

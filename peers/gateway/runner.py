@@ -15,11 +15,11 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from bus.activity import ActivityLog
-from bus.config import AuditSettings, LogContent
-from bus.local import Socket
-from bus.reload import Reloader
+from bus.log.activity import ActivityLog
+from bus.ops.config import AuditSettings, LogContent
+from bus.ops.reload import Reloader
 from bus.server import Bus
+from bus.transports.local import Socket
 from peers.client import Peer
 from schemas.agents import build_channels, load_agents
 from schemas.common import GATEWAY_CLIENT_ID
@@ -82,7 +82,8 @@ async def run_beside(
 ) -> AsyncIterator[Gateway]:
     """Run the gateway in the bus's process, sharing its activity log.
 
-    It connects over an in-process link (:mod:`bus.local`), not a socket, and authenticates
+    It connects over an in-process link (:mod:`bus.transports.local`), not a socket, and
+    authenticates
     like any peer. Its credential is made for this run only and never written to the peers
     file. With a ``reloader``, its channels are reloaded with the bus's files and budget
     resets take effect at once.

@@ -1,8 +1,8 @@
 """How the BCP gateway runs: :class:`GatewaySettings`, from the serve config's ``gateway:``.
 
-The bus's config file (:class:`bus.config.ServeConfig`) keeps the ``gateway:`` section as a raw
+The bus's config file (:class:`bus.ops.config.ServeConfig`) keeps the ``gateway:`` section as a raw
 mapping, since the bus knows nothing of the gateway; :meth:`GatewaySettings.from_mapping`
-checks it with :func:`bus.config.read_section`, the loader of the ``limits:`` section: the
+checks it with :func:`bus.ops.config.read_section`, the loader of the ``limits:`` section: the
 annotations below are the section's shape.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ConfigDict, StrictBool
 
-from bus.config import Count, Seconds, read_section
+from bus.ops.config import Count, Seconds, read_section
 
 __all__ = ["GatewaySettings"]
 

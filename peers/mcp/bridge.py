@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from bus.errors import BusError
+from bus.core.errors import BusError
 from peers.bcp import Controller, Reader, render_for_prompt
 from peers.client import Message, Peer, Reply
 from peers.errors import PeerClosed, PeerError, PeerTimeout, QueryFailed

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bus.errors import BusError
-from bus.identities import default_agents_dir
+from bus.core.errors import BusError
+from bus.core.identities import default_agents_dir
 from schemas.agents import build_channels, load_agents
 
 from ..client import Peer

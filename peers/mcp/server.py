@@ -30,13 +30,13 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from bus import __version__
-from bus.admission import ConnectionGuard, guarded_protocol
-from bus.config import (
+from bus.ops.config import (
     DEFAULT_HTTP_HEADER_TIMEOUT,
     DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT,
     DEFAULT_HTTP_MAX_ANONYMOUS_PER_ADDRESS,
     DEFAULT_HTTP_MAX_HEADER_BYTES,
 )
+from bus.transports.admission import ConnectionGuard, guarded_protocol
 
 from .bridge import INBOX, Bridge
 from .tools import UNTRUSTED_WARNING
@@ -203,8 +203,8 @@ def http_server(
     """Return the uvicorn server :func:`serve_http` runs, not started: ``await
     server.serve()``, set ``server.should_exit`` to stop it.
 
-    Its connections follow the bus's HTTP rules (:mod:`bus.admission`): request headers within
-    ``header_timeout`` seconds of the opening or of the last response, and at most
+    Its connections follow the bus's HTTP rules (:mod:`bus.transports.admission`): request headers
+    within ``header_timeout`` seconds of the opening or of the last response, and at most
     ``max_per_address`` connections from one address, the oldest one waiting for headers
     closed past it (the MCP endpoint has no token, so every connection counts). Without them
     a client that opens sockets and sends nothing holds them, and their slots, for ever.

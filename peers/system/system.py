@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from bus.errors import BusError
+from bus.core.errors import BusError
 from schemas.agents import AgentDefinition, DefinitionError, load_agents
 from schemas.chat import (
     AGENTS_TOPIC,

@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Protocol
 
-from bus.credentials import Credentials
+from bus.ops.credentials import Credentials
 
 __all__ = ["DirectoryTokens", "EphemeralTokens", "NoToken", "TokenSource"]
 

@@ -1,4 +1,4 @@
-"""Tests for bus.activity: batching, ordering, flushing, append-only triggers, fail closed."""
+"""Tests for bus.log.activity: batching, ordering, flushing, append-only triggers, fail closed."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from bus.activity import COLUMNS, EVENTS, ActivityLog
-from bus.errors import AuditUnavailable
+from bus.core.errors import AuditUnavailable
+from bus.log.activity import COLUMNS, EVENTS, ActivityLog
 
 TIMEOUT = 5.0  # seconds; generous, every wait here is on an event, never a sleep
 
@@ -158,7 +158,7 @@ def test_timestamps_match_the_clock_across_seconds(ns: list[int]) -> None:
     """The cached date-and-time prefix is renewed whenever the second changes, either way."""
     from datetime import UTC, datetime
 
-    from bus import activity
+    from bus.log import activity
 
     clock = activity._Clock()
     for value in ns:
@@ -169,7 +169,7 @@ def test_timestamps_match_the_clock_across_seconds(ns: list[int]) -> None:
 
 def test_timestamps_never_go_backwards(monkeypatch: pytest.MonkeyPatch) -> None:
     """A clock stepped back holds the last stamp until it catches up, then follows it again."""
-    from bus import activity
+    from bus.log import activity
 
     monkeypatch.setattr(activity, "_clock", activity._Clock())
     readings = iter(
@@ -194,7 +194,7 @@ async def test_rows_keep_time_order_when_the_clock_steps_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows recorded after a backward clock jump are still found by a --since of the row before."""
-    from bus import activity
+    from bus.log import activity
 
     monkeypatch.setattr(activity, "_clock", activity._Clock())
     now = [1_800_000_000_000_000_000]
@@ -299,7 +299,7 @@ async def test_inserts_take_few_distinct_sizes(log: ActivityLog) -> None:
 
 def test_statement_rows_keep_three_significant_bits() -> None:
     """Batches of up to 896 rows take 35 statement sizes, each under a quarter too long."""
-    from bus.activity import _statement_rows
+    from bus.log.activity import _statement_rows
 
     sizes = set()
     for rows in range(1, 897):
@@ -844,7 +844,7 @@ async def test_a_failure_while_splitting_retries_only_what_is_left(
 )
 def test_which_errors_are_retried_as_is(code: int, retried: bool) -> None:
     """Lock, disk and memory trouble is retried as is; anything else splits the batch."""
-    from bus.activity import _retry_as_is
+    from bus.log.activity import _retry_as_is
 
     exc = sqlite3.OperationalError("x")
     exc.sqlite_errorcode = code
@@ -870,7 +870,7 @@ def test_which_errors_are_retried_as_is(code: int, retried: bool) -> None:
 def test_which_refusals_replace_a_row(exc: Exception, replaced: bool) -> None:
     """A lone row of valid text is replaced only for an error a row can cause; one that is not
     valid text always is."""
-    from bus.activity import _refused_for_content
+    from bus.log.activity import _refused_for_content
 
     text = ("ts", "connect", "m1", None, "peer", None, None, None, None)
     assert _refused_for_content(text, exc) is replaced

@@ -1,4 +1,4 @@
-"""Tests for bus.audit: the read-side queries and their table and JSON output."""
+"""Tests for bus.log.audit: the read-side queries and their table and JSON output."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from bus import audit
-from bus.activity import SCHEMA, ActivityLog
+from bus.log import audit
+from bus.log.activity import SCHEMA, ActivityLog
 
 
 def make_log(path: Path, rows: list[dict[str, Any]]) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bus.calls import PendingCalls
-from bus.errors import InvalidParams
-from bus.protocol import ErrorResponse, Response
+from bus.core.calls import PendingCalls
+from bus.core.errors import InvalidParams
+from bus.core.protocol import ErrorResponse, Response
 
 
 async def test_answers_settle_their_own_futures():

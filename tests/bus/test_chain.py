@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from bus import audit, cli
-from bus.activity import SCHEMA, ActivityLog
-from bus.chain import ChainBroken
-from bus.chain_v1 import default_key_path, encode_row, fields_of, key_id
-from bus.checkpoints import Checkpointer, SigningKey
+from bus import cli
+from bus.log import audit
+from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.chain import ChainBroken
+from bus.log.chain_v1 import default_key_path, encode_row, fields_of, key_id
+from bus.log.checkpoints import Checkpointer, SigningKey
 
 TIMEOUT = 10.0
 

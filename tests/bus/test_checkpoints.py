@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bus import audit, cli
-from bus.activity import COLUMNS, SCHEMA, ActivityLog
-from bus.chain import GENESIS, INTEGER_COLUMNS, Chainer, canonical_row
-from bus.chain_v1 import encode_row as encode_v1, fields_of as fields_v1
-from bus.checkpoints import (
+from bus import cli
+from bus.log import audit
+from bus.log.activity import COLUMNS, SCHEMA, ActivityLog
+from bus.log.chain import GENESIS, INTEGER_COLUMNS, Chainer, canonical_row
+from bus.log.chain_v1 import encode_row as encode_v1, fields_of as fields_v1
+from bus.log.checkpoints import (
     Checkpoint,
     Checkpointer,
     KeyExposed,
@@ -29,7 +30,7 @@ from bus.checkpoints import (
     load_signing_key,
     read_notes,
 )
-from bus.logfile import _expected
+from bus.log.logfile import _expected
 
 from .test_chain import DROP_TRIGGERS, TRIGGERS, tamper
 
@@ -289,7 +290,7 @@ def test_a_key_beside_the_database_is_taken_with_a_warning(
     signer: tuple[Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Whoever can replace the database there may read the key too: the warning says so."""
-    with caplog.at_level(logging.WARNING, "bus.activity"):
+    with caplog.at_level(logging.WARNING, "bus.log.activity"):
         load_signing_key(signer[0], db=signer[0].parent / "bcpbus.db")
     assert "lies in the activity log's directory" in caplog.text
 

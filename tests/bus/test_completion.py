@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bus import cli as bus_cli
-from bus.completion import commands, script
+from bus.ops.completion import commands, script
 from peers.cli import add_commands, gateway_beside
 from peers.testing import scaled
 

@@ -1,4 +1,4 @@
-"""Tests for bus/config.py: the serve config file, its limits section and read_section."""
+"""Tests for bus/ops/config.py: the serve config file, its limits section and read_section."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ConfigDict
 
-from bus.config import (
+from bus.ops.config import (
     DEFAULT_MAX_FETCH_MESSAGES,
     DEFAULT_MAX_FRAME_BYTES,
     ConfigError,

@@ -1,4 +1,4 @@
-"""Tests for bus/credentials.py: the peers file, token verification and token hashing."""
+"""Tests for bus/ops/credentials.py: the peers file, token verification and token hashing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from bus.credentials import (
+from bus.ops.credentials import (
     Credentials,
     CredentialsError,
     PeerRecord,
@@ -91,7 +91,7 @@ def test_verify_does_the_same_work_for_unknown_ids(monkeypatch):
         calls.append((len(a), len(b)))
         return a == b
 
-    monkeypatch.setattr("bus.credentials.hmac.compare_digest", compare_digest)
+    monkeypatch.setattr("bus.ops.credentials.hmac.compare_digest", compare_digest)
     credentials = Credentials.empty()
     credentials.add("agent:main", [])
     credentials.verify("agent:main", "wrong")
@@ -201,7 +201,7 @@ def test_save_is_atomic(path, monkeypatch):
     def fail(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("bus.credentials.os.replace", fail)
+    monkeypatch.setattr("bus.ops.credentials.os.replace", fail)
     credentials.add("agent:other", [])
     with pytest.raises(OSError, match="disk full"):
         credentials.save(path)
@@ -217,7 +217,7 @@ def test_save_failure_after_temporary_file_vanished(path, monkeypatch):
         os.unlink(src)
         raise OSError("gone")
 
-    monkeypatch.setattr("bus.credentials.os.replace", fail)
+    monkeypatch.setattr("bus.ops.credentials.os.replace", fail)
     with pytest.raises(OSError, match="gone"):
         Credentials.empty().save(path)
     assert os.listdir(path.parent) == []
@@ -246,7 +246,7 @@ def test_load_warns_about_open_permissions(path, caplog):
     """Loading a peers file other users can read logs a warning saying how to fix it."""
     Credentials.empty().save(path)
     path.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="bus.credentials"):
+    with caplog.at_level(logging.WARNING, logger="bus.ops.credentials"):
         Credentials.load(path)
     assert "chmod 600" in caplog.text
 

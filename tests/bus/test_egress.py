@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from bus.egress import is_public, private_host
-from bus.errors import AuthenticationFailed
+from bus.core.errors import AuthenticationFailed
+from bus.transports.egress import is_public, private_host
 from peers.testing import Inbox, running_bus, scaled
 from schemas.bus import DeliveryStatus
 

@@ -1,5 +1,5 @@
 """Epochs and fetchMessages: every accepted message numbered, and read back by what a peer may
-receive now. Real buses on port 0 with real SQLite logs, and the pure decisions of bus.fetch."""
+receive now. Real buses on port 0 with real SQLite logs, and the pure decisions of bus.log.fetch."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-import bus.history
-from bus.activity import SCHEMA, ActivityLog
-from bus.config import Limits
-from bus.epochs import Epochs
-from bus.errors import AuditUnavailable, ContentNotKept, EpochNotKept, InvalidParams
-from bus.fetch import FetchFilter, Page, check_since
-from bus.history import StoredMessage
-from bus.identities import PeerIdentity
-from bus.policy import Grants, Policy
+import bus.log.history
+from bus.core.epochs import Epochs
+from bus.core.errors import AuditUnavailable, ContentNotKept, EpochNotKept, InvalidParams
+from bus.core.identities import PeerIdentity
+from bus.core.policy import Grants, Policy
+from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.fetch import FetchFilter, Page, check_since
+from bus.log.history import StoredMessage
+from bus.ops.config import Limits
 from bus.server import BUS_CLIENT_ID, PRESENCE_TOPIC
 from peers.testing import BusHarness, Inbox, running_bus, scaled
 
@@ -247,8 +247,8 @@ async def test_a_message_refused_for_the_log_is_never_fetched(tmp_path, monkeypa
 async def test_fetch_limit_is_capped_and_a_long_scan_stops_with_more(tmp_path, monkeypatch):
     """limit is cut to max_fetch_messages; a fetch that reads its row budget without filling the
     page answers more: true and a nextEpoch to go on from, and going on finds the rest."""
-    monkeypatch.setattr(bus.history, "SCAN_ROWS", 4)
-    monkeypatch.setattr(bus.history, "CHUNK_ROWS", 2)
+    monkeypatch.setattr(bus.log.history, "SCAN_ROWS", 4)
+    monkeypatch.setattr(bus.log.history, "CHUNK_ROWS", 2)
     limits = Limits(max_fetch_messages=2)
     async with running_bus(tmp_path, policy=WATCHER, limits=limits) as h:
         start = await _send(h, "tg:42", "agent:w1", 1)

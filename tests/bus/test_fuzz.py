@@ -46,8 +46,8 @@ from websockets.asyncio.client import connect as connect_async
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from bus import _json
-from bus.config import Limits
+from bus.core import _json
+from bus.ops.config import Limits
 from peers.testing import Inbox, running_bus, scaled
 
 CODES = frozenset({-32700, -32600, -32601, -32602, *range(-32010, -32000)})

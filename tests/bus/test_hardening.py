@@ -13,8 +13,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from bus.config import Limits
-from bus.errors import AuditUnavailable
+from bus.core.errors import AuditUnavailable
+from bus.ops.config import Limits
 from peers import Message
 from peers.testing import BusHarness, Inbox, running_bus, scaled
 

@@ -11,9 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
-from bus.audit import bits_per_channel
-from bus.config import HttpSettings, Limits
-from bus.errors import (
+from bus.core.errors import (
     AuditUnavailable,
     AuthenticationFailed,
     ContentNotKept,
@@ -26,7 +24,9 @@ from bus.errors import (
     ParseError,
     SubscriptionNotFound,
 )
-from bus.http import http_status
+from bus.log.audit import bits_per_channel
+from bus.ops.config import HttpSettings, Limits
+from bus.transports.http import http_status
 from peers import Peer
 from peers.testing import Inbox, running_bcp, running_bus, scaled
 from schemas.bcp import BcpResponseDelivery

@@ -17,7 +17,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from schemathesis import GenerationMode, checks
 
-from bus.config import HttpSettings
+from bus.ops.config import HttpSettings
 from peers.testing import running_bus
 
 EXAMPLES = int(os.environ.get("BCPBUS_FUZZ_EXAMPLES", "5"))

@@ -1,8 +1,8 @@
-"""Tests for bus/identities.py: roles and taint from agent definitions."""
+"""Tests for bus/core/identities.py: roles and taint from agent definitions."""
 
 from __future__ import annotations
 
-from bus.identities import SCREENER_ROLE, PeerIdentity, load_identities
+from bus.core.identities import SCREENER_ROLE, PeerIdentity, load_identities
 from tests.peers.gateway.test_screens import screened_agents
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bus import _json
+from bus.core import _json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,7 +117,7 @@ def test_backends_agree_on_generated_texts(text):
 def test_wire_suite_passes_without_orjson():
     """The protocol and hardening suites pass with orjson unimportable (the stdlib path)."""
     code = (
-        "import sys; sys.modules['orjson'] = None; import pytest; import bus._json as j; "
+        "import sys; sys.modules['orjson'] = None; import pytest; import bus.core._json as j; "
         "assert j.loads is j._std_loads; "
         "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
         "'tests/bus/test_protocol.py', 'tests/bus/test_hardening.py']))"

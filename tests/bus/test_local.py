@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from bus.errors import AuthenticationFailed, InvalidParams, ShuttingDown
-from bus.local import LOCAL_ADDRESS, local_pair
+from bus.core.errors import AuthenticationFailed, InvalidParams, ShuttingDown
+from bus.transports.local import LOCAL_ADDRESS, local_pair
 from peers import Peer
 from peers.testing import Inbox, running_bus, scaled
 

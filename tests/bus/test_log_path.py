@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bus import audit
-from bus.activity import ActivityLog
-from bus.errors import AuditUnavailable
+from bus.core.errors import AuditUnavailable
+from bus.log import audit
+from bus.log.activity import ActivityLog
 from peers.testing import Inbox, running_bus, scaled
 
 _Row = tuple[str | None, ...]
@@ -131,7 +131,7 @@ async def test_commits_of_many_callers_share_transactions(tmp_path: Path) -> Non
 
 _WRITER = """
 import asyncio, sys
-from bus.activity import ActivityLog
+from bus.log.activity import ActivityLog
 
 async def main():
     async with ActivityLog(sys.argv[1]) as log:

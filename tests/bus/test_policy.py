@@ -1,5 +1,5 @@
-"""Tests for bus/policy.py: the default policy's grants and refusals, pattern coverage, load-time
-errors and the taint rule."""
+"""Tests for bus/core/policy.py: the default policy's grants and refusals, pattern coverage,
+load-time errors and the taint rule."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 from hypothesis import given, strategies as st
 
-from bus.policy import (
+from bus.core.policy import (
     GATEWAY_ONLY_TYPES,
     Grants,
     Policy,

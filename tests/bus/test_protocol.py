@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bus.errors import AuthenticationFailed, InvalidParams, RemoteError
-from bus.protocol import ErrorResponse, Notification, Request, Response, Session
+from bus.core.errors import AuthenticationFailed, InvalidParams, RemoteError
+from bus.core.protocol import ErrorResponse, Notification, Request, Response, Session
 
 
 def sent(session: Session) -> list[Any]:

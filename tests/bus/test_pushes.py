@@ -1,4 +1,4 @@
-"""minRelevance and debounceMs: the pure decisions of bus.pushes, then on a real bus."""
+"""minRelevance and debounceMs: the pure decisions of bus.core.pushes, then on a real bus."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, strategies as st
 from jsonschema import Draft202012Validator
 
-from bus.errors import InvalidParams
-from bus.pushes import PLAIN, Debounce, PushOptions, push_window
+from bus.core.errors import InvalidParams
+from bus.core.pushes import PLAIN, Debounce, PushOptions, push_window
 from peers import Peer
 from peers.testing import Inbox, running_bus, scaled
 

@@ -16,10 +16,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bus.assemble import running
-from bus.credentials import Credentials
-from bus.errors import CLOSE_REVOKED, AuthenticationFailed
-from bus.policy import Policy
-from bus.reload import BusFiles, Reloader, stamp
+from bus.core.errors import CLOSE_REVOKED, AuthenticationFailed
+from bus.core.policy import Policy
+from bus.ops.credentials import Credentials
+from bus.ops.reload import BusFiles, Reloader, stamp
 from bus.server import Bus
 from peers import Peer
 from peers.testing import Inbox, scaled

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bus.policy import Policy
-from bus.pushes import PLAIN, PushOptions
-from bus.router import Router
+from bus.core.policy import Policy
+from bus.core.pushes import PLAIN, PushOptions
+from bus.core.router import Router
 
 POLICY = Policy.default()
 

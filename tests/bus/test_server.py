@@ -13,15 +13,15 @@ from jsonschema import Draft202012Validator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from bus.config import Limits
-from bus.errors import (
+from bus.core.errors import (
     AuthenticationFailed,
     InvalidParams,
     LimitExceeded,
     MethodNotFound,
     SubscriptionNotFound,
 )
-from bus.identities import PeerIdentity
+from bus.core.identities import PeerIdentity
+from bus.ops.config import Limits
 from bus.server import BUS_CLIENT_ID, PRESENCE_TOPIC
 from peers import Message, Peer, Reply
 from peers.testing import Inbox, running_bus, scaled
@@ -463,7 +463,7 @@ async def test_internal_error_leaks_nothing(tmp_path, monkeypatch):
 
 async def test_audit_failure_fails_bcp_traffic_closed(tmp_path, monkeypatch):
     """When the log cannot commit, BCP messages are not delivered and the sender gets -32006."""
-    from bus.errors import AuditUnavailable
+    from bus.core.errors import AuditUnavailable
 
     async with running_bus(tmp_path, identities=IDENTITIES) as h:
         inbox = Inbox()

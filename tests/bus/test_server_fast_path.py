@@ -8,8 +8,8 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 from pydantic import AwareDatetime, TypeAdapter, ValidationError
 
-from bus.errors import InvalidParams
-from bus.params import _fast_send_message, _valid_timestamp, read_send_message
+from bus.core.errors import InvalidParams
+from bus.core.params import _fast_send_message, _valid_timestamp, read_send_message
 from schemas.bus import SendMessageParams
 
 AWARE: TypeAdapter[AwareDatetime] = TypeAdapter(AwareDatetime)

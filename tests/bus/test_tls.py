@@ -15,10 +15,10 @@ import pytest
 import trustme
 
 from bus.assemble import running
-from bus.config import HttpSettings
-from bus.credentials import Credentials
-from bus.startup import StartupError
-from bus.tls import client_context, server_context
+from bus.ops.config import HttpSettings
+from bus.ops.credentials import Credentials
+from bus.ops.startup import StartupError
+from bus.ops.tls import client_context, server_context
 from peers import Peer
 from peers.errors import ConnectFailed
 from peers.testing import scaled
@@ -149,7 +149,7 @@ async def test_the_http_port_serves_https_with_the_bus_certificate(tmp_path, pki
 async def test_an_http_binding_without_tls_beside_wss_refuses_to_start(tmp_path, pki):
     """An HTTP binding given no TLS context on a bus that serves wss:// is a one-line refusal,
     before anything listens."""
-    from bus.http import HttpBinding
+    from bus.transports.http import HttpBinding
 
     tls = server_context(pki["cert"], pki["key"])
     async with running(tmp_path / "a.db", credentials=Credentials.empty(), ssl=tls) as bus:

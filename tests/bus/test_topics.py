@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from bus.errors import InvalidParams
-from bus.topics import SubscriptionIndex, matches, validate_pattern, validate_topic
+from bus.core.errors import InvalidParams
+from bus.core.topics import SubscriptionIndex, matches, validate_pattern, validate_topic
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bus.watch import Anonymous, SlowConsumers
+from bus.core.watch import Anonymous, SlowConsumers
 
 
 def test_anonymous_total_limit_refuses_one_more_from_anywhere():

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bus.identities import PeerIdentity
+from bus.core.identities import PeerIdentity
 from peers.testing import Inbox, running_bus, scaled
 from schemas.bus import DeliveryStatus
 

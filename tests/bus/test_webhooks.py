@@ -1,4 +1,4 @@
-"""The pure parts of bus/webhooks.py and schemas/http.py: delays, answers, signatures."""
+"""The pure parts of bus/transports/webhooks.py and schemas/http.py: delays, answers, signatures."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from bus.errors import InvalidParams
-from bus.webhooks import _answer, retry_delays
+from bus.core.errors import InvalidParams
+from bus.transports.webhooks import _answer, retry_delays
 from schemas.http import check_traceparent, signature
 
 

@@ -11,8 +11,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from bus.config import Limits
-from bus.refusals import MAX_LISTED, Refusals
+from bus.ops.config import Limits
+from bus.ops.refusals import MAX_LISTED, Refusals
 from peers.testing import running_bus, scaled
 
 INTERVAL = 0.25

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bus.http import listen
+from bus.transports.http import listen
 
 
 @dataclass

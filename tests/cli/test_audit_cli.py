@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from bus.activity import ActivityLog
+from bus.log.activity import ActivityLog
 from peers.testing import scaled
 
 from .test_cli import BCPBUS, run, serving

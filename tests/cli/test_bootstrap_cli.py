@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from bus.identities import load_identities
+from bus.core.identities import load_identities
 from peers.testing import BusHarness, running_bus, scaled
 
 ROOT = Path(__file__).resolve().parents[2]

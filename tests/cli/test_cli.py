@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bus.activity import SCHEMA
-from bus.errors import AuthenticationFailed
+from bus.core.errors import AuthenticationFailed
+from bus.log.activity import SCHEMA
 from peers import Peer
 from peers.testing import Inbox, scaled
 
@@ -310,7 +310,7 @@ def test_serve_runs_on_the_loop_asked_for(monkeypatch):
     """--loop asyncio is asyncio even with uvloop installed; --loop uvloop without uvloop is a
     clear error, not a silent fallback; auto falls back to asyncio."""
     from bus.cli import _run
-    from bus.startup import StartupError
+    from bus.ops.startup import StartupError
 
     assert _run(_loop_module(), "asyncio").startswith("asyncio")  # type: ignore[arg-type]
     monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from bus.credentials import Credentials
-from bus.errors import CLOSE_REVOKED
+from bus.core.errors import CLOSE_REVOKED
+from bus.ops.credentials import Credentials
 from peers import Peer
 from peers.client import Reply
 from peers.testing import BusHarness, running_bus, scaled

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bus.errors import InvalidParams
+from bus.core.errors import InvalidParams
 from peers import Message, Peer, PeerClosed, Reply
 from peers.approver import (
     APPROVAL_TOPIC,

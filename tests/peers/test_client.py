@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 from websockets.exceptions import ConnectionClosedError, InvalidStatus, InvalidURI
 
-from bus.config import Limits
-from bus.errors import CLOSE_REPLACED
-from bus.identities import PeerIdentity
+from bus.core.errors import CLOSE_REPLACED
+from bus.core.identities import PeerIdentity
+from bus.ops.config import Limits
 from peers import (
     ConnectFailed,
     Controller,

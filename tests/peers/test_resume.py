@@ -7,7 +7,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
-from bus.pushes import PushOptions
+from bus.core.pushes import PushOptions
 from peers import Message, Peer
 from peers.client import _missed
 from peers.testing import BusHarness, Inbox, running_bus, scaled

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from bus.config import LogContent
+from bus.ops.config import LogContent
 from schemas.agents import Channel
 from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
 from schemas.common import agent_id

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from bus.config import HttpSettings
+from bus.ops.config import HttpSettings
 from peers.bcp import Controller, Reader
 from peers.console import PATH, Console, run_console
 from peers.testing import BcpHarness, running_bcp

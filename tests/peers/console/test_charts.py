@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bus.activity import ActivityLog
+from bus.log.activity import ActivityLog
 from peers.console.charts import History, Step, bits_history, draw
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bus.activity import ActivityLog
+from bus.log.activity import ActivityLog
 from peers.console.feed import ApprovalFeed
 from peers.testing import scaled
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bus.credentials import Credentials
+from bus.ops.credentials import Credentials
 from peers.console.sessions import Sessions, SessionSettings, same_secret
 
 

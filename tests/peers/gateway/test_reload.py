@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bus.reload import BusFiles, Reloader
+from bus.ops.reload import BusFiles, Reloader
 from peers.gateway.reload import BudgetResets, GatewayChannels, last_row_id
 from peers.testing import running_bcp, scaled
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from bus.identities import default_agents_dir
+from bus.core.identities import default_agents_dir
 from peers.gateway.risk import (
     DEFAULT_MAX_UNSEALED_WORDS,
     OBSERVED_RESOLUTION_S,

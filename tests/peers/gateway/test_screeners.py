@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from bus.errors import InvalidParams
-from bus.policy import Policy
+from bus.core.errors import InvalidParams
+from bus.core.policy import Policy
 from peers import Message, QueryFailed, Reply
 from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp, running_bus, scaled

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bus.config import ConfigError
+from bus.ops.config import ConfigError
 from peers.gateway.settings import GatewaySettings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bus.credentials import Credentials
+from bus.ops.credentials import Credentials
 from peers.system.tokens import DirectoryTokens, EphemeralTokens, NoToken
 
 

@@ -1,0 +1,589 @@
+"""The activity log's hash chain: each row hashed with the one before it, so a rewrite shows.
+
+Every row carries ``chain``, the hex SHA-256 of the previous row's ``chain`` (32 bytes) followed
+by the row's own canonical content. A ``chain_start`` row begins a segment: it is hashed with 32
+zero bytes instead, and its payload binds everything before it (see :class:`Verifier`).
+
+Why a plain hash and no key (version :data:`VERSION`). Version 1 (:mod:`bus.log.chain_v1`) chained
+with an HMAC under a key kept beside the database: whoever could verify the log could also
+re-chain a forged one (the key is symmetric), and the key usually lay where the database's owner
+could read it. Now the chain is something anyone can recompute from the rows, and authenticity
+comes from elsewhere: the bus signs the head with an Ed25519 key as it goes, in a checkpoint
+(:mod:`bus.log.checkpoints`, the C2SP signed-note format transparency logs use), and keeps the
+checkpoints outside the database. An auditor checks rows, chain and signatures with the public
+key alone, and cannot forge what they check; a forger who re-chains the rows with everything an
+auditor has (the database, the public key, even a version-1 key) produces heads no checkpoint
+signed. What the chain alone still gives: a row changed, added, removed or reordered without
+re-chaining the rest is named by :class:`Verifier`; what it cannot give is the tail after the
+last checkpoint (rows written since are chained but not yet signed) and a log re-chained as a
+whole, which only the checkpoints catch. An HMAC alongside would close the first for a forger
+without the key, at a second hash per row on the writer's path; the checkpoints every
+``head_every_rows`` rows and seconds, and at every clean shutdown, bound that window instead.
+
+The canonical content (version :data:`VERSION`) of a row is, for each column but ``chain`` whose
+value is not NULL, in the order of the column names: the name, a NUL, the value's storage class
+as one letter (``i`` integer, ``r`` real, ``t`` text), the length of the value's text in Unicode
+code points in decimal, a NUL, and the value's text (an integer in decimal, a real as Python's
+``repr``: the shortest text that reads back the same double); all of it UTF-8. The class letter
+is what version 1 lacked: an integer ``epoch`` rewritten as the text ``'5'`` (a table rebuilt
+with another column type) hashed alike. The lengths make it unambiguous whatever the values
+hold; leaving NULLs out is what lets a column be added later: the rows written before it read
+NULL there, and hash as they did. The writer knows every value as text (SQLite turns the decimal
+text of :data:`INTEGER_COLUMNS` into integers), so it encodes a row in one pass over strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .chain_v1 import LegacyVerifier
+
+__all__ = [
+    "CHAIN_START",
+    "GENESIS",
+    "INTEGER_COLUMNS",
+    "VERSION",
+    "ChainBroken",
+    "Chainer",
+    "HeadSink",
+    "Heads",
+    "Problem",
+    "Verifier",
+    "canonical_row",
+    "parse_head",
+    "payload_of",
+]
+
+logger = logging.getLogger("bus.log.activity")
+
+VERSION = 2
+"""The canonical encoding and chaining rule a ``chain_start`` row declares (``"chain": 2``)."""
+
+GENESIS = bytes(32)
+"""What a ``chain_start`` row is hashed with in place of a previous row's hash."""
+
+CHAIN_START = "chain_start"
+
+INTEGER_COLUMNS = frozenset({"id", "epoch"})
+"""The columns ``bus.log.activity.SCHEMA`` declares ``INTEGER`` (tests/bus/test_chain.py checks)."""
+
+
+class ChainBroken(ValueError):
+    """The log's chain or triggers show a change: the one-line message names the first bad row.
+
+    Attributes:
+        row: the id of the first row found bad, or None when only a trigger is missing.
+        why: what is wrong with it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], row: int | None, why: str) -> None:
+        self.path = str(path)
+        self.row = row
+        self.why = why
+        super().__init__(self.path, row, why)
+
+    def __str__(self) -> str:
+        where = f"row {self.row}: " if self.row is not None else ""
+        return (
+            f"activity log {self.path}: {where}{self.why}; check it with `bcpbus audit verify "
+            f"--db {self.path}`, or start with --accept-broken-log to record the break and start "
+            "a new chain segment"
+        )
+
+
+# Rows
+
+
+Fields = list[tuple[str, int, str]]
+"""The chained columns of a row layout: each name with its index and the class letter the writer
+gives its text, in name order."""
+
+
+def fields_of(names: Sequence[str]) -> Fields:
+    """The :data:`Fields` of rows whose columns are ``names`` (``chain`` is left out)."""
+    return sorted(
+        (name, i, "i" if name in INTEGER_COLUMNS else "t")
+        for i, name in enumerate(names)
+        if name != "chain"
+    )
+
+
+def _typed(name: str, value: Any) -> str:
+    """One column of the canonical content, for a value that is not text."""
+    if value.__class__ is int:
+        text = str(value)
+        return f"{name}\0i{len(text)}\0{text}"
+    if value.__class__ is float:
+        text = repr(value)
+        return f"{name}\0r{len(text)}\0{text}"
+    raise TypeError(f"a chained column holds {type(value).__name__}, not text or a number")
+
+
+def encode_row(fields: Fields, values: Sequence[Any]) -> bytes:
+    """The canonical content of a row the writer is about to insert: its text values take the
+    class their column stores them as (integer for :data:`INTEGER_COLUMNS`, text otherwise).
+
+    Raises:
+        TypeError: a value is neither text nor a number (a BLOB).
+        UnicodeEncodeError: a value is not valid Unicode (SQLite would refuse it too).
+    """
+    try:
+        # The writer's case, every value text: one pass, no conversions.
+        text = "".join(
+            [
+                f"{name}\0{tag}{len(v)}\0{v}"
+                for name, i, tag in fields
+                if (v := values[i]) is not None
+            ]
+        )
+    except TypeError:  # a number: len() of it fails
+        text = "".join(
+            [
+                f"{name}\0{tag}{len(v)}\0{v}" if v.__class__ is str else _typed(name, v)
+                for name, i, tag in fields
+                if (v := values[i]) is not None
+            ]
+        )
+    return text.encode()
+
+
+def encode_stored(fields: Fields, values: Sequence[Any]) -> bytes:
+    """The canonical content of a row as SQLite returned it: each value's class is its own.
+
+    Raises:
+        TypeError: a value is neither text nor a number (a BLOB).
+        UnicodeEncodeError: a value is not valid Unicode.
+    """
+    return "".join(
+        [
+            f"{name}\0t{len(v)}\0{v}" if v.__class__ is str else _typed(name, v)
+            for name, i, _ in fields
+            if (v := values[i]) is not None
+        ]
+    ).encode()
+
+
+def canonical_row(row: Mapping[str, Any]) -> bytes:
+    """The canonical content of ``row``, a mapping of column to value as stored (``chain`` left
+    out)."""
+    names = list(row)
+    return encode_stored(fields_of(names), [row[name] for name in names])
+
+
+def unhex(chain: Any) -> bytes:
+    """A stored ``chain`` as 32 bytes; anything that is not 64 hex digits counts as zeros."""
+    if isinstance(chain, str) and len(chain) == 64:
+        try:
+            return bytes.fromhex(chain)
+        except ValueError:
+            pass
+    return GENESIS
+
+
+def _sha256(prev: bytes, content: bytes) -> bytes:
+    return hashlib.sha256(prev + content).digest()
+
+
+class Chainer:
+    """Chains rows for the writer: ``ids`` and ``chain`` for a batch after the log's last row.
+
+    Args:
+        columns: the columns the writer fills, in the order of its rows (``id`` and ``chain``
+            excluded).
+    """
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self._fields = fields_of(["id", *columns])
+
+    def link(
+        self, rows: Iterable[Sequence[Any]], last_id: int, last_chain: Any
+    ) -> tuple[list[Any], int, str]:
+        """Return the INSERT parameters ``(id, *row, chain)`` of ``rows``, and the new head.
+
+        Raises:
+            UnicodeEncodeError, TypeError: as :func:`encode_row`.
+        """
+        prev = unhex(last_chain)
+        fields, sha256 = self._fields, hashlib.sha256
+        params: list[Any] = []
+        row_id, hexed = last_id, str(last_chain)
+        for row in rows:
+            row_id += 1
+            prev = sha256(prev + encode_row(fields, (str(row_id), *row))).digest()
+            hexed = prev.hex()
+            params.append(row_id)
+            params.extend(row)
+            params.append(hexed)
+        return params, row_id, hexed
+
+    def start(self, row: Sequence[Any], row_id: int) -> tuple[list[Any], str]:
+        """Return the INSERT parameters of a ``chain_start`` row and its hash."""
+        hexed = _sha256(GENESIS, encode_row(self._fields, (str(row_id), *row))).hex()
+        return [row_id, *row, hexed], hexed
+
+
+# Verification
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A row that does not verify, and why."""
+
+    row: int | None
+    why: str
+
+
+class SegmentChecks:
+    """What a verifier of either chain version finds wrong between rows and segments.
+
+    Both :class:`Verifier` and :class:`~bus.log.chain_v1.LegacyVerifier` keep these attributes and
+    report through :meth:`_bad`, so a broken link reads the same whatever version chained it.
+    """
+
+    rows: int
+    start: int
+    problems: list[Problem]
+    _prev_id: Any
+    _run: bytes
+    _chained: bool
+
+    def _start_links(self) -> None:
+        """Start with no row seen: the run at the genesis, nothing chained yet."""
+        self._run = GENESIS
+        # The last row: its id, its stored chain, and that chain as bytes (what the next row's
+        # hash is keyed to).
+        self._prev_id = None
+        self._prev_stored: str | None = None
+        self._prev_digest = GENESIS
+        self._chained = False
+        self._partial = False
+
+    @property
+    def head(self) -> tuple[int, str] | None:
+        """The last row's id and ``chain``."""
+        if isinstance(self._prev_id, int) and self._prev_stored is not None:
+            return self._prev_id, self._prev_stored
+        return None
+
+    def resume(self, prev: tuple[int, str | None] | None) -> None:
+        """Check a tail: the next row follows ``prev`` (id and stored ``chain``), or starts a
+        segment whose ``previous`` is not checked (``None``)."""
+        if prev is not None:
+            self._prev_id, self._prev_stored = prev
+            self._prev_digest = unhex(prev[1])
+        self._chained = True
+        self._partial = True
+        self._run = self._prev_digest
+
+    @property
+    def run(self) -> bytes:
+        """The chain over every row so far, as the writer would have stored it."""
+        return self._run
+
+    def _check_previous(self, row_id: int, previous: Any) -> None:
+        before = self.rows - 1
+        last_id = self._prev_id
+        if not isinstance(previous, dict):
+            previous = {}
+        rows, chain = previous.get("rows", 0), previous.get("chain")
+        if rows != before or previous.get("last_id") != last_id:
+            self._bad(
+                row_id,
+                f"it starts a segment after {rows} rows (the last {previous.get('last_id')}), but "
+                f"{before} rows (the last {last_id}) come before it: rows before it were added or "
+                "removed since",
+            )
+        elif before and chain != self._run.hex():
+            self._bad(row_id, "rows before it were changed or reordered since its segment started")
+
+    def _link_problem(self, row_id: Any, stored: str | None, prev_id: Any) -> None:
+        if stored is None:
+            self._bad(row_id, "it has no hash: it was inserted by something other than the log")
+        elif not self._chained:
+            self._bad(
+                row_id, "no chain_start row comes before it: the start of the log was removed"
+            )
+        elif isinstance(prev_id, int) and isinstance(row_id, int) and row_id > prev_id + 1:
+            gap = prev_id + 1 if row_id == prev_id + 2 else f"{prev_id + 1}-{row_id - 1}"
+            self._bad(row_id, f"row {gap} before it is missing: removed")
+        elif isinstance(prev_id, int) and row_id != prev_id + 1:
+            self._bad(row_id, f"it follows row {prev_id}: the ids were changed")
+        else:
+            self._bad(
+                row_id,
+                "it does not match its hash: it was changed, forged, or the rows before it were "
+                "replaced",
+            )
+
+    def _bad(self, row_id: Any, why: str) -> None:
+        if isinstance(row_id, int) and row_id < self.start:
+            return
+        self.problems.append(Problem(row_id if isinstance(row_id, int) else None, why))
+
+
+@dataclass
+class Verifier(SegmentChecks):
+    """Check rows, oldest first, against the chain; collect what does not match.
+
+    Feed every row (id order) to :meth:`check` as a mapping of column to value; then
+    :attr:`problems` holds what is wrong, first first. Rows before the first version-2
+    ``chain_start`` were written before the log was chained, or chained by version 1: the
+    ``chain_start`` that follows them binds them (its payload's ``previous``), so they are
+    checked too, as a whole; with ``legacy_key`` (the version-1 key) each version-1 row is
+    checked as well (:class:`~bus.log.chain_v1.LegacyVerifier`).
+
+    ``previous`` in a ``chain_start`` payload is ``{"rows", "last_id", "chain"}``: how many rows
+    came before it, the last one's id, and the hex :attr:`run` over them (the chain as it would
+    be had every row been chained, each segment from its ``chain_start``), as they were when the
+    segment started.
+
+    Args:
+        legacy_key: the version-1 key, to check the rows a version-1 log chained; None to
+            count them in :attr:`legacy_unchecked` instead.
+        start: report nothing wrong before this row id (a segment's ``chain_start``), but still
+            check that its ``previous`` matches the rows before it.
+    """
+
+    legacy_key: bytes | None = None
+    start: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    rows: int = 0
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    """The ``chain_start`` rows seen: id, ts, and their payload."""
+    legacy_rows: int = 0
+    """Rows chained by version 1 (before the first version-2 ``chain_start``)."""
+    legacy_unchecked: int = 0
+    """Of those, the rows not checked one by one (no ``legacy_key``)."""
+
+    def __post_init__(self) -> None:
+        self._legacy: LegacyVerifier | None = None
+        if self.legacy_key is not None:
+            from .chain_v1 import LegacyVerifier
+
+            self._legacy = LegacyVerifier(self.legacy_key, self.start)
+        self._in_legacy = False
+        self._start_links()
+
+    @property
+    def chained(self) -> bool:
+        """Whether a version-2 ``chain_start`` was seen (or the check resumed after one)."""
+        return self._chained
+
+    def columns(self, names: Sequence[str]) -> None:
+        """Say which columns the rows given to :meth:`check` have, in their order."""
+        self._fields = fields_of(names)
+        self._names = list(names)
+        self._id = self._names.index("id")
+        self._chain = self._names.index("chain") if "chain" in self._names else None
+        self._event = self._names.index("event")
+        self._ts = self._names.index("ts")
+        self._payload = self._names.index("payload_json")
+        if self._legacy is not None:
+            self._legacy.columns(names)
+
+    def check(self, values: Sequence[Any]) -> None:
+        """Check one row, its ``values`` in the order :meth:`columns` gave."""
+        row_id = values[self._id]
+        stored = values[self._chain] if self._chain is not None else None
+        content = self._content(row_id, values)
+        self.rows += 1
+        digest: bytes | None = None
+        if not self._chained and self._before_chain(values, stored):
+            self._run = _sha256(self._run, content)
+        elif stored is not None and values[self._event] == CHAIN_START:
+            digest = self._segment(dict(zip(self._names, values, strict=True)), content, stored)
+        else:
+            digest = _sha256(self._prev_digest, content)
+            prev_id = self._prev_id
+            if (
+                stored != digest.hex()
+                or not self._chained
+                or prev_id is None
+                or row_id != prev_id + 1
+            ):
+                self._link_problem(row_id, stored, prev_id)
+            # The run goes on over the rows as they are (what a new segment's "previous" binds).
+            same = self._run == self._prev_digest
+            self._run = digest if same else _sha256(self._run, content)
+        self._prev_id, self._prev_stored = row_id, stored
+        self._prev_digest = digest if digest and stored == digest.hex() else unhex(stored)
+
+    def _before_chain(self, values: Sequence[Any], stored: Any) -> bool:
+        """Whether a row met before any version-2 ``chain_start`` is one of the rows it binds:
+        unchained, or chained by version 1 (checked by the legacy verifier when there is one)."""
+        if stored is not None and values[self._event] == CHAIN_START:
+            payload = payload_of(values[self._payload])
+            if payload.get("chain") != 1:
+                return False  # a segment of this version (or an unknown one) starts
+            self._in_legacy = True
+            self.segments.append({"id": values[self._id], "ts": values[self._ts], **payload})
+        elif stored is not None and not self._in_legacy:
+            return False  # chained, but nothing started the chain
+        if stored is not None:
+            self.legacy_rows += 1
+            self.legacy_unchecked += self._legacy is None
+        if self._legacy is not None:
+            known = len(self._legacy.problems)
+            self._legacy.check(values)
+            self.problems.extend(self._legacy.problems[known:])
+        return True
+
+    def _content(self, row_id: Any, values: Sequence[Any]) -> bytes:
+        try:
+            # A BLOB cannot be encoded: no row the writer hashed holds one.
+            return encode_stored(self._fields, values)
+        except (TypeError, UnicodeEncodeError) as exc:
+            self._bad(row_id, f"it holds what the writer never stores ({exc})")
+            return repr(list(values)).encode("utf-8", "replace")
+
+    def _segment(self, row: dict[str, Any], content: bytes, stored: str) -> bytes:
+        row_id = row["id"]
+        payload = payload_of(row.get("payload_json"))
+        self.segments.append({"id": row_id, "ts": row.get("ts"), **payload})
+        expected = _sha256(GENESIS, content)
+        if payload.get("chain") != VERSION:
+            why = (
+                f"it starts a chain of version {payload.get('chain')!r} after rows of version "
+                f"{VERSION}: it was forged, or written by another program"
+            )
+            self._bad(row_id, why)
+        elif stored != expected.hex():
+            self._bad(row_id, "it does not match its hash: it was changed or forged")
+        elif not self._partial:
+            self._check_previous(row_id, payload.get("previous"))
+        self._chained = True
+        self._run = expected
+        return expected
+
+
+def payload_of(text: Any) -> dict[str, Any]:
+    """A ``payload_json`` value as a dict; ``{}`` for anything that is not a JSON object."""
+    try:
+        payload = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        payload = None
+    return payload if isinstance(payload, dict) else {}
+
+
+class HeadSink(Protocol):
+    """Somewhere else the head goes as it moves: :class:`bus.log.checkpoints.Checkpointer` signs
+    it."""
+
+    def write(self, head: tuple[int, str]) -> None:
+        """Record ``head``; raise :exc:`OSError` if it could not be (the next one is tried)."""
+
+    def close(self) -> None:
+        """Release what :meth:`write` opened."""
+
+
+class Heads:
+    """Where the log's head goes (``ID:HASH`` lines appended to a file, or stdout, and signed
+    checkpoints through ``sink``) and when.
+
+    :meth:`ship` and :meth:`close` run on the database thread, :meth:`start` and :meth:`stop`
+    on the event loop.
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str] | None,
+        every_rows: int,
+        every_seconds: float | None,
+        sink: HeadSink | None = None,
+    ) -> None:
+        self.sink = sink
+        """Where checkpoints go, if anywhere."""
+        self.target = None if target is None else os.fspath(target)
+        self.every_rows = max(1, every_rows)
+        self.every_seconds = every_seconds
+        self.rows = 0
+        """Rows committed since the last head was written (database thread)."""
+        self._last: tuple[int, str] | None = None
+        self.ready = self.target != "-"
+        """Whether heads may be written: stdout waits for :meth:`ActivityLog.release_heads`,
+        so that ``bcpbus serve`` prints its ``listening on`` line first."""
+        self._file: Any = None
+        self._timer: asyncio.Task[None] | None = None
+
+    def start(self, tick: Any) -> None:
+        """Call ``tick`` every ``every_seconds`` until :meth:`stop`."""
+        if (self.target is None and self.sink is None) or self.every_seconds is None:
+            return
+        every = self.every_seconds
+
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(every)
+                tick()
+
+        self._timer = asyncio.create_task(run(), name="activity-log head")
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def ship(self, head: tuple[int, str] | None) -> None:
+        """Sign ``head`` and write it unless it was the last one written.
+
+        Raises:
+            OSError: a file cannot be written; the next head will be tried.
+        """
+        self.rows = 0
+        if head is None:
+            return
+        failed: OSError | None = None
+        if self.sink is not None:
+            try:
+                self.sink.write(head)
+            except OSError as exc:  # the line below may still go out
+                failed = exc
+        if self.target is not None and head != self._last and self.ready:
+            self._line(head)
+        if failed is not None:
+            raise failed
+
+    def _line(self, head: tuple[int, str]) -> None:
+        line = f"{head[0]}:{head[1]}\n"
+        if self.target == "-":
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        else:
+            if self._file is None:
+                assert self.target is not None
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                self._file = os.fdopen(os.open(self.target, flags, 0o600), "a", encoding="ascii")
+            self._file.write(line)
+            self._file.flush()
+        self._last = head
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+
+def parse_head(text: str) -> tuple[int, str]:
+    """Read a head written as ``ID:HASH`` (``bcpbus audit head``, the head file).
+
+    Raises:
+        ValueError: ``text`` is not of that form.
+    """
+    row, sep, chain = text.strip().partition(":")
+    chain = chain.lower()
+    if not sep or not row.isdigit() or len(chain) != 64 or unhex(chain) == GENESIS:
+        raise ValueError(f"{text!r} is not a head: give ID:HASH as `bcpbus audit head` prints it")
+    return int(row), chain

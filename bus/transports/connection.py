@@ -1,0 +1,368 @@
+"""One peer's WebSocket connection: the read loop, concurrent request handling, outgoing calls.
+
+:class:`Connection` wraps a :class:`bus.core.protocol.Session` around a websockets connection. Each
+incoming request runs in its own task, so a peer may call ``sendMessage`` while it is still
+answering a ``processMessage`` the bus sent it, and neither waits for the other. What a request
+means is the bus's business: the connection hands it to a :class:`Handler`.
+
+What one peer can make the bus hold is bounded here, whatever the peer does:
+
+- requests: at most ``max_inflight_requests`` are handled at once; past that the read loop stops
+  reading, so the socket's buffers fill and TCP slows the sender down (backpressure) instead of
+  the bus queueing tasks without end;
+- bytes: every request frame is charged to a :class:`ByteBudget` shared by the whole bus until
+  its last request is answered; a frame that does not fit is answered -32005 at once;
+- frames: a binary frame closes the connection with 1003 (the wire is JSON text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+from websockets.exceptions import ConnectionClosed
+
+from ..core.calls import PeerGone, PendingCalls
+from ..core.errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
+from ..core.protocol import ErrorResponse, Notification, Request, Response, Session
+
+if TYPE_CHECKING:
+    from .local import Socket
+
+__all__ = ["ByteBudget", "Connection", "Handler", "Link", "PeerGone"]
+
+logger = logging.getLogger("bus.transports.connection")
+
+
+class Link(Protocol):
+    """What the bus needs of a peer it delivers to: a :class:`Connection` (WebSocket or
+    in-process), or a peer it reaches another way, such as a webhook
+    (:mod:`bus.transports.webhooks`)."""
+
+    inflight: asyncio.Semaphore | None
+    """Bounds the ``processMessage`` calls awaiting this peer at once; None for no bound."""
+
+    @property
+    def name(self) -> str: ...
+
+    def write_buffer_size(self) -> int: ...
+
+    async def call(self, method: str, params: Any) -> Any: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+    def __hash__(self) -> int: ...
+
+
+Handler = Callable[["Connection", Request], Awaitable[Any]]
+"""What the bus does with one request from one connection: returns the result or raises."""
+
+FORCED_CLOSE_WAIT = 1.0
+"""Seconds :meth:`Connection.force_close` lets the close frame go out before it drops the TCP
+connection; a peer that reads nothing would otherwise hold the close for ``close_timeout``."""
+
+
+class ByteBudget:
+    """Bytes of request frames being handled, for the whole bus, against a limit.
+
+    Args:
+        limit: the most bytes at once; None for no limit.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        """Charge ``size`` bytes; return False (charging nothing) if they do not fit."""
+        if self.limit is not None and self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        """Return ``size`` bytes charged by :meth:`take`."""
+        self.used -= size
+
+
+class _FrameCharge:
+    """The bytes one frame holds in the budget until its last request is answered."""
+
+    __slots__ = ("budget", "requests", "size")
+
+    def __init__(self, budget: ByteBudget, size: int, requests: int) -> None:
+        self.budget, self.size, self.requests = budget, size, requests
+
+    def done(self) -> None:
+        self.requests -= 1
+        if self.requests == 0:
+            self.budget.give(self.size)
+
+
+class Connection:
+    """The bus side of one peer connection.
+
+    Args:
+        ws: the accepted websockets connection, or the bus's end of a :mod:`bus.transports.local`
+        link. handler: called for every request; its return value is the result, a raised
+            :class:`BusError` the error answer.
+        max_inflight: most ``processMessage`` calls awaiting this peer at once; None for no limit.
+        max_requests: most requests from this peer handled at once; past it the read loop
+            waits. None for no limit.
+        budget: the bus-wide bytes in flight; None for no limit.
+        on_protocol_error: told of every error the session answered on its own (parse errors,
+            invalid requests, frames over the byte budget), so that the bus can log them.
+        on_frame_refused: told why, before the connection closes itself over a frame it does
+            not take (``binary``).
+    """
+
+    def __init__(
+        self,
+        ws: Socket,
+        handler: Handler,
+        *,
+        max_inflight: int | None = None,
+        max_requests: int | None = None,
+        budget: ByteBudget | None = None,
+        on_protocol_error: Callable[[Connection, BusError], None] | None = None,
+        on_frame_refused: Callable[[Connection, str], None] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.session = Session()
+        self._handler = handler
+        self._on_protocol_error = on_protocol_error
+        self._on_frame_refused = on_frame_refused
+        self.client_id: str | None = None
+        """The clientId this connection authenticated as (:meth:`authenticated`); None before.
+        What it may do and what it subscribes to are the bus's business (:mod:`bus.core.router`)."""
+        self.initialized = asyncio.Event()
+        self.inflight = asyncio.Semaphore(max_inflight) if max_inflight else None
+        self._close_after: tuple[int, str] | None = None
+        self._pending = PendingCalls()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._gone = False
+        self._closed = asyncio.Event()
+        self._max_requests = max_requests
+        self._budget = budget
+        self._requests = 0
+        self._request_done = asyncio.Event()
+        self._request_tasks: set[asyncio.Task[None]] = set()
+        self._abandon_with: BusError | None = None
+
+    @property
+    def name(self) -> str:
+        """The clientId once known, else the remote address, for logs."""
+        return self.client_id or f"{self.ws.remote_address}"
+
+    # Reading
+
+    async def run(self) -> None:
+        """Read frames until the peer goes; then fail the calls still waiting for an answer."""
+        try:
+            async for text in self.ws:
+                if isinstance(text, bytes):
+                    # The wire is UTF-8 JSON in text frames; decoding binary frames as well
+                    # would accept encodings (UTF-16) that no other peer could read back.
+                    if self._on_frame_refused is not None:
+                        self._on_frame_refused(self, "binary")
+                    await self.ws.close(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
+                    return
+                self.session.receive_text(text)
+                self._dispatch(len(text))
+                if self._on_protocol_error is not None:
+                    for error in self.session.errors_sent():
+                        self._on_protocol_error(self, error)
+                await self.flush()
+                while self._max_requests is not None and self._requests >= self._max_requests:
+                    # Backpressure: read nothing more until a request is answered.
+                    self._request_done.clear()
+                    await self._request_done.wait()
+        finally:
+            self._gone = True
+            self._pending.fail_all(PeerGone(self.name))
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Return once the read loop has ended: the peer is gone or was disconnected."""
+        await self._closed.wait()
+
+    def _dispatch(self, size: int) -> None:
+        events = self.session.events_received()
+        requests = [event for event in events if isinstance(event, Request)]
+        charge = None
+        if requests and self._budget is not None:
+            if not self._budget.take(size):
+                for request in requests:
+                    self.session.refuse(
+                        request,
+                        LimitExceeded(
+                            "Limit exceeded: the bus is handling too many bytes of requests "
+                            "(max_inflight_bytes); retry later"
+                        ),
+                    )
+                requests = []
+            else:
+                charge = _FrameCharge(self._budget, size, len(requests))
+        for event in events:
+            match event:
+                case Request():
+                    if requests:
+                        self._requests += 1
+                        task = self.spawn(self._answer(event, charge))
+                        self._request_tasks.add(task)
+                        task.add_done_callback(self._request_tasks.discard)
+                case Response() | ErrorResponse():
+                    self._pending.settle(event)
+                case Notification(method=method):
+                    # JSON-RPC 2.0 §4.1: a notification is never answered, even with an error.
+                    logger.debug("%s: ignored notification %s", self.name, method)
+
+    async def _answer(self, request: Request, charge: _FrameCharge | None) -> None:
+        try:
+            try:
+                result = await self._handler(self, request)
+            except asyncio.CancelledError:
+                if self._abandon_with is None:
+                    raise
+                # abandon_requests(): the bus is closing; the peer still gets an answer.
+                self.session.respond_error(request, self._abandon_with)
+            except BusError as exc:
+                self.session.respond_error(request, exc)
+            except Exception:
+                # Don't include exception details, which may be security-sensitive.
+                logger.exception("%s: internal error in %s", self.name, request.method)
+                self.session.respond_error(request, InternalError())
+            else:
+                self.session.respond(request, result)
+            await self.flush()
+        finally:
+            self._requests -= 1
+            self._request_done.set()
+            if charge is not None:
+                charge.done()
+        if self._close_after is not None:
+            await self.ws.close(*self._close_after)
+
+    def authenticated(self, client_id: str) -> None:
+        """Record that the peer proved it is ``client_id``; wakes :attr:`initialized`."""
+        self.client_id = client_id
+        self.initialized.set()
+
+    def close_after_answer(self, code: int, reason: str) -> None:
+        """Close with ``code`` once the request being handled has its answer written."""
+        self._close_after = (code, reason)
+
+    @property
+    def closing_after_answer(self) -> bool:
+        """Whether :meth:`close_after_answer` was called."""
+        return self._close_after is not None
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests from this peer being handled now."""
+        return self._requests
+
+    @property
+    def deliveries_in_flight(self) -> int:
+        """``processMessage`` calls sent to this peer and not answered yet."""
+        return len(self._pending)
+
+    def abandon_requests(self, error: BusError) -> None:
+        """Stop handling this peer's requests in flight and answer each with ``error``."""
+        self._abandon_with = error
+        for task in self._request_tasks:
+            task.cancel()
+
+    async def wait_requests_answered(self) -> None:
+        """Return once no request of this peer is being handled."""
+        while self._requests:
+            self._request_done.clear()
+            await self._request_done.wait()
+
+    # Writing
+
+    async def flush(self) -> None:
+        """Write every frame the session has queued; a closed socket drops them quietly."""
+        for text in self.session.data_to_send():
+            try:
+                await self.ws.send(text)
+            except ConnectionClosed:
+                return
+
+    def write_buffer_size(self) -> int:
+        """Bytes written to this peer that it has not read yet (0 for an in-process link)."""
+        transport = getattr(self.ws, "transport", None)
+        if transport is None:
+            return 0
+        size: int = transport.get_write_buffer_size()
+        return size
+
+    def write_blocked(self) -> bool:
+        """Whether this peer is not keeping up: more bytes unread than the socket's low water
+        mark. Writers wait once the buffer passes the high mark (websockets' ``write_limit``,
+        32 KiB) and go on only when it falls below the low one (8 KiB), so above the low mark
+        the bus is, or is about to be, waiting for this peer."""
+        transport = getattr(self.ws, "transport", None)
+        if transport is None:
+            return False
+        size: int = transport.get_write_buffer_size()
+        low: int = transport.get_write_buffer_limits()[0]
+        return size > low
+
+    async def force_close(self, code: int, reason: str) -> None:
+        """Close with ``code``, dropping the TCP connection if the close frame cannot go out
+        within :data:`FORCED_CLOSE_WAIT` seconds (a peer that reads nothing)."""
+        try:
+            async with asyncio.timeout(FORCED_CLOSE_WAIT):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            transport = getattr(self.ws, "transport", None)
+            if transport is not None:
+                transport.abort()
+
+    async def call(self, method: str, params: Any) -> Any:
+        """Send a request to the peer and return its result.
+
+        Put an ``asyncio.timeout()`` around the call: this waits as long as the peer takes.
+
+        Raises:
+            PeerGone: the connection closed first.
+            BusError: the peer answered with an error.
+        """
+        if self._gone:
+            raise PeerGone(self.name)
+        request_id = self.session.send_request(method, params)
+        future = self._pending.expect(request_id)
+        try:
+            await self.flush()
+            return await future
+        finally:
+            self._pending.forget(request_id)
+
+    # Tasks
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` as a task this connection owns and awaits when it closes."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def drain_tasks(self, grace: float = 5.0) -> None:
+        """Wait for the request tasks still running, then cancel what is left."""
+        if not self._tasks:
+            return
+        tasks = set(self._tasks)
+        _done, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close the socket with ``code``; the read loop then ends."""
+        await self.ws.close(code, reason)
