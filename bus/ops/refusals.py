@@ -18,6 +18,8 @@ import asyncio
 import collections
 import ipaddress
 
+from schemas.common import BUS_CLIENT_ID
+
 from ..log.activity import ActivityLog
 
 __all__ = ["MAX_LISTED", "Refusals", "address_key"]
@@ -82,7 +84,7 @@ class Refusals:
         total = sum(counts.values())
         self.log.record(
             self.event,
-            actor="system:bus",
+            actor=BUS_CLIENT_ID,
             status="aggregate",
             payload={
                 "seconds": self.interval,

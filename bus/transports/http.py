@@ -52,7 +52,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
-from schemas.common import timestamp
+from schemas.common import BUS_CLIENT_ID, timestamp
 from schemas.http import (
     Discovery,
     Endpoints,
@@ -235,7 +235,7 @@ class HttpBinding:
         # uvicorn's own loop refreshes the Date header once a second; stop() ends it.
         self._ticker = asyncio.create_task(server.main_loop())
         self._flusher = asyncio.create_task(self.refusals.run())
-        self.bus.log.record("http_start", actor="system:bus", payload={"url": self.url})
+        self.bus.log.record("http_start", actor=BUS_CLIENT_ID, payload={"url": self.url})
         logger.info("HTTP on %s", self.url)
 
     @property
