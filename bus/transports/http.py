@@ -23,7 +23,7 @@ and the log rows are the WebSocket path's own.
 =================================  ======================================================
 
 Errors answer the JSON-RPC error object (``{"error": {code, message, data}}``) with an HTTP
-status that says the same thing (:func:`http_status`), and every response carries
+status that says the same thing (each error class's ``http_status``), and every response carries
 ``X-Request-Id``, the ``rpc_id`` of the request's rows in the activity log. Webhook peers, whom
 the bus reaches over HTTP in the other direction, are :mod:`bus.transports.webhooks`.
 
@@ -67,7 +67,6 @@ from ..core._json import loads
 from ..core.errors import (
     AuthenticationFailed,
     BusError,
-    Forbidden,
     InvalidParams,
     InvalidRequest,
     LimitExceeded,
@@ -85,46 +84,21 @@ from ..server import Bus
 from .admission import ConnectionGuard, guarded_protocol
 from .webhooks import Webhooks
 
-__all__ = ["BodyTimeout", "BodyTooLarge", "HttpBinding", "http_status", "listen"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "HttpBinding", "listen"]
 
 logger = logging.getLogger("bus.transports.http")
-
-_STATUS = {
-    -32700: 400,
-    -32600: 400,
-    -32601: 404,
-    -32602: 400,
-    -32001: 409,
-    -32002: 401,
-    -32003: 404,
-    -32004: 409,
-    -32005: 429,
-    -32006: 503,
-    -32007: 503,
-    -32008: 409,
-    -32009: 410,  # the messages after that epoch are gone from the log (or never were in it)
-    -32010: 410,  # their content was never kept (log_content: digest)
-}
 
 
 class BodyTooLarge(InvalidRequest):
     """A request body larger than ``max_frame_bytes``: answered 413."""
 
+    http_status = 413
+
 
 class BodyTimeout(InvalidRequest):
     """A request body not all sent within ``body_timeout``: answered 408, connection closed."""
 
-
-def http_status(exc: BusError) -> int:
-    """The HTTP status that says what ``exc`` says: 403 for a policy refusal, 413 for a body
-    too large, 408 for one too slow, else by JSON-RPC code (one the bus does not define: 500)."""
-    if isinstance(exc, Forbidden):
-        return 403
-    if isinstance(exc, BodyTooLarge):
-        return 413
-    if isinstance(exc, BodyTimeout):
-        return 408
-    return _STATUS.get(exc.code, 500)
+    http_status = 408
 
 
 class HttpBinding:
@@ -605,7 +579,7 @@ def _budget_exceeded() -> BusError:
 
 
 def _error(exc: BusError) -> Response:
-    status = http_status(exc)
+    status = exc.http_status
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
     if status in (408, 413):
         # The rest of the body is still coming, or never will: do not wait for it.

@@ -22,11 +22,12 @@ from bus.core.errors import (
     LimitExceeded,
     NotInitialized,
     ParseError,
+    RemoteError,
     SubscriptionNotFound,
 )
 from bus.log.audit import bits_per_channel
 from bus.ops.config import HttpSettings, Limits
-from bus.transports.http import http_status
+from bus.transports.http import BodyTimeout, BodyTooLarge
 from peers import Peer
 from peers.testing import Inbox, running_bcp, running_bus, scaled
 from schemas.bcp import BcpResponseDelivery
@@ -265,16 +266,18 @@ async def test_http_errors_have_statuses_json_rpc_bodies_and_rows(tmp_path):
 
 def test_each_bus_error_has_an_http_status():
     """Policy refusals are 403, limits 429, an unavailable log 503, unknown codes 500."""
-    assert http_status(Forbidden()) == 403
-    assert http_status(InvalidParams()) == 400
-    assert http_status(ParseError()) == 400
-    assert http_status(AuthenticationFailed()) == 401
-    assert http_status(SubscriptionNotFound()) == 404
-    assert http_status(NotInitialized()) == 409
-    assert http_status(DuplicateMessage()) == 409
-    assert http_status(LimitExceeded()) == 429
-    assert http_status(AuditUnavailable()) == 503
-    assert http_status(EpochNotKept()) == http_status(ContentNotKept()) == 410
+    assert Forbidden().http_status == 403
+    assert InvalidParams().http_status == 400
+    assert ParseError().http_status == 400
+    assert AuthenticationFailed().http_status == 401
+    assert SubscriptionNotFound().http_status == 404
+    assert NotInitialized().http_status == 409
+    assert DuplicateMessage().http_status == 409
+    assert LimitExceeded().http_status == 429
+    assert AuditUnavailable().http_status == 503
+    assert EpochNotKept().http_status == ContentNotKept().http_status == 410
+    assert RemoteError(-32050, "a code this bus does not know").http_status == 500
+    assert BodyTooLarge().http_status == 413 and BodyTimeout().http_status == 408
 
 
 async def test_a_traceparent_header_is_checked_and_kept_on_the_envelope(tmp_path):
