@@ -221,7 +221,7 @@ class Approver:
         result = await self.peer.send(
             APPROVAL_TOPIC, "bcp_approval_decision", content, message_id=message_id
         )
-        taken = int(result.get("deliveredTo", 0)) >= 1
+        taken = result.delivered_to >= 1
         logger.info(
             "%s: %s %s: %s",
             self.peer.client_id,

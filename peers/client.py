@@ -56,7 +56,14 @@ from bus.core.protocol import ErrorResponse, Notification, Request, Response, Se
 from bus.core.pushes import PushOptions, push_window
 from bus.core.topics import matches
 from bus.transports.local import Socket
-from schemas.bus import FetchMessagesResult, ListSubscriptionsResult, SubscriptionInfo
+from schemas.bus import (
+    FetchMessagesResult,
+    InitializeResult,
+    ListSubscriptionsResult,
+    PingResult,
+    SendMessageResult,
+    SubscriptionInfo,
+)
 
 from .errors import ConnectFailed, InvalidURL, PeerClosed, PeerError, PeerTimeout
 
@@ -240,8 +247,8 @@ class Peer:
         self.request_timeout = request_timeout
         self.auth_header = auth_header
         self._connector = connector
-        self.server_info: dict[str, Any] = {}
-        """The last ``initialize`` result."""
+        self.server_info: InitializeResult | None = None
+        """The last ``initialize`` result; None before the first connect."""
         self.connected = asyncio.Event()
         self._handlers: dict[str | None, Handler] = {}
         # pattern -> its subscribe params, restored after a reconnect
@@ -291,8 +298,9 @@ class Peer:
 
     # Lifecycle
 
-    async def connect(self) -> dict[str, Any]:
-        """Open the connection, authenticate and initialize; return the ``initialize`` result.
+    async def connect(self) -> InitializeResult:
+        """Open the connection, authenticate and initialize; return the ``initialize`` result
+        (``server_id``, ``capabilities.topics``: what this peer may subscribe to, ``epoch``).
 
         Raises:
             InvalidURL: ``url`` is not a ``ws://`` or ``wss://`` URI.
@@ -307,7 +315,7 @@ class Peer:
         self._runner = asyncio.create_task(self._run())
         return result
 
-    async def _open(self) -> dict[str, Any]:
+    async def _open(self) -> InitializeResult:
         resuming = self.resume and self.last_epoch is not None
         if resuming:
             self._catching_up = True
@@ -317,14 +325,14 @@ class Peer:
         except BaseException:
             self._delivering.set()
             raise
-        if self.last_epoch is None and type(result.get("epoch")) is int:
-            self.last_epoch = result["epoch"]
+        if self.last_epoch is None:
+            self.last_epoch = result.epoch
         self.connected.set()
         if resuming:
             self._spawn(self._catch_up())
         return result
 
-    async def _initialize(self) -> dict[str, Any]:
+    async def _initialize(self) -> InitializeResult:
         self._ws = await self._connect()
         self._session = Session()
         reader = asyncio.create_task(self._read(self._ws))
@@ -335,7 +343,9 @@ class Peer:
             }
             if not self.auth_header or self._connector is not None:  # no handshake, no header
                 params["auth"] = {"token": self._token}
-            result: dict[str, Any] = await self.request("initialize", params, _ready=True)
+            result = InitializeResult.model_validate(
+                await self.request("initialize", params, _ready=True)
+            )
             for subscription in self._subscriptions.values():
                 await self.request("subscribe", subscription, _ready=True)
         except BaseException:
@@ -500,8 +510,9 @@ class Peer:
         *,
         correlation_id: str | None = None,
         message_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Publish a message; return the bus's ``{accepted, messageId, deliveredTo}``.
+    ) -> SendMessageResult:
+        """Publish a message; return the bus's answer: ``delivered_to`` counts the peers that
+        processed it, ``epoch`` is its place in the bus's order.
 
         The envelope (``messageId``, ``from``, ``timestamp``) is filled in for you.
         """
@@ -514,10 +525,8 @@ class Peer:
         }
         if correlation_id is not None:
             payload["correlationId"] = correlation_id
-        result: dict[str, Any] = await self.request(
-            "sendMessage", {"topic": topic, "payload": payload}
-        )
-        return result
+        result = await self.request("sendMessage", {"topic": topic, "payload": payload})
+        return SendMessageResult.model_validate(result)
 
     async def fetch(self, pattern: str, since_epoch: int = 0, limit: int = 100) -> FetchPage:
         """Read back the messages after ``since_epoch`` on topics matching ``pattern`` that this
@@ -539,10 +548,9 @@ class Peer:
         ]
         return FetchPage(messages, result.next_epoch, result.more)
 
-    async def ping(self) -> dict[str, Any]:
-        """Ask the bus for a sign of life."""
-        result: dict[str, Any] = await self.request("ping")
-        return result
+    async def ping(self) -> PingResult:
+        """Ask the bus for a sign of life; ``server_time`` is the bus's clock."""
+        return PingResult.model_validate(await self.request("ping"))
 
     # Reading
 

@@ -43,7 +43,7 @@ from typing import Any
 from bus.core.errors import AuthenticationFailed, BusError, InvalidParams
 from bus.core.topics import matches, validate_pattern, validate_topic
 from bus.log import audit
-from schemas.bus import ListPeersResult
+from schemas.bus import ListPeersResult, SendMessageResult
 
 from .client import ConnectionEvent, Disconnected, GaveUp, Message, Peer, Reconnected, Reply
 from .errors import PeerClosed, PeerError
@@ -300,7 +300,9 @@ def _line(message: Message) -> str:
     return json.dumps({"topic": message.topic, "payload": message.payload}, ensure_ascii=False)
 
 
-async def _send(args: argparse.Namespace, peer: Peer, message_id: str | None = None) -> Any:
+async def _send(
+    args: argparse.Namespace, peer: Peer, message_id: str | None = None
+) -> SendMessageResult:
     content = _content(args.content)
     try:
         return await peer.send(
@@ -322,7 +324,7 @@ async def _send(args: argparse.Namespace, peer: Peer, message_id: str | None = N
 
 async def _pub(args: argparse.Namespace, peer: Peer) -> int:
     result = await _send(args, peer)
-    print(json.dumps(result), flush=True)
+    print(json.dumps(result.model_dump(by_alias=True)), flush=True)
     return EXIT_OK
 
 
@@ -372,7 +374,7 @@ async def _req(args: argparse.Namespace, peer: Peer) -> int:
         return Reply(True)
 
     peer.handle(None, deliver)
-    topics = peer.server_info.get("capabilities", {}).get("topics", [])
+    topics = peer.server_info.capabilities.topics if peer.server_info is not None else []
     if not any(matches(pattern, peer.client_id) for pattern in topics):
         raise ToolError(
             f"{peer.client_id} may not subscribe to its own clientId under the policy, so no "

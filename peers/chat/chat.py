@@ -243,7 +243,7 @@ class Chat:
         except (PeerError, BusError) as exc:
             self.out({"event": "send_failed", "type": message_type, "error": str(exc)})
             return False
-        return int(result.get("deliveredTo", 0)) >= 1
+        return result.delivered_to >= 1
 
     # What arrives
 

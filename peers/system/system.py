@@ -247,7 +247,7 @@ class SystemPeer:
         for delay in backoff(initial=0.2, maximum=5.0):
             try:
                 result = await self.peer.send(agent_id(due.agent), "scheduled_message", content)
-                if int(result.get("deliveredTo", 0)) >= 1:
+                if result.delivered_to >= 1:
                     self.out({"event": "scheduled", **event})
                     return
             except (PeerError, BusError) as exc:

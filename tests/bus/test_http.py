@@ -87,7 +87,7 @@ async def test_an_http_only_peer_and_a_websocket_peer_talk_both_ways(tmp_path):
 
                 # The other way: the WebSocket peer answers; the bus POSTs it to the webhook.
                 result = await agent.send("tg:42", "tg_reply", {"text": "hello"}, message_id="r-1")
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
                 post = await asyncio.wait_for(receiver.received.get(), scaled(5))
                 assert post.signed and post.fresh
                 assert post.message["method"] == "processMessage"
@@ -117,7 +117,7 @@ async def test_a_webhook_that_fails_then_times_out_then_answers_gets_the_message
             _, receiver.secret = await h.webhook_peer("tg:42", receiver.url)
             async with h.peer("agent:w1") as agent:
                 result = await agent.send("tg:42", "tg_reply", {"text": "x"}, message_id="m-1")
-        assert result["deliveredTo"] == 1
+        assert result.delivered_to == 1
         assert len(receiver.posts) == 3
         assert all(post.signed and post.fresh for post in receiver.posts)
         assert len({post.body for post in receiver.posts}) == 1  # the same request each time
@@ -136,7 +136,7 @@ async def test_the_sender_gets_delivery_status_when_the_webhook_never_answers(tm
             async with h.peer("agent:w1") as agent:
                 agent.handle(None, inbox)
                 result = await agent.send("tg:42", "tg_reply", {"text": "x"}, message_id="m-2")
-                assert result["deliveredTo"] == 0
+                assert result.delivered_to == 0
                 status = await inbox.get_type("delivery_status")
         assert status.sender == "system:bus" and status.topic == "agent:w1"
         content = DeliveryStatus.model_validate(status.content)
@@ -161,7 +161,7 @@ async def test_a_webhook_that_cannot_be_reached_or_answers_garbage_fails_cleanly
             async with h.peer("agent:w1") as agent:
                 first = await agent.send("tg:1", "tg_reply", {}, message_id="c-1")
                 second = await agent.send("tg:2", "tg_reply", {}, message_id="c-2")
-        assert first["deliveredTo"] == second["deliveredTo"] == 0
+        assert first.delivered_to == second.delivered_to == 0
         assert len(receiver.posts) == 1  # a malformed answer is not retried
         failures = {row["message_id"]: row["status"] for row in h.rows(event="delivery_failed")}
         assert failures == {"c-1": "connect_error", "c-2": "malformed_response"}
@@ -357,7 +357,7 @@ async def test_a_webhook_peer_subscribes_over_http_and_cannot_open_a_websocket(t
                 await Peer(h.url, "agent:hook", token, reconnect=False).connect()
             async with h.peer("agent:w1") as w1:
                 result = await w1.send("agent:hook", "agent_event", {}, message_id="e-1")
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
         assert [r["status"] for r in h.rows(actor="agent:hook", event="auth_failed")] == ["webhook"]
 
 
@@ -446,12 +446,12 @@ async def test_an_http_only_peer_polls_what_it_may_read_page_by_page(tmp_path):
                 await agent.send("tg:42", "tg_reply", {"n": n}, correlation_id=f"c{n % 2}")
                 for n in range(3)
             ]
-            assert [r["deliveredTo"] for r in replies] == [0, 0, 0]  # tg:42 is not online
+            assert [r.delivered_to for r in replies] == [0, 0, 0]  # tg:42 is not online
             query = {"topic": "tg:42", "since": posted.json()["epoch"], "limit": 2}
             first = await c.get("/v1/messages", params=query, headers=bearer(token))
             assert first.status_code == 200, first.text
             page = first.json()
-            assert [m["epoch"] for m in page["messages"]] == [r["epoch"] for r in replies[:2]]
+            assert [m["epoch"] for m in page["messages"]] == [r.epoch for r in replies[:2]]
             assert page["more"] is True and page["next"].startswith("/v1/messages?")
             rest = (await c.get(page["next"], headers=bearer(token))).json()
             assert [m["payload"]["content"] for m in rest["messages"]] == [{"n": 2}]
