@@ -45,13 +45,6 @@ from websockets.protocol import State
 
 from bus import __version__
 from bus.core.calls import PendingCalls
-from bus.core.errors import (
-    AuditUnavailable,
-    AuthenticationFailed,
-    BusError,
-    EpochNotKept,
-    ShuttingDown,
-)
 from bus.core.protocol import ErrorResponse, Notification, Request, Response, Session
 from bus.core.pushes import PushOptions, push_window
 from bus.core.topics import matches
@@ -65,7 +58,19 @@ from schemas.bus import (
     SubscriptionInfo,
 )
 
-from .errors import ConnectFailed, InvalidURL, PeerClosed, PeerError, PeerTimeout
+from .errors import (
+    AuditUnavailable,
+    AuthenticationFailed,
+    ConnectFailed,
+    EpochNotKept,
+    InvalidURL,
+    PeerClosed,
+    PeerError,
+    PeerTimeout,
+    RequestRefused,
+    ShuttingDown,
+    refused,
+)
 
 # PeerClosed is defined in .errors; it stays importable from here, where it always was.
 __all__ = [
@@ -309,7 +314,8 @@ class Peer:
             PeerTimeout: the handshake or ``initialize`` was not answered in time.
             PeerClosed: the bus closed the connection before ``initialize`` was answered.
             AuthenticationFailed: the bus refused the clientId or token.
-            BusError: the bus refused ``initialize`` or a ``subscribe`` for another reason.
+            RequestRefused: the bus refused ``initialize`` or a ``subscribe`` for another
+                reason (the subclass names the code).
         """
         result = await self._open()
         self._runner = asyncio.create_task(self._run())
@@ -410,7 +416,7 @@ class Peer:
                     self.gave_up = exc
                     self._tell(GaveUp(exc))
                     return
-                except (PeerError, BusError) as exc:
+                except PeerError as exc:
                     logger.info("%s: reconnect failed: %s", self.client_id, exc)
 
     def _tell(self, event: ConnectionEvent) -> None:
@@ -443,7 +449,7 @@ class Peer:
         """Call a bus method and return its result.
 
         Raises:
-            BusError: the bus answered with an error (the subclass matches the code).
+            RequestRefused: the bus answered with an error (the subclass matches the code).
             PeerClosed: not connected, or the connection closed before the answer; the
                 transport's exception, if there was one, is the ``__cause__``.
             PeerTimeout: no answer within ``request_timeout``.
@@ -491,7 +497,7 @@ class Peer:
         self._subscriptions[pattern] = params
 
     async def unsubscribe(self, pattern: str) -> None:
-        """Drop a pattern. Raises :class:`bus.core.errors.SubscriptionNotFound` if not
+        """Drop a pattern. Raises :class:`~peers.errors.SubscriptionNotFound` if not
         subscribed."""
         await self.request("unsubscribe", {"topic": pattern})
         self._subscriptions.pop(pattern, None)
@@ -572,8 +578,11 @@ class Peer:
 
     def _dispatch(self, event: Request | Notification | Response | ErrorResponse) -> None:
         match event:
-            case Response() | ErrorResponse():
+            case Response():
                 self._pending.settle(event)
+            case ErrorResponse():
+                # The SDK's own class for the code: its users catch one root, PeerError.
+                self._pending.settle(ErrorResponse(event.id, refused(event.error)))
             case Request():
                 self._spawn(self._process(event))
             case Notification():
@@ -659,13 +668,19 @@ class Peer:
             for message in gap:
                 self._saw(message.epoch)
                 await self._hand(message)
-        except (PeerError, AuditUnavailable, ShuttingDown) as exc:
-            # The connection or the bus failed meanwhile: the next reconnect tries again from
-            # the same epoch, skipping what was handed.
-            logger.warning("%s: catching up from epoch %s failed: %s", self.client_id, since, exc)
-        except BusError as exc:  # the bus cannot give the rest (-32009, -32010): go on without
-            logger.error("%s: cannot catch up from epoch %s: %s", self.client_id, since, exc)
-            self._caught_up(since)
+        except PeerError as exc:
+            if isinstance(exc, RequestRefused) and not isinstance(
+                exc, AuditUnavailable | ShuttingDown
+            ):
+                # The bus cannot give the rest (-32009, -32010): go on without it.
+                logger.error("%s: cannot catch up from epoch %s: %s", self.client_id, since, exc)
+                self._caught_up(since)
+            else:
+                # The connection or the bus failed meanwhile: the next reconnect tries again
+                # from the same epoch, skipping what was handed.
+                logger.warning(
+                    "%s: catching up from epoch %s failed: %s", self.client_id, since, exc
+                )
         else:
             self._caught_up(max(self._fetched, default=since))
         finally:
@@ -680,8 +695,8 @@ class Peer:
         """Every message after ``since`` on ``patterns``, by epoch, each once.
 
         Raises:
-            BusError: as :meth:`fetch`, but for an epoch the bus no longer keeps, from which
-                it reads what is kept, and says so in the log.
+            RequestRefused: as :meth:`fetch`, but for an epoch the bus no longer keeps, from
+                which it reads what is kept, and says so in the log.
         """
         found: dict[int, Message] = {}
         for pattern in patterns:

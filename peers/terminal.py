@@ -40,13 +40,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bus.core.errors import AuthenticationFailed, BusError, InvalidParams
+from bus.core.errors import BusError
 from bus.core.topics import matches, validate_pattern, validate_topic
 from bus.log import audit
 from schemas.bus import ListPeersResult, SendMessageResult
 
 from .client import ConnectionEvent, Disconnected, GaveUp, Message, Peer, Reconnected, Reply
-from .errors import PeerClosed, PeerError
+from .errors import AuthenticationFailed, InvalidParams, PeerClosed, PeerError, RequestRefused
 from .tokens import TOKEN_ENV, find_token
 
 __all__ = ["CLIENT_ENV", "DEFAULT_URL", "URL_ENV", "add_online", "add_terminal"]
@@ -225,7 +225,7 @@ async def _peer(args: argparse.Namespace, *, reconnect: bool = False) -> AsyncIt
             f"a clientId the bus does not know needs `bcpbus peers add {client_id}` on the "
             "bus's host (`bcpbus peers list` shows the ones it knows)"
         ) from exc
-    except (PeerError, BusError, OSError) as exc:
+    except (PeerError, OSError) as exc:
         raise ToolError(
             f"--url {args.url}: {exc}: is `bcpbus serve` running there? (--cafile for a private CA)"
         ) from exc
@@ -267,7 +267,7 @@ def _check_message(args: argparse.Namespace) -> None:
     _content(args.content)
     try:
         validate_topic(args.topic)
-    except BusError as exc:
+    except BusError as exc:  # the bus's own check, run here before connecting
         raise ToolError(f"TOPIC {args.topic!r}: {exc.message}") from exc
 
 
@@ -276,7 +276,7 @@ def _check_sub(args: argparse.Namespace) -> None:
         raise ToolError(f"--count {args.count}: give a number of messages from 1 up")
     try:
         validate_pattern(args.pattern)
-    except BusError as exc:
+    except BusError as exc:  # the bus's own check, run here before connecting
         raise ToolError(f"PATTERN {args.pattern!r}: {exc.message}") from exc
 
 
@@ -312,7 +312,7 @@ async def _send(
             correlation_id=args.correlation_id,
             message_id=message_id,
         )
-    except BusError as exc:
+    except RequestRefused as exc:
         # Forbidden shares -32602 with InvalidParams, so it arrives as the latter.
         hint = " (the policy decides who may send what: see docs/protocol.md)"
         text = f"{args.topic}: {exc}{hint if isinstance(exc, InvalidParams) else ''}"
@@ -351,7 +351,7 @@ async def _sub(args: argparse.Namespace, peer: Peer) -> int:
     peer.on_connection = watch
     try:
         await peer.subscribe(pattern)
-    except BusError as exc:
+    except RequestRefused as exc:
         raise ToolError(f"PATTERN {pattern!r}: {exc}") from exc
     print(f"bcpbus: subscribed to {pattern} as {peer.client_id}", file=sys.stderr, flush=True)
     seen = 0
@@ -397,7 +397,7 @@ async def _req(args: argparse.Namespace, peer: Peer) -> int:
 async def _online(args: argparse.Namespace, peer: Peer) -> int:
     try:
         result = ListPeersResult.model_validate(await peer.request("listPeers"))
-    except BusError as exc:
+    except RequestRefused as exc:
         raise ToolError(f"{peer.client_id}: {exc}", EXIT_FAILED) from exc
     rows = [
         {

@@ -24,13 +24,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from bus.core.errors import BusError
 from bus.ops.credentials import validate_client_id
 from schemas.chat import MAX_TEXT
 
 from ..approver import neutralize
 from ..client import Peer
-from ..errors import PeerError
+from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
 from .chat import Chat, Out, RetrySettings, SpawnFailed
 from .store import ChatStore
@@ -123,10 +122,10 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
         loop.add_signal_handler(sig, stop.set)
     try:
         await peer.connect()
-    except (PeerError, BusError) as exc:
+    except PeerError as exc:
         # ConnectFailed says "cannot connect to URL: ..."; a refusal needs the who and where.
         refused = f"the bus at {peer.url} refused {peer.client_id}: {exc}"
-        out({"event": "error", "message": refused if isinstance(exc, BusError) else str(exc)})
+        out({"event": "error", "message": refused if isinstance(exc, RequestRefused) else str(exc)})
         await peer.close()
         return 1
     _read_lines(chat, out)

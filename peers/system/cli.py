@@ -20,13 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bus.core.errors import BusError
 from bus.core.identities import default_agents_dir
 from schemas.chat import SYSTEM_CLIENT_ID
 
 from ..approver import neutralize
 from ..client import Peer
-from ..errors import PeerError
+from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
 from .system import Out, SystemPeer
 from .tokens import DirectoryTokens
@@ -93,11 +92,11 @@ async def _run(system: SystemPeer, out: Out) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await system.start()
-    except (PeerError, BusError) as exc:
+    except PeerError as exc:
         # ConnectFailed says "cannot connect to URL: ..."; a refusal needs the who and where.
         peer = system.peer
         refused = f"the bus at {peer.url} refused {peer.client_id}: {exc}"
-        out({"event": "error", "message": refused if isinstance(exc, BusError) else str(exc)})
+        out({"event": "error", "message": refused if isinstance(exc, RequestRefused) else str(exc)})
         await system.close()
         return 1
     try:
