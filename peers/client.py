@@ -13,12 +13,14 @@
 A handler returns None (processed), a bool, or a :class:`Reply`; an exception it raises is
 answered ``processed: false``. Handlers run concurrently, so a handler may itself ``send``.
 When the connection drops, the peer reconnects with backoff, initializes again and re-subscribes
-(``reconnect=False`` turns that off), then catches up: it fetches what was sent on its
-subscriptions after the last epoch it saw and hands it to the handlers in epoch order, before
-any new delivery, each message once (``resume=False`` turns that off). ``on_connection`` hears
-each of these moments (:data:`ConnectionEvent`), so a program can say so; a peer whose
-credentials the bus refuses on a reconnect (a revoked or rotated token, close code 4005) stops
-reconnecting and says :class:`GaveUp`.
+(``reconnect=False`` turns that off); given several bus URLs, it tries the next one first, then
+the others in turn, one per attempt (failover between the nodes of one bus, or standbys). Then
+it catches up: it fetches what was sent on its subscriptions after the last epoch it saw and
+hands it to the handlers in epoch order, before any new delivery, each message once
+(``resume=False`` turns that off). ``on_connection`` hears each of these moments
+(:data:`ConnectionEvent`), so a program can say so; a peer whose credentials the bus refuses on
+a reconnect (a revoked or rotated token, close code 4005) stops reconnecting and says
+:class:`GaveUp`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import os
 import random
 import ssl
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Set
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -71,6 +73,7 @@ from .errors import (
     ShuttingDown,
     refused,
 )
+from .urls import bus_urls
 
 # PeerClosed is defined in .errors; it stays importable from here, where it always was.
 __all__ = [
@@ -204,7 +207,9 @@ class Peer:
     """A connection to the bus under one clientId.
 
     Args:
-        url: the bus, ``ws://host:port``.
+        url: the bus, ``ws://host:port``; or several, as a list or a comma-separated string,
+            to fail over between (:mod:`peers.urls`): :meth:`connect` takes the first that
+            answers, a reconnect tries the next one first, then the others in turn.
         client_id: this peer's identity, ``prefix:name``.
         token: the secret that proves it (from ``bcpbus peers add``).
         reconnect: reconnect, re-initialize and re-subscribe when the connection drops.
@@ -223,12 +228,14 @@ class Peer:
             up), e.g. to tell a user; it must not block.
 
     Raises:
-        InvalidURL: ``cafile`` cannot be loaded.
+        InvalidURL: ``url`` names no URL, or ``cafile`` cannot be loaded.
+
+    .. versionchanged:: 0.3 ``url`` may name several buses.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         client_id: str,
         token: str,
         *,
@@ -241,11 +248,13 @@ class Peer:
         ssl_context: ssl.SSLContext | None = None,
         on_connection: Callable[[ConnectionEvent], None] | None = None,
     ) -> None:
-        self.url = url
+        self.urls = bus_urls(url)
+        """Every bus this peer may connect to, in order of preference."""
+        self._at = 0  # the index in urls of the bus connected to, or tried last
         self.on_connection = on_connection
         self.gave_up: AuthenticationFailed | None = None
         """Set when the peer stopped reconnecting because the bus refused its credentials."""
-        self._ssl = ssl_context or _tls(url, cafile)
+        self._ssl = ssl_context or _tls(self.urls, cafile)
         self.client_id = client_id
         self._token = token
         self.reconnect = reconnect
@@ -310,16 +319,34 @@ class Peer:
         Raises:
             InvalidURL: ``url`` is not a ``ws://`` or ``wss://`` URI.
             ConnectFailed: the bus cannot be reached or refused the handshake (``status``
-                503: it is full or shutting down).
+                503: it is full or shutting down). With several URLs: none could, and this
+                is the last one's failure (each is tried once, in order).
             PeerTimeout: the handshake or ``initialize`` was not answered in time.
             PeerClosed: the bus closed the connection before ``initialize`` was answered.
             AuthenticationFailed: the bus refused the clientId or token.
             RequestRefused: the bus refused ``initialize`` or a ``subscribe`` for another
                 reason (the subclass names the code).
         """
-        result = await self._open()
+        result = await self._open_first()
         self._runner = asyncio.create_task(self._run())
         return result
+
+    @property
+    def url(self) -> str:
+        """The bus this peer is connected to, or was or will be tried last."""
+        return self.urls[self._at]
+
+    async def _open_first(self) -> InitializeResult:
+        """Open the first of :attr:`urls` that answers, trying each once, in order."""
+        for index in range(len(self.urls)):
+            self._at = index
+            try:
+                return await self._open()
+            except (ConnectFailed, PeerTimeout, PeerClosed) as exc:
+                if index == len(self.urls) - 1:
+                    raise
+                logger.info("%s: %s; trying %s", self.client_id, exc, self.urls[index + 1])
+        raise AssertionError("unreachable: bus_urls() gives at least one URL")
 
     async def _open(self) -> InitializeResult:
         resuming = self.resume and self.last_epoch is not None
@@ -369,7 +396,8 @@ class Peer:
         # Translate the transport's exceptions into the SDK's, as httpx's
         # map_httpcore_exceptions does: callers catch PeerError, never a websockets class.
         try:
-            if self._ssl is None:  # ssl=None would turn TLS off, refused for wss://
+            # ssl=None would turn TLS off, refused for wss://; a ws:// URL refuses a context.
+            if self._ssl is None or not self.url.startswith("wss://"):
                 return await connect(
                     self.url, additional_headers=headers, compression=None, max_size=None
                 )
@@ -406,9 +434,11 @@ class Peer:
                 await asyncio.sleep(delay)
                 if self._closing:
                     return
+                # The bus just lost may be down: try the next one first, then each in turn.
+                self._at = (self._at + 1) % len(self.urls)
                 try:
                     await self._open()
-                    logger.info("%s: reconnected", self.client_id)
+                    logger.info("%s: reconnected to %s", self.client_id, self.url)
                     self._tell(Reconnected(self.last_epoch if self.resume else None))
                     break
                 except AuthenticationFailed as exc:
@@ -777,10 +807,12 @@ def _optional_int(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
-def _tls(url: str, cafile: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
-    """The TLS context for ``url``: None for ``ws://`` or the system's CAs, else ``cafile``'s."""
-    if cafile is None or not url.startswith("wss://"):
+def _tls(urls: Sequence[str], cafile: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
+    """The TLS context for the ``wss://`` ones of ``urls``: None for the system's CAs (or no
+    ``wss://`` at all), else ``cafile``'s."""
+    if cafile is None or not any(url.startswith("wss://") for url in urls):
         return None
+    url = next(url for url in urls if url.startswith("wss://"))
     try:
         return ssl.create_default_context(cafile=os.fspath(cafile))
     except (OSError, ssl.SSLError) as exc:

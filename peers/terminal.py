@@ -48,6 +48,7 @@ from schemas.bus import ListPeersResult, SendMessageResult
 from .client import ConnectionEvent, Disconnected, GaveUp, Message, Peer, Reconnected, Reply
 from .errors import AuthenticationFailed, InvalidParams, PeerClosed, PeerError, RequestRefused
 from .tokens import TOKEN_ENV, find_token
+from .urls import UrlOption
 
 __all__ = ["CLIENT_ENV", "DEFAULT_URL", "URL_ENV", "add_online", "add_terminal"]
 
@@ -134,8 +135,10 @@ def _message_arguments(parser: argparse.ArgumentParser) -> None:
 def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
+        action=UrlOption,
         default=os.environ.get(URL_ENV, DEFAULT_URL),
-        help=f"the bus, ws:// or wss:// (or ${URL_ENV}; default {DEFAULT_URL})",
+        help=f"the bus, ws:// or wss:// (or ${URL_ENV}; default {DEFAULT_URL}); repeat it, or "
+        "give a comma list, to fail over between several",
     )
     parser.add_argument(
         "--as",
@@ -214,8 +217,9 @@ async def _peer(args: argparse.Namespace, *, reconnect: bool = False) -> AsyncIt
             token,
             reconnect=reconnect,
             cafile=args.cafile,
-            on_connection=partial(_say_connection, args.url),
         )
+        # Told the peer itself, so that each line names the bus it is about (of several).
+        peer.on_connection = partial(_say_connection, peer)
         await peer.connect()
     except AuthenticationFailed as exc:
         # The bus does not say whether the clientId or the token was wrong (that would tell
@@ -235,8 +239,9 @@ async def _peer(args: argparse.Namespace, *, reconnect: bool = False) -> AsyncIt
         await peer.close()
 
 
-def _say_connection(url: str, event: ConnectionEvent) -> None:
-    """Tell the user on stderr that the connection dropped or came back."""
+def _say_connection(peer: Peer, event: ConnectionEvent) -> None:
+    """Tell the user on stderr that the connection to ``peer``'s bus dropped or came back."""
+    url = peer.url
     match event:
         case Disconnected(closed=closed, reconnecting=True):
             why = f"close code {closed.code}" if closed.code is not None else "no close frame"

@@ -31,6 +31,7 @@ from ..approver import neutralize
 from ..client import Peer
 from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
+from ..urls import UrlOption
 from .chat import Chat, Out, RetrySettings, SpawnFailed
 from .store import ChatStore
 
@@ -61,7 +62,12 @@ def add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("chat", metavar="CHAT", help="this chat's clientId, tg:NAME (or NAME)")
     parser.add_argument("--agent", metavar="NAME", help="the agent definition to ask for")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the bus (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--url",
+        action=UrlOption,
+        default=DEFAULT_URL,
+        help=f"the bus (default {DEFAULT_URL}); repeat it, or give a comma list, to fail over",
+    )
     parser.add_argument("--token", help=f"the chat's token (or ${TOKEN_ENV})")
     parser.add_argument("--token-file", type=Path, metavar="FILE", help="a file with the token")
     parser.add_argument(

@@ -27,6 +27,7 @@ from ..approver import neutralize
 from ..client import Peer
 from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
+from ..urls import UrlOption
 from .system import Out, SystemPeer
 from .tokens import DirectoryTokens
 
@@ -44,7 +45,12 @@ def add_system(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "the agent's command: from its definition, with its token from --tokens-dir in its "
         "environment; answer spawn_result and route_assigned. Stops its agents on exit.",
     )
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the bus (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--url",
+        action=UrlOption,
+        default=DEFAULT_URL,
+        help=f"the bus (default {DEFAULT_URL}); repeat it, or give a comma list, to fail over",
+    )
     parser.add_argument("--token", help=f"{SYSTEM_CLIENT_ID}'s token (or ${TOKEN_ENV})")
     parser.add_argument("--token-file", type=Path, metavar="FILE", help="a file with the token")
     parser.add_argument(
