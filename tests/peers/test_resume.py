@@ -9,7 +9,7 @@ from websockets.asyncio.client import connect
 
 from bus.core.pushes import PushOptions
 from peers import Message, Peer
-from peers.client import _missed
+from peers.catchup import missed as _missed
 from peers.testing import BusHarness, Inbox, running_bus, scaled
 from schemas.bus import SubscriptionInfo
 
