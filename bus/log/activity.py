@@ -115,6 +115,7 @@ from .chain import Chainer, Heads, HeadSink, Verifier
 from .chain_v1 import default_key_path
 from .dbthread import DatabaseThread
 from .logfile import create_file, prepare, scan
+from .rows import COLUMNS, LogRow
 
 __all__ = [
     "COLUMNS",
@@ -126,23 +127,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("bus.log.activity")
-
-COLUMNS: tuple[str, ...] = (
-    "ts",
-    "event",
-    "message_id",
-    "rpc_id",
-    "actor",
-    "topic",
-    "status",
-    "payload_json",
-    "error",
-    # Per message: its epoch (every row of it) and the trace id of its traceparent.
-    "epoch",
-    "trace_id",
-)
-"""The columns :meth:`ActivityLog.record` fills, in the order of each buffered row (``id`` is
-assigned by SQLite)."""
 
 _APPEND_ONLY = "activity_log is append-only"
 
@@ -212,8 +196,6 @@ END;
 adds a column a file lacks (a new column must take NULL and have no default, so that the rows
 written before it keep their hash), but never creates a dropped trigger again without
 ``accept_broken``; see :mod:`bus.log.logfile`."""
-
-_Row = tuple[str | None, ...]
 
 
 class _FileGone(Exception):
@@ -306,7 +288,7 @@ class ActivityLog:
 
         # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
         # only once committed, so a failed batch is retried with the next one, in order.
-        self._pending: list[_Row] = []
+        self._pending: list[LogRow] = []
         self._rows_recorded = 0
         # commit() callers as (rows they wait for, future), in call order, so the targets grow.
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
@@ -337,7 +319,7 @@ class ActivityLog:
         self._rows_since_checkpoint = 0
         self._chainer: Chainer | None = None
         # The INSERT parameters and head of the batch about to be written, chained on the loop.
-        self._prepared: tuple[list[_Row], list[Any], int, str] | None = None
+        self._prepared: tuple[list[LogRow], list[Any], int, str] | None = None
         self.head: tuple[int, str] | None = None
         """The id and ``chain`` of the last row this log committed (or found on opening)."""
 
@@ -465,7 +447,7 @@ class ActivityLog:
         if len(self._pending) >= self.queue_max:
             raise AuditUnavailable(f"activity log backlog is full ({self.queue_max} rows)")
         self._pending.append(
-            (
+            LogRow(
                 _now(),
                 # The member's plain str: SQLite binds it without adapting a subclass, and the
                 # chain's encoding keeps to its all-text path.
@@ -570,7 +552,7 @@ class ActivityLog:
         self._inflight = asyncio.get_running_loop().create_future()
         thread.submit(self._write_on_thread, (batch,), functools.partial(self._handed_back, batch))
 
-    def _handed_back(self, batch: list[_Row], _: object, exc: BaseException | None) -> None:
+    def _handed_back(self, batch: list[LogRow], _: object, exc: BaseException | None) -> None:
         """The thread's answer for a batch :meth:`_hand_over` started (event loop)."""
         inflight, self._inflight = self._inflight, None
         if inflight is not None and not inflight.done():
@@ -651,7 +633,9 @@ class ActivityLog:
             else:
                 attempt, delay = 1, self.retry_delay
 
-    async def _failed(self, batch: list[_Row], exc: Exception, attempt: int, delay: float) -> float:
+    async def _failed(
+        self, batch: list[LogRow], exc: Exception, attempt: int, delay: float
+    ) -> float:
         """Report a failed attempt at ``batch``, wait before the next; return the delay after.
 
         Raises:
@@ -677,7 +661,7 @@ class ActivityLog:
         await asyncio.sleep(delay)
         return delay * 2
 
-    async def _write_rows(self, batch: list[_Row]) -> None:
+    async def _write_rows(self, batch: list[LogRow]) -> None:
         """Commit ``batch``, the head of the pending rows, releasing its waiters; if SQLite
         refuses it for what it holds, in halves, replacing each row it refuses alone.
 
@@ -700,7 +684,7 @@ class ActivityLog:
             await self._replace(batch[0], exc)
         self._committed(len(batch))
 
-    async def _replace(self, row: _Row, exc: Exception) -> None:
+    async def _replace(self, row: LogRow, exc: Exception) -> None:
         """Write a ``row_unwritable`` row instead of ``row``, which SQLite refused alone.
 
         Raises:
@@ -717,7 +701,7 @@ class ActivityLog:
                 continue
             self.rows_unwritable += 1
             logger.warning(
-                "activity log stored a %r row as row_unwritable: %s", row[1], replacement[-1]
+                "activity log stored a %r row as row_unwritable: %s", row.event, replacement.error
             )
             return
         raise exc
@@ -738,7 +722,7 @@ class ActivityLog:
             if not future.done():
                 future.set_exception(exc)
 
-    async def _write_batch(self, batch: list[_Row]) -> None:
+    async def _write_batch(self, batch: list[LogRow]) -> None:
         """Insert ``batch`` in one statement, one transaction, on the database thread.
 
         This is the one place the writer task writes rows after :meth:`open`; tests replace it
@@ -752,7 +736,7 @@ class ActivityLog:
         self._chain_on_loop(batch)
         await self._thread.run(self._write_on_thread, batch)
 
-    def _chain_on_loop(self, batch: list[_Row]) -> None:
+    def _chain_on_loop(self, batch: list[LogRow]) -> None:
         """Chain ``batch`` after the last row committed, for :meth:`_insert` to write.
 
         The chain is computed here, on the loop, while it holds the GIL anyway: on the database
@@ -817,7 +801,7 @@ class ActivityLog:
             self._conn = None
         self._heads.close()
 
-    def _write_on_thread(self, batch: list[_Row]) -> None:
+    def _write_on_thread(self, batch: list[LogRow]) -> None:
         # Before the INSERT: the connection's -wal file keeps its name, so rows written after
         # the database file was replaced would land in the new file's WAL, over its pages.
         self._check_file()
@@ -825,7 +809,7 @@ class ActivityLog:
         self._rows_since_checkpoint += len(batch)
         self._heads.rows += len(batch)
 
-    def _insert(self, batch: list[_Row]) -> None:
+    def _insert(self, batch: list[LogRow]) -> None:
         """Insert ``batch`` chained after the last row this log wrote (database thread; tests
         replace it to block).
 
@@ -853,7 +837,7 @@ class ActivityLog:
             head_id, head_chain = self._insert_after_others(batch)
         self.head = (head_id, head_chain)
 
-    def _insert_after_others(self, batch: list[_Row]) -> tuple[int, str]:
+    def _insert_after_others(self, batch: list[LogRow]) -> tuple[int, str]:
         conn, chainer = self._conn, self._chainer
         assert conn is not None and chainer is not None
         conn.execute("BEGIN IMMEDIATE")
@@ -965,7 +949,7 @@ def _retry_as_is(exc: BaseException) -> bool:
     return code is None or code & 0xFF in _RETRY_AS_IS  # the primary result code
 
 
-def _refused_for_content(row: _Row, exc: BaseException) -> bool:
+def _refused_for_content(row: LogRow, exc: BaseException) -> bool:
     """Whether SQLite refused ``row``, written alone, for what it holds, so that a
     ``row_unwritable`` row may stand for it.
 
@@ -983,7 +967,7 @@ def _refused_for_content(row: _Row, exc: BaseException) -> bool:
     )
 
 
-def _unwritable(row: _Row, exc: BaseException) -> list[_Row]:
+def _unwritable(row: LogRow, exc: BaseException) -> list[LogRow]:
     """The ``row_unwritable`` rows that may stand for ``row``, best first: one that keeps the
     columns that are valid text, and one that keeps only the timestamp.
 
@@ -997,21 +981,23 @@ def _unwritable(row: _Row, exc: BaseException) -> list[_Row]:
     separators and ASCII escapes.
     """
     bad = [name for name, value in zip(COLUMNS, row, strict=True) if not _is_text(value)]
-    event = row[1]
     payload = _ENCODER.encode(
         {
-            "event": None if event is None else _escape(event),
+            "event": _escape(row.event),
             "columns": bad,
             "sha256": hashlib.sha256(json.dumps(list(row)).encode()).hexdigest(),
         }
     )
     reason = _escape(f"{type(exc).__name__}: {exc}")[:500]
-    kept = tuple(value if _is_text(value) else None for value in row[2:7])
-    tail = tuple(value if _is_text(value) else None for value in row[9:])  # epoch, trace_id
-    return [
-        (row[0], "row_unwritable", *kept, payload, reason, *tail),
-        (row[0], "row_unwritable", None, None, None, None, None, payload, reason, None, None),
-    ]
+    bare = LogRow._make(
+        (row.ts, LogEvent.ROW_UNWRITABLE.value, *[None] * 5, payload, reason, None, None)
+    )
+    kept = {
+        name: value
+        for name in ("message_id", "rpc_id", "actor", "topic", "status", "epoch", "trace_id")
+        if _is_text(value := getattr(row, name))
+    }
+    return [bare._replace(**kept), bare]
 
 
 def _is_text(value: str | None) -> bool:
