@@ -42,6 +42,7 @@ from schemas.common import timestamp
 
 from . import __version__
 from .core import _json
+from .core.digest import canonical_sha256
 from .core.epochs import Epochs
 from .core.errors import (
     CLOSE_AUTH_FAILED,
@@ -76,7 +77,7 @@ from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.topics import validate_pattern, validate_topic
 from .core.watch import Anonymous, SlowConsumers
-from .log.activity import ActivityLog, canonical_sha256
+from .log.activity import ActivityLog
 from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
 from .log.history import History
 from .ops.config import Limits, LogContent
@@ -1399,7 +1400,7 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
     """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
 
     The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.log.activity.canonical_sha256(envelope)``.
+    holds the message can recompute it: ``bus.core.digest.canonical_sha256(envelope)``.
     """
     if mode == "full":
         return _json.dumps(payload)

@@ -122,8 +122,6 @@ __all__ = [
     "LINGER",
     "SCHEMA",
     "ActivityLog",
-    "canonical_json",
-    "canonical_sha256",
 ]
 
 logger = logging.getLogger("bus.log.activity")
@@ -1112,18 +1110,3 @@ def _max_rows_per_statement() -> int:
     with contextlib.closing(sqlite3.connect(":memory:")) as probe:
         limit = probe.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     return max(1, limit // len(_INSERTED))
-
-
-def canonical_json(value: Any) -> bytes:
-    """``value`` as canonical JSON: keys sorted, no spaces, UTF-8, non-ASCII kept as is.
-
-    The form digests are computed over, so that anyone holding a message can recompute them.
-    """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
-
-
-def canonical_sha256(value: Any) -> str:
-    """The hex SHA-256 of :func:`canonical_json` of ``value``."""
-    return hashlib.sha256(canonical_json(value)).hexdigest()
