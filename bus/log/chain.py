@@ -75,7 +75,7 @@ GENESIS = bytes(32)
 CHAIN_START = "chain_start"
 
 INTEGER_COLUMNS = frozenset({"id", "epoch"})
-"""The columns ``bus.log.activity.SCHEMA`` declares ``INTEGER`` (tests/bus/test_chain.py checks)."""
+"""The columns ``bus.log.schema.SCHEMA`` declares ``INTEGER`` (tests/bus/test_chain.py checks)."""
 
 
 class ChainBroken(ValueError):

@@ -30,13 +30,13 @@ class HeldInserts:
     with ``fail`` if it is set."""
 
     def __init__(self, log: ActivityLog, holds: Callable[[LogRow], bool]) -> None:
-        self.real = log._insert
+        self.real = log._store.insert
         self.holds = holds
         self.loop = asyncio.get_running_loop()
         self.entered = asyncio.Event()
         self.release = threading.Event()
         self.fail: Exception | None = None
-        log._insert = self  # type: ignore[method-assign]
+        log._store.insert = self  # type: ignore[method-assign]
 
     def __call__(self, batch: list[LogRow]) -> None:
         if any(self.holds(row) for row in batch):
