@@ -20,6 +20,7 @@ import ipaddress
 
 from schemas.common import BUS_CLIENT_ID
 
+from ..core.logevents import LogEvent
 from ..log.activity import ActivityLog
 
 __all__ = ["MAX_LISTED", "Refusals", "address_key"]
@@ -56,7 +57,7 @@ class Refusals:
         interval: float,
         total: collections.Counter[str] | None = None,
         *,
-        event: str = "http_refused",
+        event: LogEvent = LogEvent.HTTP_REFUSED,
     ) -> None:
         self.log = log
         self.interval = interval

@@ -65,6 +65,7 @@ from ..core.errors import (
     LimitExceeded,
     ParseError,
 )
+from ..core.logevents import LogEvent
 from ..core.params import parse
 from ..core.protocol import Request
 from ..core.router import Route as BusRoute
@@ -187,7 +188,7 @@ class HttpBinding:
             _uvicorn(self, self.bus.limits.shutdown_grace), self.settings.port or 0
         )
         self._flusher = asyncio.create_task(self.refusals.run())
-        self.bus.log.record("http_start", actor=BUS_CLIENT_ID, payload={"url": self.url})
+        self.bus.log.record(LogEvent.HTTP_START, actor=BUS_CLIENT_ID, payload={"url": self.url})
         logger.info("HTTP on %s", self.url)
 
     @property
@@ -370,7 +371,7 @@ class HttpBinding:
         limit = self.settings.max_requests
         if limit is None or len(self._requests) < limit:
             return
-        self.bus.log.record("limit_exceeded", actor=actor, status="http_max_requests")
+        self.bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_max_requests")
         raise LimitExceeded(
             f"Limit exceeded: {limit} messages posted over HTTP are still being delivered "
             "(max_requests); retry later"
@@ -423,13 +424,13 @@ async def _read_body(
                 chunks.append(chunk)
     except TimeoutError:
         seconds = body_timeout
-        bus.log.record("limit_exceeded", actor=actor, status="http_body_timeout")
+        bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_body_timeout")
         raise BodyTimeout(
             f"Request body not received within body_timeout ({seconds:g} s)"
         ) from None
     budget = bus.byte_budget
     if not budget.take(size):
-        bus.log.record("limit_exceeded", actor=actor, status="max_inflight_bytes")
+        bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="max_inflight_bytes")
         raise _budget_exceeded()
     try:
         return loads(b"".join(chunks).decode("utf-8")), size
@@ -439,7 +440,7 @@ async def _read_body(
 
 
 def _too_large(bus: Bus, actor: str, limit: int) -> BodyTooLarge:
-    bus.log.record("frame_too_large", actor=actor, error=f"limit {limit}")
+    bus.log.record(LogEvent.FRAME_TOO_LARGE, actor=actor, error=f"limit {limit}")
     return BodyTooLarge(f"Request body larger than max_frame_bytes ({limit} bytes)")
 
 
