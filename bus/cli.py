@@ -41,7 +41,7 @@ from .log import audit
 from .log.chain_v1 import default_key_path
 from .log.checkpoints import create_signing_key, default_checkpoints_path
 from .ops import completion
-from .ops.config import AuditSettings, ConfigError, ServeConfig
+from .ops.config import AuditSettings, ClusterSettings, ConfigError, ServeConfig
 from .ops.credentials import Credentials, CredentialsError, validate_webhook_url
 from .ops.reload import BusFiles, Reloader
 from .ops.starter import write_starter
@@ -56,6 +56,7 @@ from .ops.startup import (
 )
 from .ops.tls import server_context
 from .server import Bus
+from .transports.cluster import joined
 from .transports.egress import private_host
 
 __all__ = [
@@ -257,7 +258,20 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         default="auto",
         help="event loop: uvloop when installed (auto, the default), or one of them",
     )
+    _add_cluster(serve)
     serve.set_defaults(command=_serve, beside=beside)
+
+
+def _add_cluster(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--cluster",
+        metavar="nats://HOST:PORT",
+        help="be one node of a cluster of buses on this NATS server (docs/cluster.md; needs "
+        "pip install 'bcpbus[cluster]')",
+    )
+    serve.add_argument(
+        "--node", metavar="NAME", help="this node's name in the cluster (default: the host name)"
+    )
 
 
 def _add_init(sub: Any) -> None:
@@ -486,6 +500,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if args.http_port is not None:
         config = replace(config, http=replace(config.http, port=args.http_port))
+    if args.cluster is not None or args.node is not None:
+        url, node = args.cluster or config.cluster.url, args.node or config.cluster.node
+        if url is None:
+            raise ConfigError("--node names a cluster node: give --cluster nats://HOST:PORT too")
+        config = replace(config, cluster=ClusterSettings(url=url, node=node))
     beside: Beside | None = args.beside
     if args.no_gateway:
         # What runs beside still runs (the console, with --http-port); the gateway does not.
@@ -572,6 +591,8 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
         bus = await _start(stack, config, credentials, policy, identities, tls)
+        if config.cluster.url is not None:
+            await stack.enter_async_context(joined(bus, config.cluster.url, config.cluster.node))
         reloader = Reloader(bus.log, say=say)
         reloader.add(
             BusFiles(bus, peers_file=config.peers_file, policy=config.policy, agents_dir=agents_dir)

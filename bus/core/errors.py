@@ -24,6 +24,7 @@ raise.
     ├── DuplicateMessage        -32008  this sender already sent this messageId recently
     ├── EpochNotKept            -32009  ``fetchMessages`` from an epoch the log does not cover
     ├── ContentNotKept          -32010  ``fetchMessages`` from a log that keeps only digests
+    ├── ClusterUnavailable      -32011  a cluster node cut off from NATS takes no sends
     └── RemoteError             (any)   an error response a peer sent us, see ``from_error``
 
 WebSocket close codes the bus uses are listed in :data:`CLOSE_CODES`.
@@ -48,6 +49,7 @@ __all__ = [
     "AuditUnavailable",
     "AuthenticationFailed",
     "BusError",
+    "ClusterUnavailable",
     "ContentNotKept",
     "DuplicateMessage",
     "EpochNotKept",
@@ -237,6 +239,18 @@ class ContentNotKept(BusError):
     default_message = "This bus keeps only digests of messages, not their content: nothing to fetch"
 
 
+class ClusterUnavailable(BusError):
+    """This bus is one node of a cluster and has lost its link to the others (NATS): it cannot
+    deliver to their subscribers, so it accepts no message rather than deliver it to part of
+    the bus. Nothing was delivered: retry later, or on another node."""
+
+    code = -32011
+    default_message = (
+        "Cluster unavailable: this bus node is cut off from the other nodes; nothing was "
+        "delivered, retry later or on another node"
+    )
+
+
 class RemoteError(BusError):
     """An error response with a code this library does not know.
 
@@ -276,6 +290,7 @@ _BY_CODE: dict[int, type[BusError]] = {
         DuplicateMessage,
         EpochNotKept,
         ContentNotKept,
+        ClusterUnavailable,
     )
 }
 

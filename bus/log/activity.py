@@ -161,6 +161,13 @@ EVENTS: frozenset[str] = frozenset(
         "subscribe",  # topic = the pattern; payload: debounceMs, minRelevance if set
         "unsubscribe",  # topic = the pattern
         "shutdown",  # the bus is closing
+        # A cluster of nodes (bus.transports.cluster). A node joined, left, was cut off from
+        # NATS or reached it again (actor = the node; status says which); a message forwarded
+        # to the other nodes (payload: node -> [delivered, tried]); a message received from
+        # another node (status = that node; payload: node, epoch there).
+        "cluster_node",
+        "cluster_out",
+        "cluster_in",
         # Webhook peers (bus.transports.webhooks): a POST that will be retried (status = why:
         # timeout,
         # connect_error, http_<status>; payload: attempt, final), and a delivery that failed

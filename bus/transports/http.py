@@ -104,6 +104,7 @@ _STATUS = {
     -32008: 409,
     -32009: 410,  # the messages after that epoch are gone from the log (or never were in it)
     -32010: 410,  # their content was never kept (log_content: digest)
+    -32011: 503,  # a cluster node cut off from the others (bus.transports.cluster)
 }
 
 
