@@ -631,6 +631,8 @@ class Bus:
         self._since[conn] = timestamp()
         if replaced is not None:
             self._take_over(replaced, client_id)
+        if self.cluster is not None:
+            self.cluster.joined(client_id)
         self._anonymous.closed(_address(conn.ws))
         conn.authenticated(client_id)
         self.log.record("connect", actor=str(conn.ws.remote_address))

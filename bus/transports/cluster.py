@@ -102,6 +102,9 @@ class Forwarder(Protocol):
     def check(self) -> None:
         """Raise :class:`ClusterUnavailable` when the other nodes cannot be reached."""
 
+    def joined(self, client_id: str) -> None:
+        """Tell the other nodes that ``client_id`` logged in here (they close older links)."""
+
     async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
         """Deliver ``message`` on the other nodes; return (processed, tried) over them."""
 
@@ -480,23 +483,27 @@ class ClusterLink:
 
     # Presence: one link per clientId in the cluster
 
+    def joined(self, client_id: str) -> None:
+        """Register ``client_id``'s new link here, at once: a login on another node before
+        this one is then closed, and one after it closes this one."""
+        self._mine.pop(client_id, None)
+        if self._nc is not None and self._nc.is_connected:
+            self._spawn(self._register(client_id))
+
     async def _presence_changed(self, message: Accepted) -> None:
-        """Register a peer that joined here, or drop the registration of one that left."""
+        """Drop the registration of a peer that left (and has not come back meanwhile)."""
         client_id = message.payload.get("content", {}).get("clientId")
-        if not isinstance(client_id, str):
+        if message.type != "peer_left" or client_id in self.bus.peers:
             return
-        with contextlib.suppress(Exception):
-            if message.type == "peer_joined" and client_id in self.bus.peers:
-                await self._register(client_id)
-            elif message.type == "peer_left" and client_id not in self.bus.peers:
-                revision = self._mine.pop(client_id, None)
-                if revision is not None:
-                    await self._unregister(client_id, revision)
+        revision = self._mine.pop(client_id, None) if isinstance(client_id, str) else None
+        if revision is not None:
+            await self._unregister(client_id, revision)
 
     async def _register(self, client_id: str) -> None:
         assert self._kv is not None
         value = json.dumps({"node": self.node, "clientId": client_id}).encode()
-        self._mine[client_id] = await self._kv.put(presence_key(client_id), value)
+        with contextlib.suppress(Exception):  # cut off meanwhile: _heal registers it again
+            self._mine[client_id] = await self._kv.put(presence_key(client_id), value)
 
     async def _unregister(self, client_id: str, revision: int) -> None:
         assert self._kv is not None
@@ -537,8 +544,7 @@ class ClusterLink:
                 self._mine.pop(client_id, None)
                 self.bus.replaced_elsewhere(client_id, record["node"])
             else:
-                with contextlib.suppress(Exception):
-                    await self._register(client_id)
+                await self._register(client_id)
 
 
 class _Refused(Exception):

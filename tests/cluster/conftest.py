@@ -18,6 +18,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -154,16 +155,8 @@ class Cluster:
 
     async def node(self, name: str) -> Node:
         port = free_port()
-        process = await asyncio.create_subprocess_exec(
-            BCPBUS,
-            *("serve", "--port", str(port), "--no-gateway", "--no-checkpoints"),
-            *("--db", f"{name}.db", "--policy", "policy.yaml"),
-            *("--cluster", self.nats.url, "--node", name),
-            cwd=self.root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=ENV,
-        )
+        with (self.root / f"{name}.log").open("ab") as log:  # read it when a test fails
+            process = await self._serve(name, port, log)
         node = Node(name, self.root / f"{name}.db", port, process)
         self.nodes.append(node)
         assert process.stdout is not None
@@ -171,6 +164,18 @@ class Cluster:
             line = (await process.stdout.readline()).decode()
         assert line.startswith(f"listening on {node.url}"), line
         return node
+
+    async def _serve(self, name: str, port: int, log: BinaryIO) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            BCPBUS,
+            *("--info", "serve", "--port", str(port), "--no-gateway", "--no-checkpoints"),
+            *("--db", f"{name}.db", "--policy", "policy.yaml"),
+            *("--cluster", self.nats.url, "--node", name),
+            cwd=self.root,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=ENV,
+        )
 
     async def close(self) -> None:
         for node in self.nodes:
