@@ -14,6 +14,7 @@ import pytest
 from bus.core.errors import ClusterUnavailable
 from peers import Peer
 from peers.testing import Inbox, scaled
+from tests.cli.test_operators import arun
 from tests.cluster.conftest import Node
 
 
@@ -82,6 +83,25 @@ async def test_a_message_reaches_subscribers_on_every_node_and_counts_their_answ
         assert json.loads(received["payload_json"]) == {"node": "a", "epoch": result["epoch"]}
         (start,) = rows(node.db, "send_start", message_id)
         assert start["actor"] == "w:0" and start["epoch"] > result["epoch"]
+    await audit_follows_the_message_across_logs(cluster.root, message_id)
+
+
+async def audit_follows_the_message_across_logs(root: Path, message_id: str) -> None:
+    """`bcpbus audit` with the three logs shows the message's rows on every node in time
+    order, the accepting node's first; `audit verify` checks each chain."""
+    dbs = ("--db", "a.db", "--db", "b.db", "--db", "c.db")
+    code, out, err = await arun("audit", *dbs, "--message-id", message_id, "--json", cwd=root)
+    assert code == 0, err
+    story = json.loads(out)
+    assert [row["ts"] for row in story] == sorted(row["ts"] for row in story)
+    assert story[0]["node"] == "a" and story[0]["event"] == "send_start"
+    delivered = {(row["node"], row["actor"]) for row in story if row["event"] == "process_finish"}
+    assert delivered == {("a", "w:1"), ("b", "w:2"), ("c", "w:3")}
+    code, out, err = await arun("audit", "verify", *dbs, cwd=root)
+    assert code == 0, out + err
+    headers = [line for line in out.splitlines() if line.endswith(".db):")]
+    assert headers == ["a (a.db):", "b (b.db):", "c (c.db):"]
+    assert out.count("ok: ") == 3
 
 
 async def test_a_second_login_on_another_node_takes_over(cluster):
