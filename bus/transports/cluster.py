@@ -38,25 +38,27 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.errors import BusError, ClusterUnavailable
-from ..core.policy import Grants, PolicyError
+from ..core.identities import PeerIdentity
+from ..core.policy import Grants, Policy, PolicyError
 from ..core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC
 from ..core.router import Route
+from ..log.activity import ActivityLog
 from ..log.fetch import sender_mark
+from ..ops.config import Limits
+from ..ops.credentials import Credentials
 from ..ops.startup import StartupError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
     from nats.js.kv import KeyValue
-
-    from ..server import Bus
 
 __all__ = [
     "HEARTBEAT",
@@ -67,6 +69,7 @@ __all__ = [
     "Forwarded",
     "Forwarder",
     "Hello",
+    "Node",
     "joined",
     "presence_key",
     "subject_for",
@@ -94,6 +97,34 @@ class Accepted(Protocol):
     type: str
     epoch: int
     trace_id: str | None
+
+
+class Node(Protocol):
+    """What the cluster link needs of the bus it joins (:class:`bus.server.Bus`)."""
+
+    log: ActivityLog
+    limits: Limits
+    credentials: Credentials
+    policy: Policy
+    identities: dict[str, PeerIdentity]
+    cluster: Forwarder | None
+
+    @property
+    def peers(self) -> Mapping[str, Any]: ...
+
+    async def deliver_forwarded(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Route[Any] | None,
+        epoch: int,
+        trace_id: str | None = None,
+    ) -> tuple[int, int]: ...
+
+    def replaced_elsewhere(self, client_id: str, node: str) -> bool: ...
 
 
 class Forwarder(Protocol):
@@ -181,7 +212,7 @@ class ClusterLink:
         node: this node's name, unique in the cluster.
     """
 
-    def __init__(self, bus: Bus, url: str, *, node: str) -> None:
+    def __init__(self, bus: Node, url: str, *, node: str) -> None:
         self.bus = bus
         self.url = url
         self.node = node
@@ -574,7 +605,7 @@ class _Remote:
 
 
 @contextlib.asynccontextmanager
-async def joined(bus: Bus, url: str, node: str | None = None) -> AsyncIterator[ClusterLink]:
+async def joined(bus: Node, url: str, node: str | None = None) -> AsyncIterator[ClusterLink]:
     """Make ``bus`` a node of the cluster at ``url`` (``serve --cluster``) while in the block.
 
     Args:
