@@ -195,12 +195,15 @@ class _Gather:
 
     expected: set[str]
     answers: dict[str, Answer] = field(default_factory=dict)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, answer: Answer) -> None:
         self.answers[answer.node] = answer
-        if self.expected <= self.answers.keys():
-            self.done.set()
+        self.arrived.set()
+
+    def complete(self, live: set[str]) -> bool:
+        """Whether every node expected and still alive has answered."""
+        return self.expected & live <= self.answers.keys()
 
 
 class ClusterLink:
@@ -386,10 +389,7 @@ class ClusterLink:
             await nc.publish(
                 subject_for(message.topic), _encode(forwarded), reply=f"{self._inbox}.{token}"
             )
-            if gather.expected:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._answer_timeout()):
-                        await gather.done.wait()
+            await self._wait(gather)
         except Exception as exc:  # a link lost mid-publish: what answered is what counts
             logger.warning("forwarding %s failed: %r", message.message_id, exc)
         finally:
@@ -406,9 +406,20 @@ class ClusterLink:
         )
         return sum(a.delivered for a in answers.values()), sum(a.targets for a in answers.values())
 
-    def _answer_timeout(self) -> float:
+    async def _wait(self, gather: _Gather) -> None:
+        """Wait until every expected node has answered, has gone silent (killed: it is
+        waited for :data:`NODE_TTL` at most), or ``process_timeout`` has passed."""
         process = self.bus.limits.process_timeout
-        return (process if process is not None else 30.0) + ANSWER_GRACE
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (process if process is not None else 30.0) + ANSWER_GRACE
+        while not gather.complete(self.live_nodes()):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            gather.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(HEARTBEAT, remaining)):
+                    await gather.arrived.wait()
 
     def _mark(self, sender: str) -> str:
         if sender == BUS_CLIENT_ID:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -165,3 +167,33 @@ async def test_a_node_cut_off_from_nats_refuses_sends_until_it_is_back(cluster):
                     break
         texts = [m.payload["content"]["text"] for m in inbox.messages]
         assert "lost" not in texts and "back" in texts
+
+
+async def test_a_node_killed_mid_traffic_loses_no_acknowledged_rows(cluster):
+    """kill -9 of node b while node a's sender publishes: every message a acknowledged has its
+    rows in a's log, senders on a go on (b stops counting), and both chains verify."""
+    tokens = {cid: cluster.token(cid) for cid in ("w:0", "w:1", "w:2", "watch:a")}
+    a, b = await cluster.node("a"), await cluster.node("b")
+    watch = Inbox(reply=True)
+    acknowledged: list[dict] = []
+    async with contextlib.AsyncExitStack() as peers:
+        await peers.enter_async_context(
+            peer(a, "watch:a", tokens["watch:a"], watch, "system:presence")
+        )
+        await peers.enter_async_context(peer(a, "w:1", tokens["w:1"], Inbox(reply=True), "room:x"))
+        sender = await peers.enter_async_context(peer(a, "w:0", tokens["w:0"], Inbox()))
+        await peers.enter_async_context(peer(b, "w:2", tokens["w:2"], Inbox(reply=True), "room:x"))
+        await joined(watch, "w:2")
+        for number in range(40):
+            if number == 10:
+                await b.stop(signal.SIGKILL)
+            acknowledged.append(await sender.send("room:x", "note", {"n": number}))
+    assert [r["deliveredTo"] for r in acknowledged[:10]] == [2] * 10
+    assert acknowledged[-1]["deliveredTo"] == 1  # b is no longer waited for once it is silent
+    await cluster.close()
+    for result in acknowledged:
+        assert rows(a.db, "send_start", result["messageId"])
+        assert rows(a.db, "send_finish", result["messageId"])
+    for db in ("a.db", "b.db"):
+        code, out, err = await arun("audit", "verify", "--db", db, cwd=cluster.root)
+        assert code == 0, out + err
