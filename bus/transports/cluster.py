@@ -84,6 +84,8 @@ HEARTBEAT = 1.0
 """Seconds between two hellos of a node."""
 NODE_TTL = 3.5 * HEARTBEAT
 """A node not heard from for this long is gone: senders stop waiting for its answers."""
+CONNECT_TIMEOUT = 5
+"""Seconds a node waits for NATS at start before it gives up (later, it reconnects forever)."""
 ANSWER_GRACE = 1.0
 """Seconds a sender waits for other nodes' answers beyond ``process_timeout``."""
 
@@ -222,6 +224,7 @@ class ClusterLink:
         self._nc: NATS | None = None
         self._kv: KeyValue | None = None
         self._nodes: dict[str, float] = {}
+        self._node_joined = asyncio.Event()
         self._waiting: dict[str, _Gather] = {}
         self._inbox = ""
         self._counter = 0
@@ -245,25 +248,30 @@ class ClusterLink:
         Raises:
             ConnectionError: NATS cannot be reached at :attr:`url` (or has no JetStream).
         """
-        import nats  # the cluster extra: imported on use
+        from nats.aio.client import Client  # the cluster extra: imported on use
 
+        self._nc = nc = Client()
         try:
-            self._nc = nc = await nats.connect(
-                self.url,
-                name=f"bcpbus {self.node}",
-                no_echo=True,  # a node's own messages never come back to it
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                connect_timeout=5,
-                disconnected_cb=self._disconnected,
-                reconnected_cb=self._reconnected,
-                error_cb=self._error,
-            )
+            # The first connection is bounded here: nats-py would retry it forever, as it
+            # does every later reconnect (which is what a node wants once it has joined).
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await nc.connect(
+                    self.url,
+                    name=f"bcpbus {self.node}",
+                    no_echo=True,  # a node's own messages never come back to it
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=1,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    disconnected_cb=self._disconnected,
+                    reconnected_cb=self._reconnected,
+                    error_cb=self._error,
+                )
             self._kv = await nc.jetstream().create_key_value(bucket=PRESENCE_BUCKET, history=1)
         except Exception as exc:
             await self._drop()
-            raise ConnectionError(f"--cluster {self.url}: NATS cannot be reached: {exc}") from exc
+            why = "no answer" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
+            raise ConnectionError(f"--cluster {self.url}: NATS cannot be reached: {why}") from exc
         self._inbox = nc.new_inbox()
         await nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=self._on_message)
         await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
@@ -311,6 +319,12 @@ class ClusterLink:
         now = time.monotonic()
         return {node for node, seen in self._nodes.items() if now - seen < NODE_TTL}
 
+    async def wait_for_node(self, node: str) -> None:
+        """Return once ``node`` is alive in this node's view; wrap it in a timeout."""
+        while node not in self.live_nodes():
+            self._node_joined.clear()
+            await self._node_joined.wait()
+
     async def _hello(self) -> None:
         assert self._nc is not None
         await self._nc.publish(HELLO_SUBJECT, _encode(Hello(node=self.node)))
@@ -336,6 +350,7 @@ class ClusterLink:
             logger.info("node %s is in the cluster", hello.node)
             await self._hello()  # so that it knows this node at once too
         self._nodes[hello.node] = time.monotonic()
+        self._node_joined.set()
 
     async def _disconnected(self) -> None:
         if not self._closing:
