@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.errors import BusError, ClusterUnavailable
 from ..core.identities import PeerIdentity
+from ..core.logevents import LogEvent
 from ..core.policy import Grants, Policy, PolicyError
 from ..core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC
 from ..core.router import Route
@@ -280,7 +281,9 @@ class ClusterLink:
         self._spawn(self._heartbeat())
         self._spawn(self._watch_presence())
         self.bus.cluster = self
-        self.bus.log.record("cluster_node", actor=self.node, status="started", topic=self.url)
+        self.bus.log.record(
+            LogEvent.CLUSTER_NODE, actor=self.node, status="started", topic=self.url
+        )
         logger.info("node %s joined the cluster at %s", self.node, self.url)
 
     async def close(self) -> None:
@@ -343,10 +346,10 @@ class ClusterLink:
             return
         if hello.bye:
             self._nodes.pop(hello.node, None)
-            self.bus.log.record("cluster_node", actor=hello.node, status="left")
+            self.bus.log.record(LogEvent.CLUSTER_NODE, actor=hello.node, status="left")
             return
         if hello.node not in self._nodes:
-            self.bus.log.record("cluster_node", actor=hello.node, status="joined")
+            self.bus.log.record(LogEvent.CLUSTER_NODE, actor=hello.node, status="joined")
             logger.info("node %s is in the cluster", hello.node)
             await self._hello()  # so that it knows this node at once too
         self._nodes[hello.node] = time.monotonic()
@@ -355,11 +358,11 @@ class ClusterLink:
     async def _disconnected(self) -> None:
         if not self._closing:
             logger.warning("node %s is cut off from NATS: sends are refused (-32011)", self.node)
-            self.bus.log.record("cluster_node", actor=self.node, status="cut_off")
+            self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="cut_off")
 
     async def _reconnected(self) -> None:
         logger.info("node %s reached NATS again", self.node)
-        self.bus.log.record("cluster_node", actor=self.node, status="reconnected")
+        self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="reconnected")
         self._spawn(self._heal())
 
     async def _error(self, exc: Exception) -> None:
@@ -411,7 +414,7 @@ class ClusterLink:
             self._waiting.pop(token, None)
         answers = dict(gather.answers)
         self.bus.log.record(
-            "cluster_out",
+            LogEvent.CLUSTER_OUT,
             message_id=message.message_id,
             actor=sender,
             topic=message.topic,
@@ -463,7 +466,7 @@ class ClusterLink:
             node = forwarded.node
             sender = self._sender_route(forwarded)
             self.bus.log.record(
-                "cluster_in",
+                LogEvent.CLUSTER_IN,
                 message_id=forwarded.message_id,
                 actor=forwarded.sender,
                 topic=forwarded.topic,
@@ -529,7 +532,7 @@ class ClusterLink:
 
     def _refused(self, forwarded: Forwarded, reason: str) -> None:
         self.bus.log.record(
-            "refused",
+            LogEvent.REFUSED,
             message_id=forwarded.message_id,
             actor=forwarded.sender,
             topic=forwarded.topic,
