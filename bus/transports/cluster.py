@@ -268,11 +268,18 @@ class ClusterLink:
                     reconnected_cb=self._reconnected,
                     error_cb=self._error,
                 )
-            self._kv = await nc.jetstream().create_key_value(bucket=PRESENCE_BUCKET, history=1)
         except Exception as exc:
             await self._drop()
             why = "no answer" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
             raise ConnectionError(f"--cluster {self.url}: NATS cannot be reached: {why}") from exc
+        try:
+            self._kv = await nc.jetstream().create_key_value(bucket=PRESENCE_BUCKET, history=1)
+        except Exception as exc:
+            await self._drop()
+            raise ConnectionError(
+                f"--cluster {self.url}: NATS answers but its key-value store does not ({exc!r}): "
+                "start nats-server with JetStream on (-js)"
+            ) from exc
         self._inbox = nc.new_inbox()
         await nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=self._on_message)
         await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)

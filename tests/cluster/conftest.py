@@ -74,6 +74,7 @@ class NatsServer:
     """A ``nats-server`` with JetStream on a free port; its store survives a restart."""
 
     store: Path
+    jetstream: bool = True
     port: int = field(default_factory=free_port)
     process: asyncio.subprocess.Process | None = None
 
@@ -87,7 +88,8 @@ class NatsServer:
             pytest.skip("nats-server is not installed (.ci/run installs Debian's)")
         self.process = await asyncio.create_subprocess_exec(
             binary,
-            *("-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)),
+            *("-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)),
+            *(("-js",) if self.jetstream else ()),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

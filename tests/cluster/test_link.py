@@ -106,3 +106,16 @@ async def test_a_node_refuses_what_its_own_policy_refuses(tmp_path, nats):
     assert [(r["status"], json.loads(r["payload_json"])["node"]) for r in refused] == [
         ("type_denied", "a")
     ]
+
+
+async def test_a_nats_server_without_jetstream_is_named_as_such(tmp_path):
+    """A NATS server without JetStream is reached but refused, with the flag that fixes it."""
+    plain = NatsServer(tmp_path / "plain-store", jetstream=False)
+    await plain.start()
+    try:
+        async with running_bus(tmp_path) as harness:
+            with pytest.raises(StartupError, match="-js"):
+                async with joined(harness.bus, plain.url, "a"):
+                    pass
+    finally:
+        await plain.stop()
