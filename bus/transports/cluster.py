@@ -38,7 +38,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -223,15 +223,13 @@ class ClusterLink:
         self.url = url
         self.node = node
         self._nc: NATS | None = None
-        self._kv: KeyValue | None = None
         self._nodes: dict[str, float] = {}
         self._node_joined = asyncio.Event()
         self._waiting: dict[str, _Gather] = {}
         self._inbox = ""
         self._counter = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._mine: dict[str, int] = {}
-        """clientId -> the presence revision of its link on this node."""
+        self._registry: _Registry | None = None
         self._closing = False
 
     # Lifecycle
@@ -273,7 +271,7 @@ class ClusterLink:
             why = "no answer" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
             raise ConnectionError(f"--cluster {self.url}: NATS cannot be reached: {why}") from exc
         try:
-            self._kv = await nc.jetstream().create_key_value(bucket=PRESENCE_BUCKET, history=1)
+            kv = await nc.jetstream().create_key_value(bucket=PRESENCE_BUCKET, history=1)
         except Exception as exc:
             await self._drop()
             raise ConnectionError(
@@ -286,7 +284,8 @@ class ClusterLink:
         await nc.subscribe(HELLO_SUBJECT, cb=self._on_hello)
         await self._hello()
         self._spawn(self._heartbeat())
-        self._spawn(self._watch_presence())
+        self._registry = _Registry(self.bus, self.node, kv, self._spawn)
+        self._spawn(self._registry.watch())
         self.bus.cluster = self
         self.bus.log.record(
             LogEvent.CLUSTER_NODE, actor=self.node, status="started", topic=self.url
@@ -304,8 +303,8 @@ class ClusterLink:
         if nc is not None and nc.is_connected:
             with contextlib.suppress(Exception):
                 await nc.publish(HELLO_SUBJECT, _encode(Hello(node=self.node, bye=True)))
-                for client_id, revision in list(self._mine.items()):
-                    await self._unregister(client_id, revision)
+                if self._registry is not None:
+                    await self._registry.leave_all()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -370,7 +369,8 @@ class ClusterLink:
     async def _reconnected(self) -> None:
         logger.info("node %s reached NATS again", self.node)
         self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="reconnected")
-        self._spawn(self._heal())
+        if self._registry is not None:
+            self._spawn(self._registry.heal())
 
     async def _error(self, exc: Exception) -> None:
         logger.debug("NATS: %r", exc)
@@ -395,7 +395,8 @@ class ClusterLink:
         if nc is None or not nc.is_connected:
             return 0, 0
         if message.topic == PRESENCE_TOPIC and sender == BUS_CLIENT_ID:
-            await self._presence_changed(message)
+            if self._registry is not None:
+                await self._registry.left(message)
         self._counter += 1
         token = str(self._counter)
         gather = self._waiting[token] = _Gather(self.live_nodes())
@@ -551,13 +552,28 @@ class ClusterLink:
     # Presence: one link per clientId in the cluster
 
     def joined(self, client_id: str) -> None:
-        """Register ``client_id``'s new link here, at once: a login on another node before
-        this one is then closed, and one after it closes this one."""
-        self._mine.pop(client_id, None)
-        if self._nc is not None and self._nc.is_connected:
-            self._spawn(self._register(client_id))
+        """Register ``client_id``'s new link here, at once (see :class:`_Registry`)."""
+        if self._registry is not None and self._nc is not None and self._nc.is_connected:
+            self._registry.joined(client_id)
 
-    async def _presence_changed(self, message: Accepted) -> None:
+
+class _Registry:
+    """One link per clientId in the cluster, kept in the key-value bucket
+    :data:`PRESENCE_BUCKET`: each login registers at once, and the later registration (the
+    higher revision) wins: the node holding the older link closes it with 4001."""
+
+    def __init__(self, bus: Node, node: str, kv: KeyValue, spawn: Callable[[Any], None]) -> None:
+        self.bus, self.node, self._kv, self._spawn = bus, node, kv, spawn
+        self._mine: dict[str, int] = {}
+        """clientId -> the revision of its link's registration on this node."""
+
+    def joined(self, client_id: str) -> None:
+        """Register ``client_id``'s new link here: a login on another node before this one is
+        then closed, and one after it closes this one."""
+        self._mine.pop(client_id, None)
+        self._spawn(self._register(client_id))
+
+    async def left(self, message: Accepted) -> None:
         """Drop the registration of a peer that left (and has not come back meanwhile)."""
         client_id = message.payload.get("content", {}).get("clientId")
         if message.type != "peer_left" or client_id in self.bus.peers:
@@ -566,20 +582,22 @@ class ClusterLink:
         if revision is not None:
             await self._unregister(client_id, revision)
 
+    async def leave_all(self) -> None:
+        """Drop every registration of this node (it is closing)."""
+        for client_id, revision in list(self._mine.items()):
+            await self._unregister(client_id, revision)
+
     async def _register(self, client_id: str) -> None:
-        assert self._kv is not None
         value = json.dumps({"node": self.node, "clientId": client_id}).encode()
-        with contextlib.suppress(Exception):  # cut off meanwhile: _heal registers it again
+        with contextlib.suppress(Exception):  # cut off meanwhile: heal() registers it again
             self._mine[client_id] = await self._kv.put(presence_key(client_id), value)
 
     async def _unregister(self, client_id: str, revision: int) -> None:
-        assert self._kv is not None
         with contextlib.suppress(Exception):  # someone registered since: theirs stays
             await self._kv.delete(presence_key(client_id), last=revision)
 
-    async def _watch_presence(self) -> None:
+    async def watch(self) -> None:
         """Close the link of a peer here when a later registration puts it on another node."""
-        assert self._kv is not None
         watcher = await self._kv.watchall()
         async for entry in watcher:
             if entry is None or entry.value is None or entry.operation is not None:
@@ -597,10 +615,9 @@ class ClusterLink:
         self._mine.pop(client_id, None)
         self.bus.replaced_elsewhere(client_id, node)
 
-    async def _heal(self) -> None:
+    async def heal(self) -> None:
         """After NATS comes back: register again the peers still here, unless a later
         registration put them on another node meanwhile (then this link is the older)."""
-        assert self._kv is not None
         for client_id in list(self.bus.peers):
             try:
                 entry = await self._kv.get(presence_key(client_id))
