@@ -823,7 +823,15 @@ class Bus:
                 f"{route.client_id} may not call listPeers: it is for roles with `admin: true` "
                 "in the policy (the default policy's operator role, operator:*)"
             )
-        return peer_list(self._router.routes(), self._since).model_dump(by_alias=True)
+        result = self.local_peers()
+        if self.cluster is not None:  # and every other node's
+            result = await self.cluster.list_peers(result)
+        return result.model_dump(by_alias=True)
+
+    def local_peers(self) -> ListPeersResult:
+        """The ``listPeers`` result of this node alone (the cluster link asks for it)."""
+        result: ListPeersResult = peer_list(self._router.routes(), self._since)
+        return result
 
     # Reloading
 

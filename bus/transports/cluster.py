@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from schemas.bus import ListPeersResult, PeerInfo
+
 from ..core.errors import BusError, ClusterUnavailable
 from ..core.identities import PeerIdentity
 from ..core.logevents import LogEvent
@@ -80,6 +82,7 @@ logger = logging.getLogger("bus.transports.cluster")
 
 SUBJECT_PREFIX = "bcpbus.msg"
 HELLO_SUBJECT = "bcpbus.node.hello"
+PEERS_SUBJECT = "bcpbus.node.peers"
 PRESENCE_BUCKET = "bcpbus-presence"
 HEARTBEAT = 1.0
 """Seconds between two hellos of a node."""
@@ -129,6 +132,8 @@ class Node(Protocol):
 
     def replaced_elsewhere(self, client_id: str, node: str) -> bool: ...
 
+    def local_peers(self) -> ListPeersResult: ...
+
 
 class Forwarder(Protocol):
     """What the bus asks of the other nodes (:attr:`bus.server.Bus.cluster`)."""
@@ -141,6 +146,9 @@ class Forwarder(Protocol):
 
     async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
         """Deliver ``message`` on the other nodes; return (processed, tried) over them."""
+
+    async def list_peers(self, local: ListPeersResult) -> ListPeersResult:
+        """``local`` with the peers of every other node that answers."""
 
 
 class _Wire(BaseModel):
@@ -169,6 +177,13 @@ class Answer(_Wire):
     node: str
     delivered: int
     targets: int
+
+
+class PeerList(_Wire):
+    """One node's answer to a cluster-wide ``listPeers``."""
+
+    node: str
+    peers: list[PeerInfo]
 
 
 class Hello(_Wire):
@@ -282,6 +297,7 @@ class ClusterLink:
         await nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=self._on_message)
         await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
         await nc.subscribe(HELLO_SUBJECT, cb=self._on_hello)
+        await nc.subscribe(PEERS_SUBJECT, cb=self._on_peers)
         await self._hello()
         self._spawn(self._heartbeat())
         self._registry = _Registry(self.bus, self.node, kv, self._spawn)
@@ -450,7 +466,7 @@ class ClusterLink:
     def _mark(self, sender: str) -> str:
         if sender == BUS_CLIENT_ID:
             return sender_mark(None)
-        return sender_mark(self._grants(sender))
+        return sender_mark(_grants(self.bus, sender))
 
     async def _on_answer(self, msg: Msg) -> None:
         gather = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
@@ -512,7 +528,7 @@ class ClusterLink:
             if topic != PRESENCE_TOPIC:
                 raise _Refused("cluster_bus_topic")
             return None
-        grants = self._grants(sender)
+        grants = _grants(self.bus, sender)
         if grants is None:
             raise _Refused("cluster_unknown_sender")
         if not grants.may_send(forwarded.type, topic):
@@ -521,22 +537,6 @@ class ClusterLink:
             # The nodes disagree on the sender's taint: their agent definitions differ.
             raise _Refused("cluster_taint_differs")
         return Route(_Remote(sender, forwarded.node), sender, grants)
-
-    def _grants(self, client_id: str) -> Grants | None:
-        """The grants this node's policy gives ``client_id``; None if it has no credential
-        here or the policy refuses its roles."""
-        bus = self.bus
-        record = bus.credentials.record(client_id)
-        if record is None:
-            return None
-        identity = bus.identities.get(client_id)
-        extra: Iterable[str] = identity.roles if identity is not None else ()
-        try:
-            roles = bus.policy.roles_for(client_id, (*record.roles, *extra))
-            taint = identity.taint if identity is not None else None
-            return bus.policy.grants(client_id, roles, taint=taint)
-        except (PolicyError, ValueError):
-            return None
 
     def _refused(self, forwarded: Forwarded, reason: str) -> None:
         self.bus.log.record(
@@ -549,12 +549,71 @@ class ClusterLink:
         )
         logger.warning("refused a message from node %s: %s", forwarded.node, reason)
 
+    # listPeers across nodes
+
+    async def list_peers(self, local: ListPeersResult) -> ListPeersResult:
+        """``local`` and the peers of every other node alive that answers within
+        :data:`HEARTBEAT`, sorted by clientId; another node's address starts with its name."""
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            return local
+        return await _gather_peers(nc, len(self.live_nodes()), local)
+
+    async def _on_peers(self, msg: Msg) -> None:
+        if msg.reply:
+            answer = PeerList(node=self.node, peers=self.bus.local_peers().peers)
+            with contextlib.suppress(Exception):
+                await msg.respond(_encode(answer))
+
     # Presence: one link per clientId in the cluster
 
     def joined(self, client_id: str) -> None:
         """Register ``client_id``'s new link here, at once (see :class:`_Registry`)."""
         if self._registry is not None and self._nc is not None and self._nc.is_connected:
             self._registry.joined(client_id)
+
+
+async def _gather_peers(nc: NATS, nodes: int, local: ListPeersResult) -> ListPeersResult:
+    """Ask every node for its peers; add the answers of the first ``nodes`` to ``local``."""
+    answers: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def arrived(msg: Msg) -> None:
+        answers.put_nowait(msg.data)
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=arrived)
+    peers = list(local.peers)
+    try:
+        await nc.publish(PEERS_SUBJECT, b"", reply=inbox)
+        async with asyncio.timeout(HEARTBEAT):
+            for _ in range(nodes):
+                answer = PeerList.model_validate_json(await answers.get())
+                peers += [
+                    p.model_copy(update={"address": f"{answer.node} {p.address}"})
+                    for p in answer.peers
+                ]
+    except (TimeoutError, ValidationError):
+        pass  # what answered is what is listed
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return ListPeersResult(peers=sorted(peers, key=lambda p: p.client_id))
+
+
+def _grants(bus: Node, client_id: str) -> Grants | None:
+    """The grants ``bus``'s policy gives ``client_id``; None if it has no credential there or
+    the policy refuses its roles."""
+    record = bus.credentials.record(client_id)
+    if record is None:
+        return None
+    identity = bus.identities.get(client_id)
+    extra: Iterable[str] = identity.roles if identity is not None else ()
+    try:
+        roles = bus.policy.roles_for(client_id, (*record.roles, *extra))
+        taint = identity.taint if identity is not None else None
+        return bus.policy.grants(client_id, roles, taint=taint)
+    except (PolicyError, ValueError):
+        return None
 
 
 class _Registry:

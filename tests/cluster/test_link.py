@@ -119,3 +119,26 @@ async def test_a_nats_server_without_jetstream_is_named_as_such(tmp_path):
                     pass
     finally:
         await plain.stop()
+
+
+@pytest.mark.usefixtures("node_b_dir")
+async def test_list_peers_answers_for_the_whole_cluster(tmp_path, nats):
+    """An operator on node a sees the peers of node b too, their address naming node b."""
+    policy = POLICY + (
+        '  operator:\n    description: Operators.\n    members: ["operator:*"]\n'
+        "    admin: true\n    send: []\n    subscribe: []\n"
+    )
+    async with AsyncExitStack() as stack:
+        a = await start_node(stack, tmp_path, nats, "a", policy)
+        b = await start_node(stack, tmp_path / "b", nats, "b", policy)
+        b.credentials = b.bus.credentials = a.credentials
+        operator = await stack.enter_async_context(a.peer("operator:ana"))
+        await stack.enter_async_context(b.peer("w:2"))
+        link = a.bus.cluster
+        assert isinstance(link, ClusterLink)
+        async with asyncio.timeout(scaled(10)):
+            await link.wait_for_node("b")
+        listed = await operator.request("listPeers")
+    where = {p["clientId"]: p["address"] for p in listed["peers"]}
+    assert list(where) == ["operator:ana", "w:2"]
+    assert where["w:2"].startswith("b ") and not where["operator:ana"].startswith("b ")
