@@ -8,6 +8,8 @@ too.
 ``containment`` (9, only when named) runs public prompt-injection corpora and ordinary texts
 through the gateway's validation (``--limit N`` samples per corpus, ``--bus-sample N``).
 ``verify`` (10, only when named) times ``bcpbus audit verify`` over 1,000,000 rows.
+``cluster`` (12, only when named: it needs nats-server) runs 1, 2 and 3 bus nodes on NATS
+against NATS request/reply alone.
 ``python -m bench worker ROLE PARAMS_FILE`` is how the scenarios start their child processes.
 """
 
@@ -28,7 +30,7 @@ from typing import Any
 from .common import machine, machine_line, raise_fd_limit
 
 SCENARIOS = ("delivery", "bcp", "fanout", "connections", "log", "http", "fetch")
-LONG_SCENARIOS = ("soak", "verify")
+LONG_SCENARIOS = ("soak", "verify", "cluster")
 """Run only when named: too long for ``all``."""
 MEASURES = ("containment",)
 """Run only when named: what the gateway lets through, not how fast the bus is."""
@@ -44,6 +46,7 @@ _ALIASES = {
     "9": "containment",
     "10": "verify",
     "11": "fetch",
+    "12": "cluster",
 }
 
 # Worker roles: name -> "module:function", each ``async def role(params: dict) -> None``.

@@ -37,11 +37,11 @@ from .assemble import HttpListenFailed, running
 from .core.errors import BusError
 from .core.identities import PeerIdentity, default_agents_dir, load_identities
 from .core.policy import Policy, PolicyError
-from .log import audit
+from .log import audit, merged
 from .log.chain_v1 import default_key_path
 from .log.checkpoints import create_signing_key, default_checkpoints_path
 from .ops import completion
-from .ops.config import AuditSettings, ConfigError, ServeConfig
+from .ops.config import AuditSettings, ClusterSettings, ConfigError, ServeConfig
 from .ops.credentials import Credentials, CredentialsError, validate_webhook_url
 from .ops.reload import BusFiles, Reloader
 from .ops.starter import write_starter
@@ -56,6 +56,7 @@ from .ops.startup import (
 )
 from .ops.tls import server_context
 from .server import Bus
+from .transports.cluster import joined
 from .transports.egress import private_host
 
 __all__ = [
@@ -212,6 +213,7 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         default="auto",
         help="event loop: uvloop when installed (auto, the default), or one of them",
     )
+    _add_cluster(serve)
     serve.set_defaults(command=_serve, beside=beside)
 
 
@@ -262,6 +264,18 @@ def _add_audit_options(serve: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start even if the log's chain or triggers show a change: record it in a row and "
         "start a new chain segment",
+    )
+
+
+def _add_cluster(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--cluster",
+        metavar="nats://HOST:PORT",
+        help="be one node of a cluster of buses on this NATS server (docs/cluster.md; needs "
+        "pip install 'bcpbus[cluster]')",
+    )
+    serve.add_argument(
+        "--node", metavar="NAME", help="this node's name in the cluster (default: the host name)"
     )
 
 
@@ -358,7 +372,11 @@ def _add_audit(sub: Any) -> None:
         "check it: `bcpbus audit verify`, `bcpbus audit head`.",
     )
     aud.add_argument(
-        "--db", type=Path, default=Path("bcpbus.db"), help="activity log (default ./bcpbus.db)"
+        "--db",
+        type=Path,
+        action="append",
+        help="activity log (default ./bcpbus.db); repeat it for the nodes of a cluster: their "
+        "rows are merged by time, each with its node",
     )
     aud.add_argument("--message-id", help="rows of one message")
     aud.add_argument("--topic", help="topic pattern, '*' segments allowed")
@@ -394,7 +412,13 @@ def _add_audit_checks(actions: Any) -> None:
         "verify", help="check the hash chain: exit 0 if intact, 1 naming the first bad row"
     )
     # SUPPRESS: `audit --db X verify` keeps X; `audit verify --db X` works too.
-    verify.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="activity log")
+    verify.add_argument(
+        "--db",
+        type=Path,
+        action="append",
+        default=argparse.SUPPRESS,
+        help="activity log; repeat it to verify each node's log of a cluster",
+    )
     verify.add_argument(
         "--pubkey",
         type=Path,
@@ -437,7 +461,9 @@ def _add_audit_checks(actions: Any) -> None:
     )
     keygen.set_defaults(command=_audit_keygen)
     head = actions.add_parser("head", help="print the last row's ID:HASH")
-    head.add_argument("--db", type=Path, default=argparse.SUPPRESS, help="activity log")
+    head.add_argument(
+        "--db", type=Path, action="append", default=argparse.SUPPRESS, help="activity log"
+    )
     head.set_defaults(command=_audit_head)
 
 
@@ -516,7 +542,17 @@ def _config_of(args: argparse.Namespace) -> ServeConfig:
     )
     if args.http_port is not None:
         config = replace(config, http=replace(config.http, port=args.http_port))
-    return config
+    return _with_cluster(config, args)
+
+
+def _with_cluster(config: ServeConfig, args: argparse.Namespace) -> ServeConfig:
+    """``config`` with ``--cluster`` and ``--node`` applied over its ``cluster:`` section."""
+    if args.cluster is None and args.node is None:
+        return config
+    url, node = args.cluster or config.cluster.url, args.node or config.cluster.node
+    if url is None:
+        raise ConfigError("--node names a cluster node: give --cluster nats://HOST:PORT too")
+    return replace(config, cluster=ClusterSettings(url=url, node=node))
 
 
 def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
@@ -586,6 +622,8 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
         bus = await _start(stack, config, credentials, policy, identities, tls)
+        if config.cluster.url is not None:
+            await stack.enter_async_context(joined(bus, config.cluster.url, config.cluster.node))
         reloader = Reloader(bus.log, say=say)
         reloader.add(
             BusFiles(bus, peers_file=config.peers_file, policy=config.policy, agents_dir=agents_dir)
@@ -799,12 +837,27 @@ def _peers_remove(args: argparse.Namespace) -> int:
 # audit
 
 
+def _dbs(args: argparse.Namespace) -> list[Path]:
+    """The ``--db`` files given (several for a cluster's nodes), each checked to be a file."""
+    value = getattr(args, "db", None) or [Path("bcpbus.db")]
+    dbs: list[Path] = value if isinstance(value, list) else [value]
+    for db in dbs:
+        _check_db(db)
+    return dbs
+
+
 def _audit(args: argparse.Namespace) -> int:
     # Checked here rather than by argparse, so that a mistake is one line, not the usage text.
     if not 0 <= args.limit <= audit.MAX_LIMIT:
         raise ValueError(f"--limit {args.limit}: give a number of rows from 0 to {audit.MAX_LIMIT}")
-    _check_db(args.db)
+    dbs = _dbs(args)
     out = "json" if args.json else args.format
+    if len(dbs) > 1:
+        if args.follow or args.bits or args.refusals or args.query:
+            raise ValueError("several --db merge rows: give filters, not --follow, --bits, ...")
+        print(_render(merged.merged_rows(dbs, **_filters(args), limit=args.limit), out))
+        return 0
+    args.db = dbs[0]
     if args.follow:
         return _follow(args, out)
     rows: list[dict[str, Any]]
@@ -915,8 +968,17 @@ def _json_lines(value: Any) -> list[str]:
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
-    db = getattr(args, "db", Path("bcpbus.db"))
-    _check_db(db)
+    dbs = _dbs(args)
+    if len(dbs) == 1:
+        return _verify_one(args, dbs[0])
+    failed = 0
+    for db in dbs:  # each node's chain on its own: a merge is only as good as every log in it
+        print(f"{merged.node_name(db)} ({db}):")
+        failed += _verify_one(args, db)
+    return 1 if failed else 0
+
+
+def _verify_one(args: argparse.Namespace, db: Path) -> int:
     key = args.key or (legacy if (legacy := default_key_path(db)).exists() else None)
     result = audit.verify(
         db,
@@ -1012,10 +1074,11 @@ def _problem(problem: Any) -> str:
 
 
 def _audit_head(args: argparse.Namespace) -> int:
-    db = getattr(args, "db", Path("bcpbus.db"))
-    _check_db(db)
-    row_id, chain = audit.head(db)
-    print(f"{row_id}:{chain}")
+    dbs = _dbs(args)
+    for db in dbs:
+        row_id, chain = audit.head(db)
+        node = f"{merged.node_name(db)} " if len(dbs) > 1 else ""
+        print(f"{node}{row_id}:{chain}")
     return 0
 
 

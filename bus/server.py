@@ -23,7 +23,7 @@ import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -86,6 +86,9 @@ from .ops.refusals import Refusals
 from .ops.rights import Regrant, Revoke, review
 from .transports.connection import ByteBudget, Connection, Link, PeerGone
 from .transports.local import LocalSocket, Socket, local_pair
+
+if TYPE_CHECKING:
+    from .transports.cluster import Forwarder
 
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
@@ -184,6 +187,9 @@ class Bus:
             "listPeers": self._list_peers,
         }
         self._since: dict[Link, str] = {}
+        self.cluster: Forwarder | None = None
+        """The other bus nodes (:mod:`bus.transports.cluster`) when this bus is one node of a
+        cluster, else None: accepted messages are forwarded there and their answers counted."""
 
     # Lifecycle
 
@@ -629,6 +635,8 @@ class Bus:
         self._since[conn] = timestamp()
         if replaced is not None:
             self._take_over(replaced, client_id)
+        if self.cluster is not None:
+            self.cluster.joined(client_id)
         self._anonymous.closed(_address(conn.ws))
         conn.authenticated(client_id)
         self.log.record(LogEvent.CONNECT, actor=str(conn.ws.remote_address))
@@ -815,7 +823,15 @@ class Bus:
                 f"{route.client_id} may not call listPeers: it is for roles with `admin: true` "
                 "in the policy (the default policy's operator role, operator:*)"
             )
-        return peer_list(self._router.routes(), self._since).model_dump(by_alias=True)
+        result = self.local_peers()
+        if self.cluster is not None:  # and every other node's
+            result = await self.cluster.list_peers(result)
+        return result.model_dump(by_alias=True)
+
+    def local_peers(self) -> ListPeersResult:
+        """The ``listPeers`` result of this node alone (the cluster link asks for it)."""
+        result: ListPeersResult = peer_list(self._router.routes(), self._since)
+        return result
 
     # Reloading
 
@@ -894,6 +910,8 @@ class Bus:
         fields = read_send_message(request.params)
         topic = validate_topic(fields.topic)
         self._authorize_send(route, request, fields, topic)
+        if self.cluster is not None:
+            self.cluster.check()  # cut off from the other nodes: refuse, never half-deliver
         assert isinstance(request.params, dict)  # validated as an object above
         key = (route.client_id, fields.message_id)
         if self._recent is not None and not self._recent.claim(key, _clock()):
@@ -979,6 +997,40 @@ class Bus:
         targets = await self._accept(message, sender=sender, rpc_id=rpc_id)
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         return await self._fan_out(targets, message, actor=actor, rpc_id=rpc_id)
+
+    async def deliver_forwarded(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Route[Link] | None,
+        epoch: int,
+        trace_id: str | None = None,
+    ) -> tuple[int, int]:
+        """Deliver a message another node accepted (at ``epoch``) to this node's subscribers,
+        with this node's rows and checks; return how many processed it, of how many tried.
+
+        Its epoch here is above ``epoch`` (a hybrid clock: causes come before effects on every
+        node). It is not forwarded again. :mod:`bus.transports.cluster` calls this."""
+        self._epochs.last = max(self._epochs.last, epoch)
+        message = _Message(topic, payload, message_id, message_type, trace_id=trace_id)
+        message.forwarded = True
+        targets = await self._accept(message, sender=sender, rpc_id=None)
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        return await self._fan_out(targets, message, actor=actor, rpc_id=None), len(targets)
+
+    def replaced_elsewhere(self, client_id: str, node: str) -> bool:
+        """Close (4001) ``client_id``'s link here: it connected again on ``node``. Nothing is
+        announced: the newer connection's node announces it. Return whether it was here."""
+        route = self._router.route_of(client_id)
+        if route is None:
+            return False
+        self._router.leave(route.handle)
+        self.log.record(LogEvent.REPLACED, actor=client_id, status=str(CLOSE_REPLACED), error=node)
+        route.handle.spawn(route.handle.close(CLOSE_REPLACED, f"replaced by a link on {node}"))
+        return True
 
     async def _publish_own(
         self, topic: str, payload: dict[str, Any], message_id: str, message_type: str
@@ -1072,6 +1124,9 @@ class Bus:
         answered ``processed: true``."""
         log = self.log
         params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
+        remote = None
+        if self.cluster is not None and not message.forwarded:
+            remote = asyncio.ensure_future(self.cluster.forward(message, actor or BUS_CLIENT_ID))
         if not targets:
             results: list[bool] = []
         elif len(targets) == 1:
@@ -1080,14 +1135,17 @@ class Bus:
             results = await asyncio.gather(
                 *(self._deliver(target, params, message) for target in targets)
             )
-        delivered = sum(results)
+        delivered, reached = sum(results), len(targets)
+        if remote is not None:  # the other nodes' subscribers count as this node's do
+            elsewhere, reached_elsewhere = await remote
+            delivered, reached = delivered + elsewhere, reached + reached_elsewhere
         log.record(
             LogEvent.SEND_FINISH,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
             topic=message.topic,
-            status=f"delivered {delivered}/{len(targets)}",
+            status=f"delivered {delivered}/{reached}",
             epoch=message.epoch,
             trace_id=message.trace_id,
         )
@@ -1373,6 +1431,8 @@ class _Message:
     """Given by :meth:`Bus._accept`; 0 until then."""
     aborted: bool = False
     """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
+    forwarded: bool = False
+    """Another cluster node accepted it: delivered here, never forwarded again."""
 
 
 @dataclass(slots=True)

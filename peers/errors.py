@@ -28,6 +28,7 @@ never leave the SDK: they are translated where they happen and kept as ``__cause
         ├── LimitExceeded, AuditUnavailable, ShuttingDown     -32005, -32006, -32007
         ├── DuplicateMessage                                  -32008
         ├── EpochNotKept, ContentNotKept                      -32009, -32010
+        ├── ClusterUnavailable                                -32011
         └── RemoteError                                       a code this SDK does not know
 
 Each class also derives from the builtin that code written before this tree catches
@@ -46,6 +47,7 @@ __all__ = [
     "AlreadyInitialized",
     "AuditUnavailable",
     "AuthenticationFailed",
+    "ClusterUnavailable",
     "ConnectFailed",
     "ContentNotKept",
     "DuplicateMessage",
@@ -253,6 +255,11 @@ class ContentNotKept(RequestRefused, bus.ContentNotKept):
     """-32010: the bus keeps only digests of messages: there is nothing to fetch."""
 
 
+class ClusterUnavailable(RequestRefused, bus.ClusterUnavailable):
+    """-32011: this node of a cluster is cut off from the others; nothing was delivered: retry
+    later, or on another node (a peer given several URLs moves on when it reconnects)."""
+
+
 class RemoteError(RequestRefused, bus.RemoteError):
     """An error code this SDK does not know; ``remote_code`` is the code as sent."""
 
@@ -275,6 +282,7 @@ _BY_CLASS: dict[type[bus.BusError], type[RequestRefused]] = {
     bus.DuplicateMessage: DuplicateMessage,
     bus.EpochNotKept: EpochNotKept,
     bus.ContentNotKept: ContentNotKept,
+    bus.ClusterUnavailable: ClusterUnavailable,
 }
 
 

@@ -16,6 +16,7 @@ REFUSALS = (
     "AlreadyInitialized",
     "AuditUnavailable",
     "AuthenticationFailed",
+    "ClusterUnavailable",
     "ContentNotKept",
     "DuplicateMessage",
     "EpochNotKept",

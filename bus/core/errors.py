@@ -24,6 +24,7 @@ raise.
     ├── DuplicateMessage        -32008  this sender already sent this messageId          409
     ├── EpochNotKept            -32009  ``fetchMessages`` from an epoch not kept          410
     ├── ContentNotKept          -32010  ``fetchMessages`` from a digest-only log          410
+    ├── ClusterUnavailable      -32011  a cluster node cut off from NATS takes no sends  503
     └── RemoteError             (any)   an error response a peer sent us, see ``from_error``  500
 
 The last column is ``http_status``: what the HTTP binding (:mod:`bus.transports.http`) answers
@@ -51,6 +52,7 @@ __all__ = [
     "AuditUnavailable",
     "AuthenticationFailed",
     "BusError",
+    "ClusterUnavailable",
     "ContentNotKept",
     "DuplicateMessage",
     "EpochNotKept",
@@ -258,6 +260,19 @@ class ContentNotKept(BusError):
     http_status = 410  # their content was never kept (log_content: digest)
 
 
+class ClusterUnavailable(BusError):
+    """This bus is one node of a cluster and has lost its link to the others (NATS): it cannot
+    deliver to their subscribers, so it accepts no message rather than deliver it to part of
+    the bus. Nothing was delivered: retry later, or on another node."""
+
+    code = -32011
+    default_message = (
+        "Cluster unavailable: this bus node is cut off from the other nodes; nothing was "
+        "delivered, retry later or on another node"
+    )
+    http_status = 503  # the same request may succeed later or on another node
+
+
 class RemoteError(BusError):
     """An error response with a code this library does not know.
 
@@ -297,6 +312,7 @@ _BY_CODE: dict[int, type[BusError]] = {
         DuplicateMessage,
         EpochNotKept,
         ContentNotKept,
+        ClusterUnavailable,
     )
 }
 

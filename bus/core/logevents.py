@@ -54,6 +54,13 @@ class LogEvent(StrEnum):
     SUBSCRIBE = "subscribe"  # topic = the pattern; payload: debounceMs, minRelevance if set
     UNSUBSCRIBE = "unsubscribe"  # topic = the pattern
     SHUTDOWN = "shutdown"  # the bus is closing
+    # A cluster of nodes (bus.transports.cluster). A node joined, left, was cut off from NATS
+    # or reached it again (actor = the node; status says which); a message forwarded to the
+    # other nodes (payload: node -> [delivered, tried]); a message received from another node
+    # (status = that node; payload: node, epoch there).
+    CLUSTER_NODE = "cluster_node"
+    CLUSTER_OUT = "cluster_out"
+    CLUSTER_IN = "cluster_in"
     # Webhook peers (bus.transports.webhooks): a POST that will be retried (status = why:
     # timeout, connect_error, http_<status>; payload: attempt, final), and a delivery that
     # failed after its last attempt (status = reason; payload: attempts, sender).

@@ -20,6 +20,7 @@ from schemas import strict_yaml
 
 __all__ = [
     "AuditSettings",
+    "ClusterSettings",
     "LogContent",
     "DEFAULT_DEDUP_MAX_IDS",
     "DEFAULT_DEDUP_WINDOW",
@@ -199,6 +200,19 @@ class AuditSettings:
 
 
 @dataclass(frozen=True)
+class ClusterSettings:
+    """The config file's ``cluster:`` section (``serve --cluster URL --node NAME``): this bus is
+    one node of a cluster of buses on NATS (:mod:`bus.transports.cluster`, docs/cluster.md)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    url: Annotated[StrictStr, Field(pattern=r"^(nats|tls)://")] | None = None
+    """The NATS server, ``nats://HOST:PORT``; None: a bus on its own."""
+    node: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
+    """This node's name, unique in the cluster; None: the host name."""
+
+
+@dataclass(frozen=True)
 class HttpSettings:
     """The HTTP binding (:mod:`bus.transports.http`): where it listens and how webhooks are called.
 
@@ -289,6 +303,8 @@ class ServeConfig:
     chain segment (``serve --accept-broken-log``; not a config file key, on purpose)."""
     http: HttpSettings = field(default_factory=HttpSettings)
     """The HTTP binding; off unless ``http.port`` is set."""
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    """The cluster this bus is a node of; none unless ``cluster.url`` is set."""
     gateway: Mapping[str, Any] = field(default_factory=dict)
     """The ``gateway:`` section as written: the bus does not run the gateway, so the peers side
     checks it (:meth:`peers.gateway.settings.GatewaySettings.from_mapping`)."""
@@ -342,6 +358,7 @@ class _ConfigFile(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     audit: AuditSettings = Field(default_factory=AuditSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
     gateway: dict[StrictStr, Any] = Field(default_factory=dict)
 
     def to_config(self, *, base: Path, source: str) -> ServeConfig:

@@ -29,7 +29,8 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    "scenario", ["bcp", "fanout", "connections", "log", "soak", "http", "verify", "fetch"]
+    "scenario",
+    ["bcp", "fanout", "connections", "log", "soak", "http", "verify", "fetch", "cluster"],
 )
 def test_scenario_runs_on_a_tiny_load(scenario):
     """The scenario exits 0 and prints the machine line and its table."""

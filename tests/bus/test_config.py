@@ -74,7 +74,8 @@ def test_null_turns_a_limit_off(tmp_path):
         ("gateway: [a]\n", "bcpbus.yaml: gateway: expected a mapping"),
         (
             "prot: 1\n",
-            "bcpbus.yaml: prot: unknown key; expected one of agents_dir, audit, certfile, db",
+            "bcpbus.yaml: prot: unknown key; expected one of agents_dir, audit, certfile, "
+            "cluster, db",
         ),
         ("port: '8765'\n", "bcpbus.yaml: port: expected a whole number, got '8765'"),
         ("port: 70000\n", "bcpbus.yaml: port: Input should be less than or equal to 65535"),

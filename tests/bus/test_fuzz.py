@@ -50,7 +50,7 @@ from bus.core import _json
 from bus.ops.config import Limits
 from peers.testing import Inbox, running_bus, scaled
 
-CODES = frozenset({-32700, -32600, -32601, -32602, *range(-32010, -32000)})
+CODES = frozenset({-32700, -32600, -32601, -32602, *range(-32011, -32000)})
 """Error codes fuzz input may get: the spec's (but -32603, an internal error) and the bus's."""
 ANONYMOUS_CLOSES = frozenset({1003, 1008, 1009, 4002, 4003})
 """Documented closes of a connection that has not initialized: binary frame, ten errors before
