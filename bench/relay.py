@@ -72,7 +72,7 @@ class Relay:
             self.topics.setdefault(message["params"]["topic"], set()).add(peer)
             await _answer(peer, message["id"], {"success": True})
         else:  # initialize and anything else: no checks, just an answer
-            await _answer(peer, message["id"], {"serverId": "relay", "capabilities": {}})
+            await _answer(peer, message["id"], _INITIALIZED)
 
     async def _send_message(self, peer: _Peer, request: dict[str, Any]) -> None:
         params = request["params"]
@@ -87,6 +87,7 @@ class Relay:
             "accepted": True,
             "messageId": params["payload"]["messageId"],
             "deliveredTo": delivered,
+            "epoch": 0,  # the relay keeps no order; the field is there so SDK clients parse it
         }
         await _answer(peer, request["id"], result)
 
@@ -97,6 +98,15 @@ class Relay:
         frame = {"jsonrpc": "2.0", "id": request_id, "method": "processMessage", "params": params}
         await peer.ws.send(codec.dumps(frame))
         return await future
+
+
+# What the SDK's connect() parses: the bus's own initialize result, with nothing checked.
+_INITIALIZED = {
+    "serverId": "relay",
+    "serverInfo": {"name": "relay", "version": "0"},
+    "capabilities": {},
+    "epoch": 0,
+}
 
 
 async def _answer(peer: _Peer, request_id: Any, result: Any) -> None:
