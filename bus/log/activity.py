@@ -81,7 +81,7 @@ from typing import Any
 
 from ..core.errors import AuditUnavailable
 from ..core.logevents import LogEvent
-from .chain import Heads, HeadSink
+from .chain import Head, Heads, HeadSink
 from .chain_v1 import default_key_path
 from .dbthread import DatabaseThread
 from .rows import LogRow, encode_payload, stamp
@@ -192,7 +192,7 @@ class ActivityLog(Writer):
     # What the file holds
 
     @property
-    def head(self) -> tuple[int, str] | None:
+    def head(self) -> Head | None:
         """The id and ``chain`` of the last row this log committed (or found on opening)."""
         return self._store.head
 

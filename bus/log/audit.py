@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.errors import InvalidParams
 from ..core.topics import matches, validate_pattern
-from .chain import Problem, Verifier, parse_head
+from .chain import Head, Problem, Verifier, parse_head
 from .chain_v1 import load_key
 from .checkpoints import (
     Findings,
@@ -478,7 +478,7 @@ class Verification:
     """What :func:`verify` found."""
 
     rows: int
-    head: tuple[int, str] | None
+    head: Head | None
     """The last row's id and hash."""
     problems: list[Problem] = field(default_factory=list)
     """What does not verify, first first; empty when the log is intact."""
@@ -598,7 +598,7 @@ def _check_signed(
         )
 
 
-def _check_head(conn: sqlite3.Connection, expected: tuple[int, str]) -> list[Problem]:
+def _check_head(conn: sqlite3.Connection, expected: Head) -> list[Problem]:
     row_id, chain = expected
     found = conn.execute("SELECT chain FROM activity_log WHERE id = ?", (row_id,)).fetchone()
     if found is None:
@@ -613,7 +613,7 @@ def _check_head(conn: sqlite3.Connection, expected: tuple[int, str]) -> list[Pro
     return []
 
 
-def head(db: str | os.PathLike[str]) -> tuple[int, str]:
+def head(db: str | os.PathLike[str]) -> Head:
     """Return the id and hash of the log's last row: keep them where the log's owner cannot
     write, and give them to :func:`verify` as ``expect_head`` (``f"{id}:{hash}"``).
 
@@ -627,7 +627,7 @@ def head(db: str | os.PathLike[str]) -> tuple[int, str]:
         ).fetchone()
     if found is None or found["chain"] is None:
         raise ValueError(f"{db}: the log's last row has no hash: run `bcpbus audit verify`")
-    return int(found["id"]), str(found["chain"])
+    return Head(int(found["id"]), str(found["chain"]))
 
 
 # Filters
