@@ -29,7 +29,7 @@ from typing import Any
 
 from ..core.errors import InvalidParams
 from ..core.topics import matches, validate_pattern
-from .chain import Problem, Verifier, parse_head
+from .chain import Head, Problem, Verifier, parse_head
 from .chain_v1 import load_key
 from .checkpoints import (
     Findings,
@@ -188,18 +188,30 @@ def query_rows(
         ValueError: ``db`` is not an activity log or not readable, or a filter is malformed (the
             message says which); show it to the user.
     """
-    if limit is not None and not 0 <= limit <= MAX_LIMIT:
-        # SQLite cannot bind a larger integer, and reads a negative LIMIT as "no limit".
-        raise ValueError(f"limit: {limit} is out of range: give a number from 0 to {MAX_LIMIT}")
     where, params = _filters(
         {"message_id": message_id, "actor": actor, "event": event}, topic, since, until
     )
-    if after_id:
-        where.append("id > ?")
-        params.append(after_id)
-    if through_id is not None:
-        where.append("id <= ?")
-        params.append(through_id)
+    for clause, bound in (("id > ?", after_id or None), ("id <= ?", through_id)):
+        if bound is not None:
+            where.append(clause)
+            params.append(bound)
+    sql = _select_rows(where, params, limit, newest)
+    with _connect(db) as conn:
+        # The pattern test runs inside SQLite so LIMIT counts only matching rows.
+        conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
+        return [dict(row) for row in conn.execute(sql, params)]
+
+
+def _select_rows(where: list[str], params: list[Any], limit: int | None, newest: bool) -> str:
+    """The ``SELECT`` of :func:`query_rows` for the ``where`` clauses; the ``LIMIT``'s
+    parameter is appended to ``params``.
+
+    Raises:
+        ValueError: ``limit`` is out of range; the message says which range.
+    """
+    if limit is not None and not 0 <= limit <= MAX_LIMIT:
+        # SQLite cannot bind a larger integer, and reads a negative LIMIT as "no limit".
+        raise ValueError(f"limit: {limit} is out of range: give a number from 0 to {MAX_LIMIT}")
     sql = "SELECT * FROM activity_log"
     if where:
         sql += " WHERE " + " AND ".join(where)
@@ -207,12 +219,7 @@ def query_rows(
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
-    if newest:
-        sql = f"SELECT * FROM ({sql}) ORDER BY id"
-    with _connect(db) as conn:
-        # The pattern test runs inside SQLite so LIMIT counts only matching rows.
-        conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
-        return [dict(row) for row in conn.execute(sql, params)]
+    return f"SELECT * FROM ({sql}) ORDER BY id" if newest else sql
 
 
 def last_id(db: str | os.PathLike[str]) -> int:
@@ -248,6 +255,17 @@ def _filters(
         where.extend(clauses)
         params.extend(topic_params)
     return where, params
+
+
+_BITS_COLUMNS = """
+    SELECT id, ts, event,
+           json_extract(payload_json, '$.channel') AS channel,
+           json_extract(payload_json, '$.bits') AS bits,
+           json_extract(payload_json, '$.budget_bits') AS budget_bits,
+           json_extract(payload_json, '$.budget_left') AS budget_left,
+           json_extract(payload_json, '$.split') AS split
+"""
+"""What :func:`bits_per_channel` reads of each row it tallies."""
 
 
 def bits_per_channel(
@@ -286,15 +304,7 @@ def bits_per_channel(
         "event IN ('bcp_bits_charged', 'bcp_delivered', 'bcp_budget_reset', 'bcp_query_failed')"
     )
     where.append("json_valid(payload_json)")
-    sql = f"""
-        SELECT id, ts, event,
-               json_extract(payload_json, '$.channel') AS channel,
-               json_extract(payload_json, '$.bits') AS bits,
-               json_extract(payload_json, '$.budget_bits') AS budget_bits,
-               json_extract(payload_json, '$.budget_left') AS budget_left,
-               json_extract(payload_json, '$.split') AS split
-        FROM activity_log WHERE {" AND ".join(where)} ORDER BY id
-    """
+    sql = f"{_BITS_COLUMNS} FROM activity_log WHERE {' AND '.join(where)} ORDER BY id"
     channels: dict[str, dict[str, Any]] = {}
     with _connect(db) as conn:
         conn.create_function("topic_matches", 2, _topic_matches, deterministic=True)
@@ -468,7 +478,7 @@ class Verification:
     """What :func:`verify` found."""
 
     rows: int
-    head: tuple[int, str] | None
+    head: Head | None
     """The last row's id and hash."""
     problems: list[Problem] = field(default_factory=list)
     """What does not verify, first first; empty when the log is intact."""
@@ -483,6 +493,12 @@ class Verification:
     def ok(self) -> bool:
         """Whether every row verified (and the expected head, if given, is there)."""
         return not self.problems
+
+
+_NOTHING_VOUCHES = (
+    "nothing vouches for these rows but themselves: give --pubkey (the .pub of the key the bus "
+    "signs checkpoints with) to check its checkpoints"
+)
 
 
 def verify(
@@ -528,10 +544,7 @@ def verify(
             result.problems += _check_head(conn, expected)
         _legacy(verifier, result)
         if verifier_key is None:
-            result.notes.append(
-                "nothing vouches for these rows but themselves: give --pubkey (the .pub of the "
-                "key the bus signs checkpoints with) to check its checkpoints"
-            )
+            result.notes.append(_NOTHING_VOUCHES)
         else:
             files = list(checkpoints or [default_checkpoints_path(db)])
             _check_signed(conn, verifier_key, files, result)
@@ -585,7 +598,7 @@ def _check_signed(
         )
 
 
-def _check_head(conn: sqlite3.Connection, expected: tuple[int, str]) -> list[Problem]:
+def _check_head(conn: sqlite3.Connection, expected: Head) -> list[Problem]:
     row_id, chain = expected
     found = conn.execute("SELECT chain FROM activity_log WHERE id = ?", (row_id,)).fetchone()
     if found is None:
@@ -600,7 +613,7 @@ def _check_head(conn: sqlite3.Connection, expected: tuple[int, str]) -> list[Pro
     return []
 
 
-def head(db: str | os.PathLike[str]) -> tuple[int, str]:
+def head(db: str | os.PathLike[str]) -> Head:
     """Return the id and hash of the log's last row: keep them where the log's owner cannot
     write, and give them to :func:`verify` as ``expect_head`` (``f"{id}:{hash}"``).
 
@@ -614,7 +627,7 @@ def head(db: str | os.PathLike[str]) -> tuple[int, str]:
         ).fetchone()
     if found is None or found["chain"] is None:
         raise ValueError(f"{db}: the log's last row has no hash: run `bcpbus audit verify`")
-    return int(found["id"]), str(found["chain"])
+    return Head(int(found["id"]), str(found["chain"]))
 
 
 # Filters

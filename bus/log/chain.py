@@ -43,7 +43,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .chain_v1 import LegacyVerifier
@@ -56,6 +56,7 @@ __all__ = [
     "ChainBroken",
     "Chainer",
     "HeadSink",
+    "Head",
     "Heads",
     "Problem",
     "Verifier",
@@ -198,6 +199,16 @@ _Mac = Callable[[bytes, bytes], bytes]
 """A chain version's hash of a row's content, keyed by the hash before it."""
 
 
+class Head(NamedTuple):
+    """The log's last row as a head: its id and its ``chain``; ``str()`` writes ``ID:HASH``."""
+
+    id: int
+    chain: str
+
+    def __str__(self) -> str:
+        return f"{self.id}:{self.chain}"
+
+
 class Chainer:
     """Chains rows for the writer: ``ids`` and ``chain`` for a batch after the log's last row.
 
@@ -274,10 +285,10 @@ class SegmentChecks:
         self._partial = False
 
     @property
-    def head(self) -> tuple[int, str] | None:
+    def head(self) -> Head | None:
         """The last row's id and ``chain``."""
         if isinstance(self._prev_id, int) and self._prev_stored is not None:
-            return self._prev_id, self._prev_stored
+            return Head(self._prev_id, self._prev_stored)
         return None
 
     def resume(self, prev: tuple[int, str | None] | None) -> None:
@@ -285,7 +296,7 @@ class SegmentChecks:
         segment whose ``previous`` is not checked (``None``)."""
         if prev is not None:
             self._prev_id, self._prev_stored = prev
-            self._prev_digest = unhex(prev[1])
+            self._prev_digest = unhex(self._prev_stored)
         self._chained = True
         self._partial = True
         self._run = self._prev_digest
@@ -516,7 +527,7 @@ class HeadSink(Protocol):
     """Somewhere else the head goes as it moves: :class:`bus.log.checkpoints.Checkpointer` signs
     it."""
 
-    def write(self, head: tuple[int, str]) -> None:
+    def write(self, head: Head) -> None:
         """Record ``head``; raise :exc:`OSError` if it could not be (the next one is tried)."""
 
     def close(self) -> None:
@@ -545,7 +556,7 @@ class Heads:
         self.every_seconds = every_seconds
         self.rows = 0
         """Rows committed since the last head was written (database thread)."""
-        self._last: tuple[int, str] | None = None
+        self._last: Head | None = None
         self.ready = self.target != "-"
         """Whether heads may be written: stdout waits for :meth:`ActivityLog.release_heads`,
         so that ``bcpbus serve`` prints its ``listening on`` line first."""
@@ -570,7 +581,7 @@ class Heads:
             self._timer.cancel()
             self._timer = None
 
-    def ship(self, head: tuple[int, str] | None) -> None:
+    def ship(self, head: Head | None) -> None:
         """Sign ``head`` and write it unless it was the last one written.
 
         Raises:
@@ -590,8 +601,8 @@ class Heads:
         if failed is not None:
             raise failed
 
-    def _line(self, head: tuple[int, str]) -> None:
-        line = f"{head[0]}:{head[1]}\n"
+    def _line(self, head: Head) -> None:
+        line = f"{head}\n"
         if self.target == "-":
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -613,7 +624,7 @@ class Heads:
             self._file = None
 
 
-def parse_head(text: str) -> tuple[int, str]:
+def parse_head(text: str) -> Head:
     """Read a head written as ``ID:HASH`` (``bcpbus audit head``, the head file).
 
     Raises:
@@ -623,4 +634,4 @@ def parse_head(text: str) -> tuple[int, str]:
     chain = chain.lower()
     if not sep or not row.isdigit() or len(chain) != 64 or unhex(chain) == GENESIS:
         raise ValueError(f"{text!r} is not a head: give ID:HASH as `bcpbus audit head` prints it")
-    return int(row), chain
+    return Head(int(row), chain)

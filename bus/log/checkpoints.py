@@ -44,6 +44,8 @@ from typing import Any, TextIO
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .chain import Head
+
 __all__ = [
     "Checkpoint",
     "Checkpointer",
@@ -457,9 +459,9 @@ class Checkpointer:
         self.path = Path(path)
         self._syslog = None if syslog is None else _Syslog(syslog)
         self._file: TextIO | None = None
-        self._last: tuple[int, str] | None = None
+        self._last: Head | None = None
 
-    def write(self, head: tuple[int, str]) -> None:
+    def write(self, head: Head) -> None:
         """Sign ``head`` and append it, unless it is the one signed last.
 
         Raises:
@@ -467,7 +469,7 @@ class Checkpointer:
         """
         if head == self._last:
             return
-        note = self.key.sign(Checkpoint(self.key.name, head[0], bytes.fromhex(head[1])).text())
+        note = self.key.sign(Checkpoint(self.key.name, head.id, bytes.fromhex(head.chain)).text())
         if self._file is None:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._file = os.fdopen(fd, "a", encoding="utf-8")

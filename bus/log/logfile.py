@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.presence import BUS_CLIENT_ID
-from .chain import CHAIN_START, VERSION, ChainBroken, Chainer, Problem, Verifier
+from .chain import CHAIN_START, VERSION, ChainBroken, Chainer, Head, Problem, Verifier
 from .chain_v1 import LEGACY_VERSION, load_key
 
 __all__ = [
@@ -59,7 +59,7 @@ TABLE = "activity_log"
 class Opened:
     """What :func:`prepare` found and did."""
 
-    head: tuple[int, str]
+    head: Head
     """The last row's id and ``chain`` once opened."""
     started: str | None
     """The ``status`` of the ``chain_start`` row it wrote (``new``, ``migrated``, ``upgraded``,
@@ -208,7 +208,7 @@ class _Preparation:
         problems = self._tail(start) + problems  # a bad row first, then the triggers
         if not problems:
             assert last is not None
-            return Opened((last[0], str(last[1])), None)
+            return Opened(Head(last[0], str(last[1])), None)
         if not accept_broken:
             first = problems[0]
             raise ChainBroken(self.path, first.row, first.why)
@@ -361,4 +361,4 @@ class _Preparation:
         names = ",".join(f'"{name}"' for name in ("id", *self.columns, "chain"))
         marks = ",".join("?" * len(params))
         self.conn.execute(f"INSERT INTO {TABLE} ({names}) VALUES ({marks})", params)
-        return Opened((row_id, chain), reason)
+        return Opened(Head(row_id, chain), reason)

@@ -27,19 +27,23 @@ logger = logging.getLogger("bus.log.activity")
 class LogRow(NamedTuple):
     """A row :meth:`bus.log.activity.ActivityLog.record` buffered, its columns by name.
 
-    Every value is text or NULL (``epoch`` as decimal text, like ``rpc_id``), so the chain
-    encodes each row on its all-text path; ``id`` and ``chain`` are assigned when the row is
-    inserted. Being a tuple, a row binds to an ``INSERT`` as it is, in :data:`COLUMNS` order.
+    Every value is a plain ``str`` or None, so the chain encodes each row on its all-text path
+    (:func:`bus.log.chain.encode_row`): ``event`` is the :class:`~bus.core.logevents.LogEvent`
+    member's value, not the member (SQLite would adapt a ``str`` subclass on every bind);
+    ``rpc_id`` and ``epoch`` are decimal text (the ``epoch`` column's INTEGER affinity stores it
+    as an integer, and the chain encodes an integer as this same text). ``id`` and ``chain`` are
+    assigned when the row is inserted. Being a tuple, a row binds to an ``INSERT`` as it is, in
+    :data:`COLUMNS` order.
     """
 
-    ts: str
-    event: str
-    message_id: str | None
-    rpc_id: str | None
-    actor: str | None
+    ts: str  # UTC with microseconds, never earlier than the row before (stamp())
+    event: str  # what happened: a LogEvent's value, whose comment says what the row holds
+    message_id: str | None  # the message the row is about
+    rpc_id: str | None  # the JSON-RPC id of the request, as text
+    actor: str | None  # who acted: a clientId, or a remote address before initialize
     topic: str | None
-    status: str | None
-    payload_json: str | None
+    status: str | None  # the outcome or the reason, per event
+    payload_json: str | None  # the payload as compact JSON
     error: str | None
     # Per message: its epoch (every row of it) and the trace id of its traceparent.
     epoch: str | None

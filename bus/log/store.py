@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from .chain import Chainer, Heads, Verifier
+from .chain import Chainer, Head, Heads, Verifier
 from .logfile import create_file, prepare, scan
 from .rows import COLUMNS, LogRow
 from .schema import APPEND_ONLY, BUSY_TIMEOUT, LAST_ROW, SCHEMA, statement
@@ -59,7 +59,7 @@ class LogStore:
         self.heads = heads
         self.checkpoints = 0
         """WAL checkpoints that completed (the WAL truncated) so far."""
-        self.head: tuple[int, str] | None = None
+        self.head: Head | None = None
         """The id and ``chain`` of the last row written (or found on opening)."""
         self.started: str | None = None
         """The ``status`` of the ``chain_start`` row opening wrote, or None if it wrote none."""
@@ -191,7 +191,7 @@ class LogStore:
             if APPEND_ONLY not in str(exc):
                 raise
             head_id, head_chain = self._insert_after_others(batch)
-        self.head = (head_id, head_chain)
+        self.head = Head(head_id, head_chain)
 
     def _insert_after_others(self, batch: list[LogRow]) -> tuple[int, str]:
         conn = self.conn
@@ -199,7 +199,7 @@ class LogStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             last_id, last_chain = conn.execute(LAST_ROW).fetchone()
-            if self.head is not None and last_id > self.head[0]:
+            if self.head is not None and last_id > self.head.id:
                 self._check_others(self.head)
             params, head_id, head_chain = self._chainer.link(batch, last_id, last_chain)
             conn.execute(*statement(params, len(batch)))
@@ -210,7 +210,7 @@ class LogStore:
             raise
         return head_id, head_chain
 
-    def _check_others(self, head: tuple[int, str]) -> None:
+    def _check_others(self, head: Head) -> None:
         """Verify the rows other connections wrote after ``head``; say so if one is forged.
 
         Cheap (only the rows since this log's last batch), and it makes a row forged with a
@@ -220,7 +220,7 @@ class LogStore:
         assert self.conn is not None
         verifier = Verifier()
         verifier.resume(head)
-        scan(self.conn, verifier, head[0] + 1)
+        scan(self.conn, verifier, head.id + 1)
         for problem in verifier.problems[:1]:
             logger.error(
                 "activity log %s: row %s, written by another connection, does not verify: %s; "

@@ -126,7 +126,7 @@ class AuditPage:
             found = audit.verify(log.path, key_file)
         except (OSError, ValueError) as exc:
             return Checked(at, False, 0, None, (f"cannot verify: {exc}",))
-        head = f"{found.head[0]}:{found.head[1]}" if found.head else None
+        head = str(found.head) if found.head else None
         problems = tuple(
             f"row {p.row}: {p.why}" if p.row is not None else p.why for p in found.problems[:20]
         )

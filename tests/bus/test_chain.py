@@ -18,7 +18,7 @@ from bus import cli
 from bus.core.logevents import LogEvent
 from bus.log import audit
 from bus.log.activity import ActivityLog
-from bus.log.chain import ChainBroken
+from bus.log.chain import ChainBroken, parse_head
 from bus.log.chain_v1 import default_key_path, encode_row, fields_of, key_id
 from bus.log.checkpoints import Checkpointer, SigningKey
 from bus.log.schema import SCHEMA
@@ -82,6 +82,14 @@ def test_an_untouched_log_verifies_with_its_row_count_and_head(db: Path, capsys)
     row_id, chain = audit.head(db)
     assert code == 0 and line.startswith("ok: 33 rows intact") and f"{row_id}:{chain}" in line
     assert row_id == 33
+
+
+def test_a_head_reads_by_name_and_writes_as_id_colon_hash(db: Path) -> None:
+    """audit.head names its id and chain, prints as ID:HASH, and parse_head reads that back."""
+    head = audit.head(db)
+    assert (head.id, len(head.chain)) == (33, 64)
+    assert str(head) == f"{head.id}:{head.chain}"
+    assert parse_head(str(head)) == head
 
 
 async def test_replaced_rows_restarts_and_a_second_writer_keep_the_chain(tmp_path: Path) -> None:
