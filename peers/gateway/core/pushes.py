@@ -33,6 +33,7 @@ from .frames import anomalies, codes_only, delivery
 from .outbox import Outbox
 from .outcomes import ANSWERED
 from .screens import Screens
+from .sealed import seal, sealed_charge
 
 __all__ = ["Pushes"]
 
@@ -128,8 +129,10 @@ class Pushes:
         ref = {"subscription_id": sid}
         found = anomalies(result)
         slot = self._slot(channel, subscription)
+        # A sealed field's text is not delivered: only its facts are charged.
+        value = sealed_charge(spec, result.response or {}, result.value_bits)
         bits = DeliveryBits(
-            value=result.value_bits + self._codes_bits(channel, spec, found),
+            value=value + self._codes_bits(channel, spec, found),
             outcome=ANSWERED,
             timing=slot.bits,
         )
@@ -158,7 +161,8 @@ class Pushes:
             held = "valid; held for human approval"
             told = ctx.tell_reader(event, channel, ref, None, held, then=review)
             return [*charged, *told, Respond(True, "held_for_approval")]
-        content = delivery(channel, spec, result.response or {}, bits, found, subscription_id=sid)
+        values, sealed = seal(ctx, channel, spec, result.response or {}, found, **ref)
+        content = delivery(channel, spec, values, bits, found, **ref)
 
         def verdict(delivered: bool) -> list[Action]:
             if delivered:
@@ -171,7 +175,7 @@ class Pushes:
         deliver = self.outbox.deliver(
             channel, "bcp_response_delivery", content, verdict, at=slot.at
         )
-        return [*charged, *deliver]
+        return [*charged, *sealed, *deliver]
 
     def _slot(self, channel: Channel, subscription: Subscription) -> timing.Release:
         """The grid slot of a push now, counted from when its subscription allowed it."""
