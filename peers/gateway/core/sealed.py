@@ -108,7 +108,8 @@ def seal(
         handle = f"sh-{secrets.token_urlsafe(32)}"
         expires_at = ctx.clock() + channel.sealed_ttl
         taint = step_down(channel.reader_taint)
-        kept = Seal(handle, channel.controller, channel.reader, text, taint, expires_at, ref)
+        where = {**ref, "field": key}
+        kept = Seal(handle, channel.controller, channel.reader, text, taint, expires_at, where)
         ctx.state.sealed[handle] = kept
         value = SealedValue(
             sealed=handle,

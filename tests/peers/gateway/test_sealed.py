@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,14 @@ import pytest
 
 from peers import Peer
 from peers.bcp import Controller, ForwardRefused
+from peers.gateway.core import GatewayCore
+from peers.gateway.core.sealed import seal
+from peers.gateway.events import Commit, MessageReceived, Record, Respond, Send, Sent
 from peers.gateway.settings import GatewaySettings
+from peers.gateway.state import GatewayState
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
-from schemas.bcp import SealedValue
+from schemas.agents import build_channels, load_agents
+from schemas.bcp import QuerySpec, SealedValue
 from schemas.chat import TgReply
 
 CONTROLLER = """---
@@ -272,3 +278,120 @@ async def test_a_tainted_agent_may_get_the_text(tmp_path):
             await main.forward("researcher", "agent:scribe", "tg_message", {"text": value.ref()})
             content = (await inbox.get(10)).content
             assert content["text"] == INJECTIONS[1] and content["untrusted"] is True
+
+
+async def test_a_restarted_gateway_still_forwards_a_handle_it_issued(tmp_path):
+    """The bcp_sealed row keeps the text (full log mode): a second gateway on the same log
+    forwards a handle the first one issued."""
+    from peers.gateway.runner import running_gateway
+
+    async with sealed_bus(tmp_path) as (h, _tap):
+        main, reader = h.controller("main"), h.reader("researcher")
+        chat = h.bus.peer("tg:alice")
+        inbox = Inbox(reply=True)
+        chat.handle("tg_reply", inbox)
+        reader.on_query(answering({"finding": INJECTIONS[2], "next": "fine"}))
+        async with main, reader, chat:
+            delivery = await main.ask("researcher", CAT2, sealed=True, timeout=scaled(10))
+            value = delivery.response["finding"]
+            assert isinstance(value, SealedValue)
+            await h.gateway.close()
+            token = h.bus.token("system:gateway")
+            async with running_gateway(h.bus.url, token, h.bus.log, tmp_path / "agents"):
+                await main.forward("researcher", "tg:alice", "tg_reply", {"text": value.ref()})
+                assert (await inbox.get(10)).content["text"] == INJECTIONS[2]
+
+
+# The core, without a loop: handles end on time and a forward is committed before it leaves.
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class _Settings:
+    query_ttl: float = 300.0
+    max_retries: int = 2
+    approval_timeout: float = 600.0
+    outbox_ttl: float = 3600.0
+    screener_timeout: float = 10.0
+
+
+def sealed_core(tmp_path: Path) -> tuple[GatewayCore, Clock, str]:
+    """A core with one sealed value issued to main on bcp:main:researcher; its handle."""
+    clock = Clock()
+    channels = build_channels(load_agents(write_agents(tmp_path)))
+    core = GatewayCore(channels, GatewayState(), _Settings(), clock=clock)
+    spec = QuerySpec.model_validate({**CAT2, "sealed": True})
+    values, actions = seal(
+        core.ctx, channels[("main", "researcher")], spec, {"finding": "a b c", "next": "d"}, []
+    )
+    assert isinstance(actions[-1], Commit) and len(actions) == 3
+    return core, clock, values["finding"]["sealed"]
+
+
+def forward(handle: str, to: str = "tg:alice", sender: str = "agent:main") -> MessageReceived:
+    content = {
+        "forward_id": "f-1",
+        "to": to,
+        "type": "tg_reply",
+        "content": {"text": {"$sealed": handle}},
+    }
+    return MessageReceived("m-1", sender, "bcp:main:researcher", "bcp_forward", content)
+
+
+def test_a_forward_is_recorded_and_committed_before_the_text_leaves(tmp_path):
+    """A valid forward is a bcp_forwarded row, a commit, then the send; its result follows."""
+    core, _clock, handle = sealed_core(tmp_path)
+    row, commit, send = core.handle(forward(handle))
+    assert isinstance(row, Record) and row.event == "bcp_forwarded"
+    assert row.payload["sha256"] == {handle: hashlib.sha256(b"a b c").hexdigest()}
+    assert commit == Commit()
+    assert isinstance(send, Send) and send.topic == "tg:alice" and send.token is not None
+    assert send.content["text"] == "a b c" and send.content["untrusted"] is True
+    result, respond = core.handle(Sent(send.token, 1))
+    assert isinstance(result, Send) and result.content.success  # type: ignore[union-attr]
+    assert respond == Respond(True, "forwarded")
+
+
+def test_a_destination_that_takes_nothing_is_a_refusal(tmp_path):
+    """Nobody took the forwarded message: forward_undelivered, with its row."""
+    core, _clock, handle = sealed_core(tmp_path)
+    *_, send = core.handle(forward(handle))
+    assert isinstance(send, Send) and send.token is not None
+    row, _commit, result, respond = core.handle(Sent(send.token, 0))
+    assert isinstance(row, Record) and row.status == "forward_undelivered"
+    assert isinstance(result, Send) and result.content.error == "forward_undelivered"  # type: ignore[union-attr]
+    assert isinstance(respond, Respond) and not respond.ok
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"advance": 3600.0}, "sealed_expired"),
+        ({"to": "system:screener"}, "forward_forbidden"),
+        ({"to": "agent:researcher"}, "forward_forbidden"),
+        ({"bad": True}, "invalid_message"),
+        ({"sender": "agent:researcher"}, "not_channel_controller"),
+    ],
+)
+def test_refusals_in_the_core(tmp_path, change, reason):
+    """An expired handle, a destination outside sealed_to, a malformed reference, the wrong
+    sender: a row, a commit, then the result and the reply, and nothing sent on."""
+    core, clock, handle = sealed_core(tmp_path)
+    clock.now += change.get("advance", 0.0)
+    event = forward(handle, change.get("to", "tg:alice"), change.get("sender", "agent:main"))
+    if change.get("bad"):
+        event.content["content"] = {"text": {"$sealed": handle, "also": 1}}
+    actions = core.handle(event)
+    row, commit = actions[:2]
+    assert isinstance(row, Record) and row.event == "bcp_forward_refused"
+    assert row.status == reason and commit == Commit()
+    sends = [a for a in actions if isinstance(a, Send)]
+    assert all(s.type == "bcp_forward_result" for s in sends)
+    assert actions[-1] == Respond(False, reason, row.payload["detail"])
