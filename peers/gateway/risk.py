@@ -31,7 +31,14 @@ from schemas.agents import AgentDefinition, Channel, Subscription, build_channel
 from schemas.bcp import MAX_WORDS_LIMIT, Category, QuerySpec
 from schemas.risk import ChannelRisk, FieldRisk, RiskReport, Saving, SpecKind, SpecRisk
 
-from .bits import BITS_PER_WORD, TEXT_FORMATS, field_bits, question_bits, spec_bits
+from .bits import (
+    BITS_PER_WORD,
+    TEXT_FORMATS,
+    delivered_spec_bits,
+    facts_bits,
+    field_bits,
+    question_bits,
+)
 
 __all__ = [
     "CAT1_FIELD_BITS",
@@ -168,7 +175,7 @@ def spec_risk(
     fields = _fields(spec, sealed)
     open_fields = [f for f in fields if f.free_text and not f.sealed]
     words = sum(f.max_words for f in open_fields)
-    bits = spec_bits(spec)
+    bits = delivered_spec_bits(spec)
     count = int(budget_bits // (bits + _OUTCOME_BIT))
     window = _window(spec, query_ttl)
     timing = timing_bits(window, quantum_s)
@@ -205,7 +212,9 @@ def _savings(open_fields: list[FieldRisk]) -> dict[Any, Saving]:
     cut_words = sum(f.max_words - TIGHT_WORDS for f in cut)
     return {
         "sealing": Saving(
-            words=words, bits=0.0, how=f"seal {names}" if names else "no free text to seal"
+            words=words,
+            bits=math.fsum(max(0.0, f.bits - facts_bits(f.max_words)) for f in open_fields),
+            how=f"seal {names}" if names else "no free text to seal",
         ),
         "cat1": Saving(
             words=words,

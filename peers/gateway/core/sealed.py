@@ -22,7 +22,6 @@ Then the message goes out with the text in place, marked untrusted, after a comm
 from __future__ import annotations
 
 import hashlib
-import math
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,13 +39,13 @@ from schemas.bcp import (
 )
 from schemas.common import TaintLevel, agent_id, step_down, taint_rank
 
-from ..bits import value_bits
+from ..bits import facts_bits, value_bits
 from ..events import Action, Commit, MessageReceived, Record, Respond, Send
 from ..state import Seal
 from .context import GATEWAY_CLIENT_ID, Context, Refusal, channel_of, parse
 from .frames import codes_only, iso, wire
 
-__all__ = ["HUMAN_PREFIXES", "Forwards", "facts_bits", "seal", "sealed_charge"]
+__all__ = ["HUMAN_PREFIXES", "Forwards", "seal", "sealed_charge"]
 
 HUMAN_PREFIXES = frozenset({"tg", "human"})
 """clientId prefixes of people (a chat, an approver): they read a sealed text as data."""
@@ -64,11 +63,6 @@ def _limits(spec: QuerySpec) -> dict[str, tuple[int, str, ExpectedFormat | None]
         for q in spec.questions or ()
         if q.id in keys
     }
-
-
-def facts_bits(max_words: int) -> float:
-    """Return what a sealed value's facts tell the controller: its word count, 0..max_words."""
-    return math.log2(max_words + 1)
 
 
 def sealed_charge(spec: QuerySpec, response: Mapping[str, Any], charge: float) -> float:

@@ -57,8 +57,9 @@ def check(folder: Path) -> Any:
     return report(load_agents(folder), agents_dir=str(folder))
 
 
-def test_the_reference_agents_pass_and_their_findings_carry_32_words():
-    """research-findings puts 8 + 24 unsealed words before main; ad hoc queries are not gated."""
+def test_the_reference_agents_pass_and_their_findings_carry_10_words():
+    """research-findings puts a 10-word topic before main and seals its 50-word finding (charged
+    its word count, log2 51 bits); ad hoc queries are not gated."""
     agents_dir = default_agents_dir()
     assert agents_dir is not None
     result = check(agents_dir)
@@ -66,9 +67,10 @@ def test_the_reference_agents_pass_and_their_findings_carry_32_words():
     (channel,) = result.channels
     specs = {s.id: s for s in channel.specs}
     findings = specs["research-findings"]
-    assert findings.unsealed_fields == ("topic", "finding")
-    assert findings.unsealed_words == 32 <= DEFAULT_MAX_UNSEALED_WORDS
-    assert findings.bits == 363.0 and findings.deliveries_per_budget == 5
+    assert findings.unsealed_fields == ("topic",)
+    assert findings.unsealed_words == 10 <= DEFAULT_MAX_UNSEALED_WORDS
+    assert findings.bits == pytest.approx(671.0 - 550 + math.log2(51))
+    assert findings.deliveries_per_budget == 15
     assert specs["research-alerts"].unsealed_words == 0
     assert not specs["cat-2"].gated and specs["cat-2"].unsealed_words == 181
     assert specs["cat-3"].human_approved
