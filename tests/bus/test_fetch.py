@@ -17,10 +17,12 @@ import bus.log.history
 from bus.core.epochs import Epochs
 from bus.core.errors import AuditUnavailable, ContentNotKept, EpochNotKept, InvalidParams
 from bus.core.identities import PeerIdentity
+from bus.core.logevents import LogEvent
 from bus.core.policy import Grants, Policy
-from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
 from bus.log.fetch import FetchFilter, Page, check_since
 from bus.log.history import StoredMessage
+from bus.log.schema import SCHEMA
 from bus.ops.config import Limits
 from bus.server import BUS_CLIENT_ID, PRESENCE_TOPIC
 from peers.testing import BusHarness, Inbox, running_bus, scaled
@@ -120,7 +122,7 @@ async def test_a_log_from_before_epochs_gets_the_columns(tmp_path):
         conn.execute("INSERT INTO activity_log (ts, event) VALUES ('t', 'send_start')")
     async with ActivityLog(db) as log:
         assert log.last_epoch == 0
-        await log.write("send_start", epoch=42, trace_id="ab" * 16)
+        await log.write(LogEvent.SEND_START, epoch=42, trace_id="ab" * 16)
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT epoch, typeof(epoch), trace_id FROM activity_log").fetchall()
         assert (None, "null", None) in rows and (42, "integer", "ab" * 16) in rows
@@ -272,7 +274,7 @@ async def test_fetch_reads_a_message_whose_rows_were_not_yet_committed(tmp_path,
     async with running_bus(tmp_path) as h:
         since = h.bus.latest_epoch
         release = threading.Event()
-        real_insert, real_commit = h.log._insert, h.log.commit
+        real_insert, real_commit = h.log._store.insert, h.log.commit
         commits: asyncio.Queue[None] = asyncio.Queue()
 
         def held_insert(batch: Any) -> None:
@@ -283,7 +285,7 @@ async def test_fetch_reads_a_message_whose_rows_were_not_yet_committed(tmp_path,
             commits.put_nowait(None)
             await real_commit()
 
-        monkeypatch.setattr(h.log, "_insert", held_insert)
+        monkeypatch.setattr(h.log._store, "insert", held_insert)
         monkeypatch.setattr(h.log, "commit", counted_commit)
         envelope = {"messageId": "m1", "type": "tg_message", "from": "tg:42", "content": {}}
         publishing = asyncio.ensure_future(
