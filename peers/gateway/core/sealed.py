@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bus.core.logevents import LogEvent
 from bus.core.topics import matches
 from schemas.agents import Channel
 from schemas.bcp import (
@@ -115,7 +116,7 @@ def seal(
         sealed[key] = wire(value)
         rows.append(
             ctx.record(
-                "bcp_sealed",
+                LogEvent.BCP_SEALED,
                 channel,
                 "sealed",
                 handle=handle,
@@ -204,7 +205,7 @@ class Forwards:
             "provenance": {"channel": channel.topic, "reader": channel.reader},
         }
         row = self.ctx.record(
-            "bcp_forwarded",
+            LogEvent.BCP_FORWARDED,
             channel,
             "forwarded",
             message_id=event.message_id,
@@ -232,7 +233,7 @@ class Forwards:
         self, event: MessageReceived, forward_id: Any, to: str, refusal: Refusal
     ) -> list[Action]:
         row = Record(
-            "bcp_forward_refused",
+            LogEvent.BCP_FORWARD_REFUSED,
             actor=GATEWAY_CLIENT_ID,
             topic=event.topic,
             status=refusal.reason,
