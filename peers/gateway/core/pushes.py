@@ -142,15 +142,7 @@ class Pushes:
             left = ctx.state.ledger.left(channel.key, channel.budget_bits)
             detail = f"this push carries {total:.1f} bits; {left:.1f} left"
             return self._refuse(event, channel, ref, Refusal(ReasonCode.BUDGET_EXHAUSTED, detail))
-        ctx.state.ledger.charge(channel.key, total, cat2=False)
-        ctx.state.rates.record((*channel.key, sid), ctx.clock())
-        charged: list[Action] = [
-            ctx.record(LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, **ref),
-            ctx.charged(
-                channel, total, subscription_id=sid, category=spec.category, split=bits.model_dump()
-            ),
-            Commit(),
-        ]
+        charged = self._charge(channel, subscription, bits)
         if result.approval_required:
 
             def review() -> list[Action]:
@@ -177,6 +169,25 @@ class Pushes:
             channel, "bcp_response_delivery", content, verdict, at=slot.at
         )
         return [*charged, *sealed, *deliver]
+
+    def _charge(
+        self, channel: Channel, subscription: Subscription, bits: DeliveryBits
+    ) -> list[Action]:
+        """Charge an accepted push and count it for the rate limits; its rows, committed."""
+        ctx, sid = self.ctx, subscription.id
+        total = bits.value + bits.outcome + bits.timing
+        ctx.state.ledger.charge(channel.key, total, cat2=False)
+        ctx.state.rates.record((*channel.key, sid), ctx.clock())
+        split = bits.model_dump()
+        return [
+            ctx.record(
+                LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, subscription_id=sid
+            ),
+            ctx.charged(
+                channel, total, subscription_id=sid, category=subscription.category, split=split
+            ),
+            Commit(),
+        ]
 
     def _slot(self, channel: Channel, subscription: Subscription) -> timing.Release:
         """The grid slot of a push now, counted from when its subscription allowed it."""

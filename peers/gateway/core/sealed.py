@@ -98,37 +98,52 @@ def seal(
     rows: list[Action] = []
     for key, (max_words, fmt, _expected) in limits.items():
         text = response.get(key)
-        if not isinstance(text, str):
-            continue
-        handle = f"sh-{secrets.token_urlsafe(32)}"
-        expires_at = ctx.clock() + channel.sealed_ttl
-        taint = step_down(channel.reader_taint)
-        where = {**ref, "field": key}
-        kept = Seal(handle, channel.controller, channel.reader, text, taint, expires_at, where)
-        ctx.state.sealed[handle] = kept
-        value = SealedValue(
-            sealed=handle,
-            format=fmt,
-            words=len(text.split()),
-            bits=round(facts_bits(max_words), 3),
-            findings=tuple(c["code"] for c in codes if c.get("field") == key),
-        )
-        sealed[key] = wire(value)
-        rows.append(
-            ctx.record(
-                LogEvent.BCP_SEALED,
-                channel,
-                "sealed",
-                handle=handle,
-                field=key,
-                expires_at=iso(expires_at),
-                sha256=hashlib.sha256(text.encode()).hexdigest(),
-                text=ctx.content(text),
-                taint=taint,
-                **ref,
-            )
-        )
+        if isinstance(text, str):
+            findings = tuple(c["code"] for c in codes if c.get("field") == key)
+            value, row = _seal_one(ctx, channel, key, text, (max_words, fmt, findings), ref)
+            sealed[key] = wire(value)
+            rows.append(row)
     return sealed, [*rows, Commit()]
+
+
+def _seal_one(
+    ctx: Context,
+    channel: Channel,
+    key: str,
+    text: str,
+    facts: tuple[int, str, tuple[str, ...]],
+    ref: Mapping[str, str],
+) -> tuple[SealedValue, Action]:
+    """Keep ``text`` under a new handle; return its sealed value and its ``bcp_sealed`` row."""
+    max_words, fmt, findings = facts
+    handle = f"sh-{secrets.token_urlsafe(32)}"  # 256 random bits: unguessable
+    expires_at = ctx.clock() + channel.sealed_ttl
+    taint = step_down(channel.reader_taint)
+    where = {**ref, "field": key}
+    kept = Seal(handle, channel.controller, channel.reader, text, taint, expires_at, where)
+    ctx.state.sealed[handle] = kept
+    value = SealedValue.model_validate(
+        {
+            "sealed": handle,
+            "format": fmt,
+            "words": len(text.split()),
+            "bits": round(facts_bits(max_words), 3),
+            "findings": findings,
+        }
+    )
+    row = ctx.record(
+        LogEvent.BCP_SEALED,
+        channel,
+        "sealed",
+        handle=handle,
+        field=key,
+        expires_at=iso(expires_at),
+        sha256=hashlib.sha256(text.encode()).hexdigest(),
+        text=ctx.content(text),
+        taint=taint,
+        **ref,
+    )
+    return value, row
 
 
 def _prune(ctx: Context) -> None:
