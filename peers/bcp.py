@@ -155,6 +155,21 @@ def render_for_prompt(
     if not isinstance(delivery, BcpResponseDelivery):
         delivery = BcpResponseDelivery.model_validate(delivery)
     untrusted = delivery.untrusted or delivery.category >= 2
+    tag = f"bcp-data-{boundary}"
+    lines = [f"<{tag} {_attributes(delivery, untrusted)}>"]
+    if untrusted:
+        lines.append(UNTRUSTED_NOTICE)
+    for key, value in delivery.response.items():
+        if isinstance(value, SealedValue):
+            # Only the facts: the text is not here, and the handle means nothing to a model.
+            value = f"[sealed {value.format}, {value.words} words]"
+        lines.append(f'<value key="{html.escape(key, quote=True)}">{_quoted(value)}</value>')
+    lines.append(f"</{tag}>")
+    return "\n".join(lines)
+
+
+def _attributes(delivery: BcpResponseDelivery, untrusted: bool) -> str:
+    """The data block's attributes: where the values came from, each escaped."""
     provenance = delivery.provenance
     attributes = {
         "untrusted": "true" if untrusted else "false",
@@ -165,22 +180,11 @@ def render_for_prompt(
         "category": str(delivery.category),
         "taint": delivery.taint,
     }
-    tag = f"bcp-data-{boundary}"
-    head = " ".join(
+    return " ".join(
         f'{name}="{html.escape(value, quote=True)}"'
         for name, value in attributes.items()
         if value is not None
     )
-    lines = [f"<{tag} {head}>"]
-    if untrusted:
-        lines.append(UNTRUSTED_NOTICE)
-    for key, value in delivery.response.items():
-        if isinstance(value, SealedValue):
-            # Only the facts: the text is not here, and the handle means nothing to a model.
-            value = f"[sealed {value.format}, {value.words} words]"
-        lines.append(f'<value key="{html.escape(key, quote=True)}">{_quoted(value)}</value>')
-    lines.append(f"</{tag}>")
-    return "\n".join(lines)
 
 
 def _quoted(value: object) -> str:

@@ -395,3 +395,25 @@ def test_refusals_in_the_core(tmp_path, change, reason):
     sends = [a for a in actions if isinstance(a, Send)]
     assert all(s.type == "bcp_forward_result" for s in sends)
     assert actions[-1] == Respond(False, reason, row.payload["detail"])
+
+
+def test_a_sealed_value_renders_for_a_prompt_as_its_facts_only():
+    """render_for_prompt shows a sealed value's format and word count, never its handle."""
+    from peers.bcp import render_for_prompt
+    from schemas.bcp import BcpResponseDelivery
+
+    handle = "sh-" + "C" * 43
+    delivery = BcpResponseDelivery.model_validate(
+        {
+            "query_id": "q1",
+            "category": 2,
+            "from_agent": "researcher",
+            "response": {
+                "finding": {"sealed": handle, "format": "short_text", "words": 14, "bits": 5.7}
+            },
+            "bandwidth_bits": 5.7,
+            "taint": "medium",
+        }
+    )
+    rendered = render_for_prompt(delivery, boundary="abcdefgh")
+    assert '"[sealed short_text, 14 words]"' in rendered and handle not in rendered
