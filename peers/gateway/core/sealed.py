@@ -46,10 +46,15 @@ from ..state import Seal
 from .context import GATEWAY_CLIENT_ID, Context, Refusal, channel_of, parse
 from .frames import codes_only, iso, wire
 
-__all__ = ["HUMAN_PREFIXES", "Forwards", "seal", "sealed_charge"]
+__all__ = ["FORWARD_TYPES", "HUMAN_PREFIXES", "Forwards", "seal", "sealed_charge"]
 
 HUMAN_PREFIXES = frozenset({"tg", "human"})
 """clientId prefixes of people (a chat, an approver): they read a sealed text as data."""
+
+FORWARD_TYPES = frozenset({"tg_reply", "tg_message"})
+"""The message types a forward may arrive as: a chat's reply, an agent's message. Only these:
+the gateway sends it as ``system:gateway``, and a controller must not speak for the gateway
+with its own types (``bcp_approval_request`` to a human, ``bcp_query`` to a reader)."""
 
 _REF_KEY = "$sealed"
 
@@ -165,6 +170,9 @@ class Forwards:
         try:
             channel = channel_of(self.ctx.channels, event, sender_is="controller")
             forward = parse(BcpForward, event.content, ReasonCode.INVALID_MESSAGE)
+            if forward.type not in FORWARD_TYPES:
+                allowed = ", ".join(sorted(FORWARD_TYPES))
+                raise Refusal(ReasonCode.FORWARD_FORBIDDEN, f"a forward is one of: {allowed}")
             seals = [self._check(channel, handle) for handle in _handles(forward.content)]
             if not seals:
                 raise Refusal(ReasonCode.INVALID_MESSAGE, 'content has no {"$sealed": HANDLE}')

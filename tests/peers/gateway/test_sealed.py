@@ -377,6 +377,7 @@ def test_a_destination_that_takes_nothing_is_a_refusal(tmp_path):
         ({"to": "system:screener"}, "forward_forbidden"),
         ({"to": "agent:researcher"}, "forward_forbidden"),
         ({"bad": True}, "invalid_message"),
+        ({"type": "bcp_approval_request"}, "forward_forbidden"),
         ({"sender": "agent:researcher"}, "not_channel_controller"),
     ],
 )
@@ -388,6 +389,8 @@ def test_refusals_in_the_core(tmp_path, change, reason):
     event = forward(handle, change.get("to", "tg:alice"), change.get("sender", "agent:main"))
     if change.get("bad"):
         event.content["content"] = {"text": {"$sealed": handle, "also": 1}}
+    if "type" in change:
+        event.content["type"] = change["type"]
     actions = core.handle(event)
     row, commit = actions[:2]
     assert isinstance(row, Record) and row.event == "bcp_forward_refused"
