@@ -203,6 +203,8 @@ async def test_the_controller_never_receives_a_byte_of_the_sealed_text(tmp_path)
         for text in INJECTIONS:
             for shingle in shingles(text):
                 assert shingle not in seen, shingle
+        for word in ("protonmail", "releasing", "disregard", "credential", "immediately"):
+            assert word not in seen.casefold(), word
         await h.gateway.close()
         rows = h.bus.rows(event="bcp_forwarded")
         assert len(rows) == 4
