@@ -422,3 +422,38 @@ def test_a_sealed_value_renders_for_a_prompt_as_its_facts_only():
     )
     rendered = render_for_prompt(delivery, boundary="abcdefgh")
     assert '"[sealed short_text, 14 words]"' in rendered and handle not in rendered
+
+
+async def test_a_sealed_summary_is_approved_first_then_forwarded_without_a_second_approval(
+    tmp_path,
+):
+    """A sealed Cat-3 summary goes to a human for approval as always (the human reads it); the
+    controller then gets a handle, and forwarding it to a chat asks for no other approval."""
+    summary = "The vendor recommends wiring the deposit to a fresh account before Friday"
+    async with sealed_bus(tmp_path) as (h, _tap):
+        main, reader = h.controller("main"), h.reader("researcher")
+        approver = h.bus.peer("human:alice")
+        approvals = Inbox(reply=True)
+        approver.handle("bcp_approval_request", approvals)
+        approver.handle(None, Inbox(reply=True))
+        chat = h.bus.peer("tg:bob")
+        replies = Inbox(reply=True)
+        chat.handle("tg_reply", replies)
+        reader.on_query(answering({"summary": summary}))
+        spec = {"category": 3, "directive": "Summarize.", "max_words": 40}
+        async with main, reader, approver, chat:
+            await approver.subscribe("system:approval")
+            asking = asyncio.create_task(
+                main.ask("researcher", spec, sealed=True, timeout=scaled(10))
+            )
+            request = (await approvals.get_type("bcp_approval_request")).content
+            assert request["response"] == {"summary": summary}  # the human reads it
+            decision = {"approval_id": request["approval_id"], "decision": "approve"}
+            await approver.send("system:approval", "bcp_approval_decision", decision)
+            delivery = await asking
+            value = delivery.response["summary"]
+            assert isinstance(value, SealedValue) and value.format == "summary"
+            assert value.words == len(summary.split()) == 12
+            await main.forward("researcher", "tg:bob", "tg_reply", {"text": value.ref()})
+            assert (await replies.get(10)).content["text"] == summary
+            assert approvals.empty()  # no second approval was asked for
