@@ -392,7 +392,7 @@ class Controller(_Agent):
         body = {"forward_id": forward_id, "to": to, "type": message_type, "content": content}
         try:
             result = await self.peer.send(f"bcp:{self.name}:{reader}", "bcp_forward", body)
-            if result.get("deliveredTo", 0) == 0 and not future.done():
+            if result.delivered_to == 0 and not future.done():
                 raise ForwardRefused(forward_id, "gateway_unavailable", "no gateway took it")
             forwarded = await _wait(future, timeout, f"forward {forward_id}")
         finally:
