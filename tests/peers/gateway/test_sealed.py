@@ -34,7 +34,7 @@ bcp_channels:
     budget_bits: 100000
     anomaly_action: flag
     delivery_quantum: 0
-    sealed_to: ["tg:*", "agent:scribe", "agent:notes"]
+    sealed_to: ["tg:*", "human:dana", "agent:scribe", "agent:notes"]
     sealed_ttl: {ttl}
   - peer: other
     role: controller
@@ -457,3 +457,20 @@ async def test_a_sealed_summary_is_approved_first_then_forwarded_without_a_secon
             await main.forward("researcher", "tg:bob", "tg_reply", {"text": value.ref()})
             assert (await replies.get(10)).content["text"] == summary
             assert approvals.empty()  # no second approval was asked for
+
+
+async def test_a_person_at_a_human_address_gets_the_text(tmp_path):
+    """A forward to human:<name>, where the channel's sealed_to allows it, lands as a tg_reply
+    under the built-in policy."""
+    async with sealed_bus(tmp_path) as (h, _tap):
+        main, reader = h.controller("main"), h.reader("researcher")
+        person = h.bus.peer("human:dana")
+        inbox = Inbox(reply=True)
+        person.handle("tg_reply", inbox)
+        reader.on_query(answering({"finding": INJECTIONS[0], "next": "fine"}))
+        async with main, reader, person:
+            delivery = await main.ask("researcher", CAT2, sealed=True, timeout=scaled(10))
+            value = delivery.response["finding"]
+            assert isinstance(value, SealedValue)
+            await main.forward("researcher", "human:dana", "tg_reply", {"text": value.ref()})
+            assert (await inbox.get(10)).content["text"] == INJECTIONS[0]
