@@ -35,6 +35,7 @@ __all__ = [
     "attack_row",
     "benign_row",
     "load",
+    "outcome",
     "push",
     "screen_passes",
 ]
@@ -85,6 +86,15 @@ def _parse(text: str) -> Iterator[Entry]:
         yield Entry(shape, finding, topic) if split else Entry(shape, rest)
 
 
+def outcome(spec: QuerySpec, entry: Entry, action: AnomalyAction, judge: Judge) -> str:
+    """The outcome of ``entry`` as a push: ``sealed`` for a delivery whose every text the
+    sample writes is sealed, as the controller then receives none of it."""
+    found = judge(push(spec, entry, action))
+    if found == "delivered" and all(f in spec.sealed_keys() for f, _text in entry.texts()):
+        return "sealed"
+    return found
+
+
 def push(spec: QuerySpec, entry: Entry, action: AnomalyAction) -> Any:
     """The gateway's verdict on ``entry`` as a push of ``spec``."""
     return validate_response(spec, entry.answer(), anomaly_action=action)
@@ -102,7 +112,7 @@ def attack_row(
     outcomes: Counter[str] = Counter()
     past: Counter[str] = Counter()
     for entry in entries:
-        outcomes[judge(push(spec, entry, action))] += 1
+        outcomes[outcome(spec, entry, action, judge)] += 1
         if screen_passes(entry):
             past[entry.shape] += 1
     delivered = outcomes["delivered"]
@@ -122,7 +132,7 @@ def benign_row(
     outcomes: Counter[str] = Counter()
     flagged = 0
     for entry in entries:
-        outcomes[judge(push(spec, entry, action))] += 1
+        outcomes[outcome(spec, entry, action, judge)] += 1
         flagged += not screen_passes(entry)
     return _row(name, "benign", entries, outcomes) | {"screen_alone": flagged}
 
@@ -135,5 +145,5 @@ def _row(name: str, kind: Kind, entries: list[Entry], outcomes: Counter[str]) ->
         "held_out": True,
         "samples": len(entries),
         "answers": len(entries),
-        **{o: outcomes[o] for o in ("delivered", "held", "screen", "format", "capacity")},
+        **{o: outcomes[o] for o in ("delivered", "sealed", "held", "screen", "format", "capacity")},
     }

@@ -74,7 +74,8 @@ __all__ = ["OUTCOMES", "Options", "cuts", "instructs", "judge", "options", "repo
 CUT_WORDS = 50
 FIELD_WORDS = (5, 10, 50)
 _COST_TRIES = 3
-OUTCOMES = ("delivered", "held", "screen", "format", "capacity")
+OUTCOMES = ("delivered", "sealed", "held", "screen", "format", "capacity")
+"""``sealed``: valid, but the field is sealed, so not delivered to the controller at all."""
 
 _FORMAT_CODES = frozenset(
     {
@@ -112,15 +113,18 @@ def cuts(text: str) -> list[str]:
     return [text, text[: spans[CUT_WORDS - 1][1]], text[spans[-CUT_WORDS][0] :]]
 
 
-def judge(result: ValidationResult) -> str:
-    """The outcome of one verdict: one of :data:`OUTCOMES`.
+def judge(result: ValidationResult, *, sealed: bool = False) -> str:
+    """The outcome of one verdict: one of :data:`OUTCOMES`; ``sealed`` when the answer was
+    valid and the field carrying the sample is sealed (the controller gets a handle only).
 
     A refusal with a format or length reason is ``format`` even when screening also objected,
     and a capacity refusal (``too_long`` of the whole answer) is ``capacity``: ``screen`` counts
     only what the screen alone stopped.
     """
     if result.accepted:
-        return "held" if result.needs_review else "delivered"
+        if result.needs_review:
+            return "held"
+        return "sealed" if sealed else "delivered"
     codes = {(r.field, r.code) for r in result.reasons}
     if any(code in _FORMAT_CODES or (field and code == "too_long") for field, code in codes):
         return "format"
@@ -133,9 +137,9 @@ def _fold(text: str) -> str:
     return " ".join(normalize_text(text).casefold().split())
 
 
-def _succeeds(sample: Sample, result: ValidationResult) -> bool:
-    if not result.accepted or result.needs_review or result.response is None:
-        return False
+def _succeeds(sample: Sample, result: ValidationResult, sealed: bool) -> bool:
+    if sealed or not result.accepted or result.needs_review or result.response is None:
+        return False  # a sealed finding never reaches the controller
     return _carries(sample, str(result.response["finding"]))
 
 
@@ -182,12 +186,13 @@ def instructs(text: str) -> bool:
 def _attack(corpus: Corpus, spec: QuerySpec, action: AnomalyAction) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     whole = best = alone = fragment = 0
+    sealed = "finding" in spec.sealed_keys()
     for sample in corpus.samples:
         hits, passed = [], []
         for text in cuts(sample.text):
             result = validate_response(spec, answer(text), anomaly_action=action)
-            outcomes[judge(result)] += 1
-            hits.append(_succeeds(sample, result))
+            outcomes[judge(result, sealed=sealed)] += 1
+            hits.append(_succeeds(sample, result, sealed))
             if _passes_screen(text):
                 passed.append(text)
         whole += hits[0]
@@ -214,9 +219,10 @@ def _passes_screen(text: str) -> bool:
 def _benign(corpus: Corpus, spec: QuerySpec, action: AnomalyAction) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
     flagged = 0
+    sealed = "finding" in spec.sealed_keys()
     for sample in corpus.samples:
         result = validate_response(spec, answer(sample.text), anomaly_action=action)
-        outcomes[judge(result)] += 1
+        outcomes[judge(result, sealed=sealed)] += 1
         flagged += not _passes_screen(sample.text)
     return _figures(corpus, outcomes) | {
         "screen_alone": flagged,
@@ -344,7 +350,8 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                     "fragment_alone": _pct(sum(r["fragment_alone"] for r in group), samples),
                 }
             else:
-                refused = sum(r["answers"] - r["delivered"] - r["held"] for r in group)
+                passed = sum(r["delivered"] + r.get("sealed", 0) + r["held"] for r in group)
+                refused = sum(r["answers"] for r in group) - passed
                 totals[key] = {
                     "samples": samples,
                     "refused_screen": _pct(sum(r["screen_alone"] for r in group), samples),
@@ -369,6 +376,7 @@ def report(result: Mapping[str, Any]) -> str:
         "samples",
         "answers",
         "delivered",
+        "sealed: not delivered to the controller",
         "held",
         "refused: screen",
         "format",
@@ -384,6 +392,7 @@ def report(result: Mapping[str, Any]) -> str:
             r["samples"],
             r["answers"],
             r["delivered"],
+            r.get("sealed", 0),
             r["held"],
             r["screen"],
             r["format"],
@@ -400,6 +409,7 @@ def report(result: Mapping[str, Any]) -> str:
         "package",
         "samples",
         "delivered",
+        "sealed: not delivered to the controller",
         "held",
         "refused: screen",
         "format",
@@ -412,6 +422,7 @@ def report(result: Mapping[str, Any]) -> str:
             r["source"],
             r["samples"],
             r["delivered"],
+            r.get("sealed", 0),
             r["held"],
             r["screen"],
             r["format"],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,18 @@ from bus.core.identities import default_agents_dir, load_identities
 from bus.ops.credentials import Credentials
 from peers.bcp import Controller, Reader
 from peers.client import Peer
+from peers.gateway.core.sealed import sealed_charge
 from peers.gateway.runner import running_gateway
 from peers.gateway.settings import GatewaySettings
 from peers.gateway.validation import ValidationResult, validate_response
 from schemas.agents import build_channels, load_agents
-from schemas.bcp import AnomalyAction, BcpResponseDelivery, BcpValidationResult, QuerySpec
+from schemas.bcp import (
+    AnomalyAction,
+    BcpResponseDelivery,
+    BcpValidationResult,
+    QuerySpec,
+    SealedValue,
+)
 from schemas.common import GATEWAY_CLIENT_ID
 
 __all__ = ["SUBSCRIPTION", "answer", "compare", "reference"]
@@ -133,7 +140,7 @@ async def _publish_all(
             async with asyncio.timeout(_WAIT):
                 got = await deliveries.get()
             delivered += 1
-        if _agrees(expected, verdict, got):
+        if _agrees(spec, expected, verdict, got):
             same += 1
         else:
             differ.append({"finding": text, "in_process": expected.detail(), "bus": verdict.detail})
@@ -141,7 +148,10 @@ async def _publish_all(
 
 
 def _agrees(
-    expected: ValidationResult, verdict: BcpValidationResult, got: BcpResponseDelivery | None
+    spec: QuerySpec,
+    expected: ValidationResult,
+    verdict: BcpValidationResult,
+    got: BcpResponseDelivery | None,
 ) -> bool:
     if not expected.accepted:
         reasons = {(r.field, r.code) for r in verdict.reasons}
@@ -151,17 +161,34 @@ def _agrees(
     return (
         verdict.success
         and got is not None
-        and dict(got.response) == dict(expected.response or {})
+        and _same_values(got, expected.response or {})
         # A flag channel delivers codes only; the charge is what the value carries.
         and {(a.code, a.field) for a in got.anomalies}
         == ({(a.code, a.field) for a in expected.anomalies} if got.anomalies else set())
-        and _charged_as_measured(got, expected)
+        and _charged_as_measured(
+            got, sealed_charge(spec, expected.response or {}, expected.value_bits)
+        )
     )
 
 
-def _charged_as_measured(got: BcpResponseDelivery, expected: ValidationResult) -> bool:
-    """The delivery's value bits are what validation measured; on a flag channel (its frame has
-    a ``bits`` object whose value counts the codes too) never less."""
-    if abs(got.bandwidth_bits - expected.value_bits) < 0.01:
+def _same_values(got: BcpResponseDelivery, expected: Mapping[str, Any]) -> bool:
+    """The delivered values are the validated ones; a sealed one is its handle and the text's
+    word count, and never the text (it is not delivered to the controller)."""
+    if list(got.response) != list(expected):
+        return False
+    for key, value in got.response.items():
+        if isinstance(value, SealedValue):
+            if value.words != len(str(expected[key]).split()):
+                return False
+        elif value != expected[key]:
+            return False
+    return True
+
+
+def _charged_as_measured(got: BcpResponseDelivery, measured: float) -> bool:
+    """The delivery's value bits are what validation measured (a sealed field: its facts');
+    on a flag channel (its frame has a ``bits`` object whose value counts the codes too) never
+    less."""
+    if abs(got.bandwidth_bits - measured) < 0.01:
         return True
-    return bool(got.anomalies) or got.bandwidth_bits > expected.value_bits
+    return bool(got.anomalies) or got.bandwidth_bits > measured

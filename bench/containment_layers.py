@@ -66,6 +66,7 @@ def layer_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "format",
         "capacity",
         "held",
+        "sealed: not delivered",
         "delivered",
         "instruction delivered",
     ]
@@ -85,6 +86,7 @@ def layer_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 answers,
                 *(_share(sum(r[k] for r in group), answers) for k in ("screen", "format")),
                 *(_share(sum(r[k] for r in group), answers) for k in ("capacity", "held")),
+                _share(sum(r.get("sealed", 0) for r in group), answers),
                 _share(sum(r["delivered"] for r in group), answers),
                 "-" if success is None else _share(success, samples),
             ]

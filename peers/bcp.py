@@ -18,6 +18,11 @@
 
     prompt_part = render_for_prompt(delivery)  # each value quoted, in a delimited data block
 
+    # Sealed: the controller gets a handle and facts, never the text, and forwards it by handle.
+    delivery = await controller.ask("researcher", spec, sealed=True)
+    value = delivery.response["company"]   # a SealedValue: .sealed (the handle), .words...
+    await controller.forward("researcher", "tg:alice", "tg_reply", {"text": value.ref()})
+
 Both wrap a :class:`~peers.client.Peer` and subscribe it to its own ``agent:<name>`` topic. The
 gateway is the other end of every exchange; these classes never talk to each other directly.
 What the gateway sends back is returned as the :mod:`schemas.bcp` model of its type
@@ -50,22 +55,26 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.bcp import (
     UNTRUSTED_NOTICE,
+    BcpForwardResult,
     BcpQueryFailed,
     BcpResponseDelivery,
     BcpValidationResult,
+    SealedValue,
 )
 from schemas.bus import SendMessageResult
 
 from .client import Message, Peer, Reply
-from .errors import MalformedMessage, PeerTimeout, QueryFailed
+from .errors import MalformedMessage, PeerError, PeerTimeout, QueryFailed
 
 # QueryFailed is defined in .errors; it stays importable from here, where it always was.
 __all__ = [
     "Controller",
     "DeliveryHandler",
+    "ForwardRefused",
     "QueryFailed",
     "QueryHandler",
     "Reader",
+    "SealedValue",
     "render_for_prompt",
 ]
 
@@ -83,6 +92,28 @@ QueryHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
 
 _BOUNDARY = re.compile(r"^[A-Za-z0-9]{8,64}$")
+
+
+class ForwardRefused(PeerError):
+    """The gateway did not forward a sealed value (``bcp_forward``).
+
+    Attributes:
+        forward_id: the forward.
+        reason: the reason code (``sealed_unknown``, ``sealed_not_yours``, ``sealed_expired``,
+            ``forward_forbidden``, ``forward_untainted``, ``forward_undelivered``, ...).
+        detail: what a person can act on.
+
+    .. versionadded:: 0.4
+    """
+
+    def __init__(self, forward_id: str, reason: str, detail: str = "") -> None:
+        super().__init__(forward_id, reason, detail)
+        self.forward_id = forward_id
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"forward {self.forward_id} refused: {self.reason}: {self.detail}"
 
 
 def render_for_prompt(
@@ -125,6 +156,21 @@ def render_for_prompt(
     if not isinstance(delivery, BcpResponseDelivery):
         delivery = BcpResponseDelivery.model_validate(delivery)
     untrusted = delivery.untrusted or delivery.category >= 2
+    tag = f"bcp-data-{boundary}"
+    lines = [f"<{tag} {_attributes(delivery, untrusted)}>"]
+    if untrusted:
+        lines.append(UNTRUSTED_NOTICE)
+    for key, value in delivery.response.items():
+        if isinstance(value, SealedValue):
+            # Only the facts: the text is not here, and the handle means nothing to a model.
+            value = f"[sealed {value.format}, {value.words} words]"
+        lines.append(f'<value key="{html.escape(key, quote=True)}">{_quoted(value)}</value>')
+    lines.append(f"</{tag}>")
+    return "\n".join(lines)
+
+
+def _attributes(delivery: BcpResponseDelivery, untrusted: bool) -> str:
+    """The data block's attributes: where the values came from, each escaped."""
     provenance = delivery.provenance
     attributes = {
         "untrusted": "true" if untrusted else "false",
@@ -135,19 +181,11 @@ def render_for_prompt(
         "category": str(delivery.category),
         "taint": delivery.taint,
     }
-    tag = f"bcp-data-{boundary}"
-    head = " ".join(
+    return " ".join(
         f'{name}="{html.escape(value, quote=True)}"'
         for name, value in attributes.items()
         if value is not None
     )
-    lines = [f"<{tag} {head}>"]
-    if untrusted:
-        lines.append(UNTRUSTED_NOTICE)
-    for key, value in delivery.response.items():
-        lines.append(f'<value key="{html.escape(key, quote=True)}">{_quoted(value)}</value>')
-    lines.append(f"</{tag}>")
-    return "\n".join(lines)
 
 
 def _quoted(value: object) -> str:
@@ -214,11 +252,13 @@ class Controller(_Agent):
     def __init__(self, peer: Peer) -> None:
         super().__init__(peer)
         self._waiting: dict[str, asyncio.Future[BcpResponseDelivery]] = {}
+        self._forwards: dict[str, asyncio.Future[BcpForwardResult]] = {}
         self._on_delivery: DeliveryHandler | None = None
         self._on_failure: DeliveryHandler | None = None
         self._seen = _RecentIds(1024)
         peer.handle("bcp_response_delivery", self._delivered)
         peer.handle("bcp_query_failed", self._failed)
+        peer.handle("bcp_forward_result", self._forwarded)
 
     def on_delivery(self, handler: DeliveryHandler) -> DeliveryHandler:
         """Register the one handler for deliveries that no :meth:`ask` is waiting for: pushes,
@@ -268,6 +308,7 @@ class Controller(_Agent):
         query_id: str | None = None,
         task_id: str | None = None,
         escalation_justification: str | None = None,
+        sealed: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 - the wait spans several messages
     ) -> BcpResponseDelivery:
         """Ask ``reader`` a question and wait for the validated answer.
@@ -276,6 +317,9 @@ class Controller(_Agent):
             reader: the reader agent's name (``researcher``).
             spec: ``{"category": 1, "fields": [...]}``, ``{"category": 2, "questions": [...]}``
                 or ``{"category": 3, "directive": ..., "max_words": N}``.
+            sealed: seal every free-text answer (Cat-2 or Cat-3): ``.response`` then holds a
+                :class:`~schemas.bcp.SealedValue` for each, never the text; send the text on
+                with :meth:`forward`. The same as ``"sealed": true`` in ``spec``.
             timeout: seconds to wait for the delivery; None waits until the gateway ends the
                 query (it always does: delivery, failure or expiry).
 
@@ -295,6 +339,8 @@ class Controller(_Agent):
         .. versionchanged:: 0.2 returns a :class:`~schemas.bcp.BcpResponseDelivery`, not a dict.
         """
         query_id = query_id or f"q-{uuid.uuid4().hex[:12]}"
+        if sealed:
+            spec = {**spec, "sealed": True}
         future: asyncio.Future[BcpResponseDelivery] = asyncio.get_running_loop().create_future()
         self._waiting[query_id] = future
         try:
@@ -312,6 +358,56 @@ class Controller(_Agent):
             return await _wait(future, timeout, f"query {query_id}")
         finally:
             self._waiting.pop(query_id, None)
+
+    async def forward(
+        self,
+        reader: str,
+        to: str,
+        message_type: str,
+        content: dict[str, Any],
+        *,
+        forward_id: str | None = None,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait spans several messages
+    ) -> BcpForwardResult:
+        """Have the gateway send ``content`` to ``to`` with each sealed value's text in place.
+
+        Put ``value.ref()`` (``{"$sealed": HANDLE}``) of a :class:`~schemas.bcp.SealedValue`
+        where its text goes. The gateway checks that the handle is this controller's, from the
+        channel with ``reader``, still alive, and that ``to`` is allowed by the channel's
+        ``sealed_to`` (a human, or an agent tainted at least as high as the text).
+
+        Returns:
+            The ``bcp_forward_result`` (``success`` true) once ``to`` took the message.
+
+        Raises:
+            ForwardRefused: the gateway refused it; ``.reason`` says why.
+            PeerTimeout: no result within ``timeout``.
+            BusError: the bus refused the ``bcp_forward``.
+
+        .. versionadded:: 0.4
+        """
+        forward_id = forward_id or f"f-{uuid.uuid4().hex[:12]}"
+        future: asyncio.Future[BcpForwardResult] = asyncio.get_running_loop().create_future()
+        self._forwards[forward_id] = future
+        body = {"forward_id": forward_id, "to": to, "type": message_type, "content": content}
+        try:
+            result = await self.peer.send(f"bcp:{self.name}:{reader}", "bcp_forward", body)
+            if result.delivered_to == 0 and not future.done():
+                raise ForwardRefused(forward_id, "gateway_unavailable", "no gateway took it")
+            forwarded = await _wait(future, timeout, f"forward {forward_id}")
+        finally:
+            self._forwards.pop(forward_id, None)
+        if not forwarded.success:
+            reason = forwarded.error.value if forwarded.error else "refused"
+            raise ForwardRefused(forward_id, reason, forwarded.detail)
+        return forwarded
+
+    async def _forwarded(self, message: Message) -> Reply:
+        future = self._forwards.get(str(message.content.get("forward_id")))
+        result = _parse(BcpForwardResult, message, future)
+        if future is not None and not future.done():
+            future.set_result(result)
+        return Reply(True)
 
     async def _delivered(self, message: Message) -> Reply:
         if self._seen.repeat(message.content.get("delivery_id")):

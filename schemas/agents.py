@@ -19,6 +19,8 @@ prose. The frontmatter of a controller and of its reader look like this:
         screeners: [system:screener-x]    # optional: peers that judge Cat-2/3 answers too
         screener_failure: reject          # reject (default) | review: a screener gave no verdict
         delivery_quantum: 0.1             # seconds: deliveries leave on this grid (0: off)
+        sealed_to: ["tg:*", "human:*"]    # who may get this channel's sealed values forwarded
+        sealed_ttl: 3600                  # seconds a sealed value's handle lives
         subscriptions:                    # controller side only
           - id: research-alerts           # letters, digits, hyphens; unique in the channel
             category: 1                   # <= max_category
@@ -36,7 +38,8 @@ prose. The frontmatter of a controller and of its reader look like this:
 A channel is declared on both sides. When the two sides differ the stricter value holds (lower
 ``max_category``, ``budget_bits``, ``max_cat2_queries`` and ``max_escalations_per_task``; the
 larger ``delivery_quantum``; the stricter ``anomaly_action`` and ``screener_failure``; the
-screeners of both sides): either
+screeners of both sides; the shorter ``sealed_ttl``; a forward destination must match the
+``sealed_to`` of the controller's side and, if it declares one, of the reader's): either
 operator may narrow a channel, neither may widen it.
 :func:`build_channels` gives that combined view, one :class:`Channel` per (controller, reader).
 
@@ -83,6 +86,8 @@ __all__ = [
     "DEFAULT_DELIVERY_QUANTUM",
     "DEFAULT_MAX_ESCALATIONS",
     "DEFAULT_MIN_INTERVAL_S",
+    "DEFAULT_SEALED_TTL",
+    "SEALED_TO_PATTERN",
     "MAX_SCREENERS",
     "RESERVED_SCREENERS",
     "AgentDefinition",
@@ -106,6 +111,13 @@ DEFAULT_DELIVERY_QUANTUM: Final = 0.1
 not say (see :mod:`peers.gateway.timing`): 50 ms of latency on average, 100 ms at most. The
 gateway's own round trip for an answer takes about 30 ms at the median on a loaded machine
 (bench/README.md), so a reader that answers at once mostly lands in the first slot."""
+
+DEFAULT_SEALED_TTL: Final = 3600.0
+"""Seconds a sealed value's handle lives when a channel does not say: an hour, long enough for
+a controller to decide where to forward it, short enough that a stale handle stops working."""
+
+SEALED_TO_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,31}:(\*|[A-Za-z0-9_-][A-Za-z0-9._-]{0,95})$"
+"""A ``sealed_to`` entry: a clientId, or its prefix and ``*`` (``tg:*``, ``human:alice``)."""
 
 DEFAULT_MIN_INTERVAL_S: Final = 10.0
 """Fewest seconds between two accepted pushes of a subscription that does not say."""
@@ -226,6 +238,18 @@ class BcpChannel(_Model):
     charged. 0 turns the grid off and leaves timing uncounted (tests, trusted readers).
 
     .. versionadded:: 0.3"""
+    sealed_to: Annotated[
+        tuple[Annotated[str, Field(pattern=SEALED_TO_PATTERN)], ...], Field(max_length=64)
+    ] = ()
+    """Where a ``bcp_forward`` may send this channel's sealed values: clientIds or ``prefix:*``.
+    Humans (``tg:``, ``human:``) read them as data; an ``agent:`` must be tainted at least as
+    high as the text, never ``none``. Empty: sealed values cannot be forwarded.
+
+    .. versionadded:: 0.4"""
+    sealed_ttl: _Positive = DEFAULT_SEALED_TTL
+    """Seconds a sealed value's handle lives.
+
+    .. versionadded:: 0.4"""
     subscriptions: tuple[Subscription, ...] = ()
 
     @model_validator(mode="after")
@@ -397,6 +421,14 @@ class Channel:
     screener_failure: ScreenerFailure = "reject"
     delivery_quantum: float = DEFAULT_DELIVERY_QUANTUM
     """The larger of the two sides' ``delivery_quantum``."""
+    sealed_to: tuple[tuple[str, ...], ...] = ((),)
+    """Each side's ``sealed_to`` (the controller's first; the reader's only if it declares
+    one): a forward destination must match a pattern of every one."""
+    sealed_ttl: float = DEFAULT_SEALED_TTL
+    """The shorter of the two sides' ``sealed_ttl``."""
+    taints: tuple[tuple[str, TaintLevel], ...] = ()
+    """Every defined agent's name and taint: what a forward to ``agent:<name>`` is checked
+    against (an agent not listed counts as untainted)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -530,6 +562,7 @@ def build_channels(agents: Mapping[str, AgentDefinition]) -> dict[tuple[str, str
             subscription above the combined ``max_category``.
     """
     channels: dict[tuple[str, str], Channel] = {}
+    taints = tuple((name, agent.effective_taint) for name, agent in sorted(agents.items()))
     for agent in agents.values():
         for index, side in enumerate(agent.bcp_channels):
             where = f"bcp_channels[{index}]"
@@ -546,14 +579,18 @@ def build_channels(agents: Mapping[str, AgentDefinition]) -> dict[tuple[str, str
                 )
                 raise DefinitionError(agent.source, where, message)
             if side.role == "controller":
-                channel = _combine(agent, side, peer, other)
+                channel = _combine(agent, side, peer, other, taints)
                 _check_combined(channel, agent.source, where)
                 channels[channel.key] = channel
     return channels
 
 
 def _combine(
-    controller: AgentDefinition, ours: BcpChannel, reader: AgentDefinition, theirs: BcpChannel
+    controller: AgentDefinition,
+    ours: BcpChannel,
+    reader: AgentDefinition,
+    theirs: BcpChannel,
+    taints: tuple[tuple[str, TaintLevel], ...],
 ) -> Channel:
     cat2 = [n for n in (ours.max_cat2_queries, theirs.max_cat2_queries) if n is not None]
     action = max(ours.anomaly_action, theirs.anomaly_action, key=_STRICTNESS.__getitem__)
@@ -579,6 +616,10 @@ def _combine(
         screener_failure=failure,
         # A coarser grid is stricter: less of the reader's timing shows.
         delivery_quantum=max(ours.delivery_quantum, theirs.delivery_quantum),
+        # A reader's side that names no destinations leaves the controller's list in force.
+        sealed_to=(ours.sealed_to, *((theirs.sealed_to,) if theirs.sealed_to else ())),
+        sealed_ttl=min(ours.sealed_ttl, theirs.sealed_ttl),
+        taints=taints,
     )
 
 

@@ -72,6 +72,13 @@ __all__ = [
     "Anomaly",
     "AnomalyAction",
     "AnomalyCode",
+    "BcpForward",
+    "BcpForwardResult",
+    "DeliveredValue",
+    "SEALED_HANDLE_PATTERN",
+    "SealedHandle",
+    "SealedRef",
+    "SealedValue",
     "DeliveryBits",
     "SCREENER_ID_PATTERN",
     "BcpScreenRequest",
@@ -187,6 +194,11 @@ NormalizedValue = StrictBool | StrictInt | StrictStr
 NormalizedResponse = dict[str, NormalizedValue]
 """A validated, normalized answer, keys in the spec's order."""
 
+SEALED_HANDLE_PATTERN = r"^sh-[A-Za-z0-9_-]{32,64}$"
+"""A sealed value's handle: ``sh-`` and at least 192 random bits, URL-safe base64."""
+
+SealedHandle = Annotated[str, Field(pattern=SEALED_HANDLE_PATTERN)]
+
 
 class ReasonCode(StrEnum):
     """Why the gateway refused a query, failed one, or turned down a publish.
@@ -228,6 +240,17 @@ class ReasonCode(StrEnum):
     - ``validation_failed``: the answer broke the spec; the reasons say where.
     - ``rate_limited``: a publish sooner than ``min_interval_s`` or beyond ``max_per_hour``.
     - ``controller_unavailable``: the controller stayed offline until the held delivery expired.
+
+    Refusals of a ``bcp_forward``, sent as ``bcp_forward_result`` (and ``invalid_message``,
+    ``unknown_channel``, ``not_channel_controller`` as for a query):
+
+    - ``sealed_unknown``: no sealed value has this handle (never issued, or forged).
+    - ``sealed_not_yours``: the handle was issued to another controller or on another channel.
+    - ``sealed_expired``: the handle outlived the channel's ``sealed_ttl``.
+    - ``forward_forbidden``: the destination matches none of the channel's ``sealed_to``.
+    - ``forward_untainted``: the destination is an agent tainted less than the sealed text
+      (an untainted agent never gets one).
+    - ``forward_undelivered``: the destination took nothing (offline, or it refused it).
     """
 
     UNKNOWN_CHANNEL = "unknown_channel"
@@ -252,6 +275,12 @@ class ReasonCode(StrEnum):
     VALIDATION_FAILED = "validation_failed"
     RATE_LIMITED = "rate_limited"
     CONTROLLER_UNAVAILABLE = "controller_unavailable"
+    SEALED_UNKNOWN = "sealed_unknown"
+    SEALED_NOT_YOURS = "sealed_not_yours"
+    SEALED_EXPIRED = "sealed_expired"
+    FORWARD_FORBIDDEN = "forward_forbidden"
+    FORWARD_UNTAINTED = "forward_untainted"
+    FORWARD_UNDELIVERED = "forward_undelivered"
 
 
 class DecisionRefusal(StrEnum):
@@ -419,6 +448,11 @@ class Question(_Model):
     """Redundant extraction: the id of another question whose answer must agree."""
     lowercase: StrictBool | None = None
     """``true``: deliver the answer lowercased (BCP hidden channels: capitalization)."""
+    sealed: Literal[True] | None = None
+    """``true``: the controller gets a :class:`SealedValue` handle and facts, never the text;
+    it may forward the text with ``bcp_forward`` (docs/protocol.md, "Sealed values").
+
+    .. versionadded:: 0.4"""
 
     @model_validator(mode="after")
     def _check_same_as(self) -> Self:
@@ -445,6 +479,11 @@ class QuerySpec(_Model):
     max_words: _MaxWords | None = None
     requires_approval: Literal[True] | None = None
     """BCP Cat-3 wire format carries ``requires_approval: true``; it cannot be turned off."""
+    sealed: Literal[True] | None = None
+    """``true`` on a Cat-2 or Cat-3 spec: every free-text answer of it is sealed (Cat-2: every
+    question; Cat-3: the summary). See :meth:`sealed_keys`.
+
+    .. versionadded:: 0.4"""
 
     @model_validator(mode="before")
     @classmethod
@@ -473,6 +512,8 @@ class QuerySpec(_Model):
             if key not in allowed and getattr(self, key) is not None:
                 _spec_error(key, f"a category {self.category} spec has no {key}")
         if self.category == 1:
+            if self.sealed:
+                _spec_error("sealed", "a category 1 spec has typed values only: nothing to seal")
             if not self.fields:
                 _spec_error("fields", "a category 1 spec needs at least one field")
             _check_unique([f.name for f in self.fields], "fields", "name", "field name")
@@ -500,6 +541,18 @@ class QuerySpec(_Model):
         if self.category == 2:
             return tuple(q.id for q in self.questions or ())
         return ("summary",)
+
+    def sealed_keys(self) -> frozenset[str]:
+        """Return the answer keys whose text the controller gets as a handle only.
+
+        Cat-2: the questions marked ``sealed``, or all of them when the spec is; Cat-3:
+        ``summary`` when the spec is sealed; Cat-1: none.
+        """
+        if self.category == 2:
+            return frozenset(q.id for q in self.questions or () if self.sealed or q.sealed)
+        if self.category == 3 and self.sealed:
+            return frozenset({"summary"})
+        return frozenset()
 
     def as_spec(self) -> QuerySpec:
         """Return the bare spec of this object, without the fields of a subclass."""
@@ -653,7 +706,8 @@ class BcpResponseDelivery(_Model):
     subscription_id: SubscriptionId | None = None
     category: Category
     from_agent: AgentName
-    response: NormalizedResponse
+    response: dict[str, DeliveredValue]
+    """The normalized answer; a sealed field holds a :class:`SealedValue` instead of its text."""
     bandwidth_bits: Annotated[float, Field(ge=0)]
     taint: TaintLevel
     channel_mode: Literal["bcp"] = "bcp"
@@ -687,6 +741,92 @@ class BcpResponseDelivery(_Model):
     @model_validator(mode="after")
     def _check_ids(self) -> Self:
         _one_id(self.query_id, self.subscription_id)
+        return self
+
+
+class SealedValue(_Model):
+    """What a controller gets for a sealed answer: a handle and facts, never the text.
+
+    ``{"sealed": HANDLE, "format", "words", "bits", "findings"}``. Forward the text with
+    ``bcp_forward`` and ``{"$sealed": HANDLE}`` where it goes (:class:`BcpForward`); the
+    handle works for the controller it was issued to, on its channel, until it expires.
+
+    .. versionadded:: 0.4
+    """
+
+    sealed: SealedHandle
+    format: ExpectedFormat | Literal["summary"]
+    """The question's ``expected_format``, or ``summary`` for Cat-3: from the spec."""
+    words: Annotated[StrictInt, Field(ge=0, le=MAX_WORDS_LIMIT)]
+    """How many words the text has."""
+    bits: Annotated[float, Field(ge=0)]
+    """What the facts told the controller were charged: ``log2(max_words + 1)`` for the word
+    count (the format is the spec's own; the findings, on a ``flag`` channel, are charged with
+    the delivery's codes). The text's own bits are not delivered, so not charged."""
+    findings: tuple[AnomalyCode, ...] = ()
+    """On a ``flag`` channel, the screen's codes for this field; codes only."""
+
+    def ref(self) -> dict[str, str]:
+        """Return ``{"$sealed": HANDLE}``: put it where the text goes in a ``bcp_forward``."""
+        return {"$sealed": self.sealed}
+
+
+DeliveredValue = NormalizedValue | SealedValue
+"""One value of a delivery: a normalized answer, or a sealed one's handle and facts."""
+
+
+class SealedRef(_Model):
+    """``{"$sealed": HANDLE}``: where a :class:`BcpForward` puts a sealed value's text.
+
+    .. versionadded:: 0.4
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    handle: SealedHandle = Field(alias="$sealed")
+
+
+_MESSAGE_TYPE = r"^[a-z][a-z0-9_]{0,63}$"
+_FORWARD_TO = r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9_-][A-Za-z0-9._-]{0,95}$"
+
+
+class BcpForward(_Model):
+    """``bcp_forward`` (controller -> gateway on ``bcp:<controller>:<reader>``).
+
+    Asks the gateway to send ``{type, content}`` to ``to`` with every ``{"$sealed": HANDLE}``
+    value of ``content`` (at any depth) replaced by the sealed text, marked untrusted. The
+    gateway answers with a :class:`BcpForwardResult` carrying ``forward_id``.
+
+    .. versionadded:: 0.4
+    """
+
+    forward_id: QueryId
+    """Chosen by the controller: the result carries it back."""
+    to: Annotated[str, Field(pattern=_FORWARD_TO)]
+    """A clientId (``tg:<chat>``, ``human:<name>``, ``agent:<name>``) the channel's
+    ``sealed_to`` allows."""
+    type: Annotated[str, Field(pattern=_MESSAGE_TYPE)]
+    content: dict[str, Any]
+
+
+class BcpForwardResult(_Model):
+    """``bcp_forward_result`` (gateway -> controller on ``agent:<controller>``).
+
+    ``success`` with the handles forwarded, or the :class:`ReasonCode` that refused it.
+
+    .. versionadded:: 0.4
+    """
+
+    forward_id: QueryId
+    success: StrictBool
+    to: Annotated[str, Field(max_length=128)]
+    error: ReasonCode | None = None
+    detail: _Detail = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.success == (self.error is not None):
+            raise ValueError("error is set exactly when success is false")
         return self
 
 
@@ -884,6 +1024,8 @@ BcpMessageType = Literal[
     "bcp_approval_decision",
     "bcp_screen_request",
     "bcp_screen_verdict",
+    "bcp_forward",
+    "bcp_forward_result",
 ]
 """The ``type`` of every BCP payload."""
 
@@ -899,5 +1041,7 @@ CONTENT_MODELS: dict[str, type[BaseModel]] = {
     "bcp_approval_decision": BcpApprovalDecision,
     "bcp_screen_request": BcpScreenRequest,
     "bcp_screen_verdict": BcpScreenVerdict,
+    "bcp_forward": BcpForward,
+    "bcp_forward_result": BcpForwardResult,
 }
 """The content model of each BCP payload ``type``: ``CONTENT_MODELS[type].model_validate(c)``."""

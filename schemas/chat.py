@@ -145,7 +145,20 @@ class Configure(_Content):
     talkto: _ClientId
 
 
-class TgMessage(_Content):
+class _Forwarded(_Content):
+    """What the BCP gateway adds to a message it forwards with a sealed value's text in it
+    (``bcp_forward``, docs/protocol.md): the text is a tainted reader's, to be read as data.
+
+    .. versionadded:: 0.4
+    """
+
+    untrusted: StrictBool = False
+    notice: Annotated[StrictStr, Field(max_length=MAX_TEXT)] | None = None
+    provenance: dict[str, StrictStr] | None = None
+    """``{"channel": "bcp:<c>:<r>", "reader": ...}``: where the sealed text came from."""
+
+
+class TgMessage(_Forwarded):
     """``tg_message``, chat -> its agent: one message of the conversation."""
 
     text: _Text
@@ -155,7 +168,7 @@ class TgMessage(_Content):
     twice."""
 
 
-class TgReply(_Content):
+class TgReply(_Forwarded):
     """``tg_reply``, agent -> the chat: an answer."""
 
     text: _Text

@@ -59,7 +59,7 @@ class Saving(_Model):
     words: int
     """Unsealed free-text words the controller's model would no longer read."""
     bits: float
-    """Bits the spec would no longer be charged (0 for sealing: a sealed value is charged)."""
+    """Bits the spec would no longer be charged (sealing: the text's, less its word count's)."""
     how: str
     """The change, in words an operator can act on."""
 

@@ -91,6 +91,12 @@ class LogEvent(StrEnum):
     # payload: screener, findings, its detail (logged here, never passed on).
     BCP_SCREENED = "bcp_screened"
     BCP_BUDGET_RESET = "bcp_budget_reset"  # `bcpbus budget reset`: a new budget session
+    # Sealed values (docs/bcp.md, "Sealed values"): a handle issued (payload: handle, field,
+    # expires_at, sha256, the text or its digest, taint), a forward made (forward_id, to, type,
+    # handles, each text's sha256), a forward refused (status = reason code; forward_id, to).
+    BCP_SEALED = "bcp_sealed"
+    BCP_FORWARDED = "bcp_forwarded"
+    BCP_FORWARD_REFUSED = "bcp_forward_refused"
     # The console (peers.console, docs/console.md): actor the clientId signed in with.
     CONSOLE_SIGN_IN = "console_sign_in"  # status approver | auditor | refused; payload: address
     CONSOLE_SIGN_OUT = "console_sign_out"  # status signed_out | token_revoked | role_revoked

@@ -97,6 +97,7 @@ GATEWAY_ONLY_TYPES: Final[frozenset[str]] = frozenset(
         "bcp_query_failed",
         "bcp_approval_request",
         "bcp_screen_request",
+        "bcp_forward_result",
     }
 )
 """Message types only a declassifier role may send: whoever sends them speaks for the gateway."""

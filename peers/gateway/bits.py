@@ -71,6 +71,8 @@ __all__ = [
     "Alphabet",
     "alphabet_of",
     "answer_bits",
+    "delivered_spec_bits",
+    "facts_bits",
     "field_bits",
     "findings_bits",
     "foreign_char",
@@ -412,6 +414,28 @@ def short_answer_allowance(questions: Sequence[Question]) -> float:
     if words == 0:
         return 0.0
     return float(BITS_PER_WORD * max(0, min(ALLOWANCE_WORDS, ALLOWANCE_UNTIL - words)))
+
+
+def facts_bits(max_words: int) -> float:
+    """Return what a sealed value tells its controller: its word count, one of 0..max_words.
+
+    The format is the spec's own and the handle is random; the text stays with the gateway
+    (:mod:`peers.gateway.core.sealed`), so this is all a sealed field is charged.
+    """
+    return math.log2(max_words + 1)
+
+
+def delivered_spec_bits(spec: QuerySpec) -> float:
+    """Return :func:`spec_bits` with each sealed field's text charge replaced by its facts':
+    what a delivery of the spec can tell the controller at most, as the risk report counts."""
+    bits = spec_bits(spec)
+    sealed = spec.sealed_keys()
+    if spec.category == 3 and sealed:
+        return facts_bits(spec.max_words or 0)
+    for question in spec.questions or ():
+        if question.id in sealed:
+            bits += facts_bits(question.max_words) - question_bits(question)
+    return max(0.0, bits)
 
 
 def spec_bits(spec: QuerySpec) -> float:

@@ -69,6 +69,7 @@ _HANDLED = (
     "bcp_response",
     "bcp_approval_decision",
     "bcp_screen_verdict",
+    "bcp_forward",
     "peer_joined",
     "peer_left",
 )

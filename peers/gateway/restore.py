@@ -2,7 +2,8 @@
 
 The log is the gateway's one durable record (see :mod:`peers.gateway.state`): bits charged
 since each channel's last ``bcp_budget_reset``, the categories each task reached, the query ids
-used, recent pushes for rate limits, deliveries still held for offline controllers, and the
+used, recent pushes for rate limits, deliveries still held for offline controllers, sealed values
+whose text the log keeps (``bcp_sealed`` rows in ``full`` mode), and the
 approvals already decided (a late decision is still refused as ``already_decided``). Queries and
 approvals that were pending when the gateway stopped are returned so the gateway can fail them:
 a controller is never left waiting in silence.
@@ -18,7 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .state import ChannelKey, Decided, GatewayState, Held, Orphans
+from schemas.common import TAINT_LEVELS
+
+from .state import ChannelKey, Decided, GatewayState, Held, Orphans, Seal
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -91,7 +94,7 @@ def _rows(db: str | Path) -> list[tuple[str, str, str | None, str | None, str | 
             "SELECT ts, event, status, actor, payload_json FROM activity_log WHERE event IN ("
             "'bcp_budget_reset','bcp_bits_charged','bcp_query_accepted','bcp_query_failed',"
             "'bcp_delivered','bcp_expired','bcp_held','bcp_approval_requested',"
-            "'bcp_approval_decided') ORDER BY id"
+            "'bcp_approval_decided','bcp_sealed') ORDER BY id"
         ).fetchall()
 
 
@@ -132,6 +135,8 @@ class _Replay:
                 self.held[hold_id] = {**payload, "ts": ts}
             elif hold_id is not None:
                 self.held.pop(hold_id, None)
+        elif event == "bcp_sealed":
+            _remember_sealed(self.state, key, payload)
         elif event == "bcp_approval_requested":
             self.open_approvals[payload["approval_id"]] = f"{key[0]}:{key[1]}"
         elif event == "bcp_approval_decided":
@@ -170,6 +175,17 @@ class _Replay:
                 )
             )
         return state
+
+
+def _remember_sealed(state: GatewayState, key: ChannelKey, payload: dict[str, Any]) -> None:
+    # In digest mode the row keeps only the text's hash: that value cannot be forwarded again.
+    handle, text, taint = payload.get("handle"), payload.get("text"), payload.get("taint")
+    if not isinstance(handle, str) or not isinstance(text, str) or taint not in TAINT_LEVELS:
+        return
+    keys = ("query_id", "subscription_id", "field")
+    ref: dict[str, str] = {k: str(payload[k]) for k in keys if payload.get(k) is not None}
+    expires_at = _epoch(str(payload.get("expires_at")))
+    state.sealed[handle] = Seal(handle, key[0], key[1], text, taint, expires_at, ref)
 
 
 def _remember_decided(

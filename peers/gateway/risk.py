@@ -12,9 +12,9 @@ the definitions alone, before anything runs, as pure functions:
 - :func:`channel_risk` and :func:`report`: every spec of every channel, and whether all the
   specs the definitions fix stay within ``max_unsealed_words`` (what ``--strict`` checks).
 
-A field marked ``sealed: true`` counts as sealed: the controller would get a handle, not the
-text. Agent definitions do not accept the key yet, so :func:`strip_seals` reads it from the
-raw file and removes it before the definitions are checked.
+A field marked ``sealed: true`` (the question, or its whole spec) counts as sealed and as not
+delivered to the controller: the controller gets a handle and facts, never the text
+(:mod:`peers.gateway.core.sealed`).
 
 ``bcpbus agents check`` prints the report (:mod:`peers.gateway.risk_command`); ``bcpbus
 serve`` prints each channel's verdict at start.
@@ -24,29 +24,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
-
-import yaml
 
 from schemas.agents import AgentDefinition, Channel, Subscription, build_channels
 from schemas.bcp import MAX_WORDS_LIMIT, Category, QuerySpec
 from schemas.risk import ChannelRisk, FieldRisk, RiskReport, Saving, SpecKind, SpecRisk
 
-from .bits import BITS_PER_WORD, TEXT_FORMATS, field_bits, question_bits, spec_bits
+from .bits import (
+    BITS_PER_WORD,
+    TEXT_FORMATS,
+    delivered_spec_bits,
+    facts_bits,
+    field_bits,
+    question_bits,
+)
 
 __all__ = [
     "CAT1_FIELD_BITS",
     "DEFAULT_MAX_UNSEALED_WORDS",
     "OBSERVED_RESOLUTION_S",
     "TIGHT_WORDS",
-    "Seals",
     "channel_risk",
     "delivery_quantum",
     "report",
     "spec_risk",
-    "strip_seals",
     "timing_bits",
 ]
 
@@ -70,66 +72,6 @@ OBSERVED_RESOLUTION_S: Final = 0.001
 timestamp), when the channel has no delivery quantum."""
 
 _OUTCOME_BIT: Final = 1.0  # docs/bcp.md "Outcome charges": a delivery is charged 1 bit more
-
-
-@dataclass(frozen=True, slots=True)
-class Seals:
-    """Where definitions say ``sealed: true``: (controller, reader, spec id, field or None)."""
-
-    marks: frozenset[tuple[str, str, str, str | None]] = frozenset()
-
-    @classmethod
-    def of(cls, controller: str, marks: Iterable[tuple[str, str, str | None]]) -> Seals:
-        """The seals :func:`strip_seals` found in ``controller``'s definition."""
-        return cls(frozenset((controller, *mark) for mark in marks))
-
-    def __or__(self, other: Seals) -> Seals:
-        return Seals(self.marks | other.marks)
-
-    def sealed(self, controller: str, reader: str, spec_id: str, field: str) -> bool:
-        """Return whether ``field`` of the spec is sealed, itself or with its whole spec."""
-        return any((controller, reader, spec_id, name) in self.marks for name in (field, None))
-
-
-# Seals
-
-
-def strip_seals(text: str) -> tuple[str, set[tuple[str, str, str | None]]]:
-    """Remove every ``sealed: true`` of a subscription or its questions from a definition file.
-
-    UPDATE when sealed values land: definitions will accept the key, and the report will read it
-    from the parsed models instead.
-
-    Returns:
-        The file's text without the keys (unchanged when there are none: errors then keep their
-        line numbers), and each mark as ``(peer, subscription id, question id or None)``.
-    """
-    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
-    close = next(
-        (i for i, line in enumerate(lines[1:], start=1) if line.strip() in ("---", "...")), None
-    )
-    if not lines or lines[0].strip() != "---" or close is None:
-        return text, set()  # parse_agent reports it
-    try:
-        data = yaml.safe_load("".join(lines[1:close]))
-    except yaml.YAMLError:
-        return text, set()  # parse_agent reports it, with its line
-    found: set[tuple[str, str, str | None]] = set()
-    for channel in _dicts(data.get("bcp_channels") if isinstance(data, dict) else None):
-        peer = str(channel.get("peer"))
-        for spec in _dicts(channel.get("subscriptions")):
-            if spec.pop("sealed", None) is True:
-                found.add((peer, str(spec.get("id")), None))
-            for question in _dicts(spec.get("questions")):
-                if question.pop("sealed", None) is True:
-                    found.add((peer, str(spec.get("id")), str(question.get("id"))))
-    if not found:
-        return text, found
-    return f"---\n{yaml.safe_dump(data, sort_keys=False)}---\n{''.join(lines[close + 1 :])}", found
-
-
-def _dicts(value: Any) -> list[dict[str, Any]]:
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 # Timing
@@ -167,10 +109,8 @@ def _window(spec: QuerySpec, query_ttl: float) -> float | None:
 # One spec
 
 
-def _fields(
-    spec: QuerySpec, sealed: Iterable[str] = (), whole: bool = False
-) -> tuple[FieldRisk, ...]:
-    marked = set(sealed)
+def _fields(spec: QuerySpec, sealed: Iterable[str] = ()) -> tuple[FieldRisk, ...]:
+    marked = set(sealed) | spec.sealed_keys()
     if spec.category == 1:
         kinds = {"boolean": "boolean", "integer": "integer_range", "enum": "enum"}
         return tuple(
@@ -191,7 +131,7 @@ def _fields(
                 format=q.expected_format,
                 max_words=q.max_words,
                 free_text=q.expected_format in TEXT_FORMATS,
-                sealed=whole or q.id in marked,
+                sealed=q.id in marked,
                 bits=question_bits(q),
             )
             for q in spec.questions or ()
@@ -203,7 +143,7 @@ def _fields(
             format="summary",
             max_words=words,
             free_text=True,
-            sealed=whole or "summary" in marked,
+            sealed="summary" in marked,
             bits=float(BITS_PER_WORD * words),
         ),
     )
@@ -219,7 +159,6 @@ def spec_risk(
     query_ttl: float,
     max_unsealed_words: int,
     sealed: Iterable[str] = (),
-    whole_sealed: bool = False,
 ) -> SpecRisk:
     """Return the exposure of one spec: per delivery, per budget, and its one-line verdict.
 
@@ -231,12 +170,12 @@ def spec_risk(
         quantum_s: the time grain of the channel's deliveries (:func:`delivery_quantum`).
         query_ttl: seconds a reader has to answer a query.
         max_unsealed_words: the limit a gated spec is held to.
-        sealed: the fields marked ``sealed: true``; ``whole_sealed``: the whole spec is.
+        sealed: fields to count as sealed besides those the spec marks ``sealed: true``.
     """
-    fields = _fields(spec, sealed, whole_sealed)
+    fields = _fields(spec, sealed)
     open_fields = [f for f in fields if f.free_text and not f.sealed]
     words = sum(f.max_words for f in open_fields)
-    bits = spec_bits(spec)
+    bits = delivered_spec_bits(spec)
     count = int(budget_bits // (bits + _OUTCOME_BIT))
     window = _window(spec, query_ttl)
     timing = timing_bits(window, quantum_s)
@@ -273,7 +212,9 @@ def _savings(open_fields: list[FieldRisk]) -> dict[Any, Saving]:
     cut_words = sum(f.max_words - TIGHT_WORDS for f in cut)
     return {
         "sealing": Saving(
-            words=words, bits=0.0, how=f"seal {names}" if names else "no free text to seal"
+            words=words,
+            bits=math.fsum(max(0.0, f.bits - facts_bits(f.max_words)) for f in open_fields),
+            how=f"seal {names}" if names else "no free text to seal",
         ),
         "cat1": Saving(
             words=words,
@@ -337,7 +278,6 @@ def _ad_hoc(channel: Channel) -> list[tuple[Category, QuerySpec]]:
 def channel_risk(
     channel: Channel,
     *,
-    seals: Seals = Seals(),
     query_ttl: float,
     max_unsealed_words: int = DEFAULT_MAX_UNSEALED_WORDS,
 ) -> ChannelRisk:
@@ -349,16 +289,7 @@ def channel_risk(
         query_ttl=query_ttl,
         max_unsealed_words=max_unsealed_words,
     )
-    specs = [
-        risk(
-            "subscription",
-            s.id,
-            s,
-            sealed=[f.name for f in _fields(s) if seals.sealed(*channel.key, s.id, f.name)],
-            whole_sealed=(*channel.key, s.id, None) in seals.marks,
-        )
-        for s in channel.subscriptions
-    ]
+    specs = [risk("subscription", s.id, s) for s in channel.subscriptions]
     specs += [risk("ad_hoc", f"cat-{category}", spec) for category, spec in _ad_hoc(channel)]
     over = [s for s in specs if s.over_limit]
     worst = max((s.unsealed_words for s in specs if s.gated), default=0)
@@ -388,16 +319,15 @@ def report(
     agents: Mapping[str, AgentDefinition],
     *,
     agents_dir: str,
-    seals: Seals = Seals(),
     query_ttl: float = 300.0,
     max_unsealed_words: int = DEFAULT_MAX_UNSEALED_WORDS,
 ) -> RiskReport:
-    """Return the risk report of checked definitions (:func:`load_sealed` gives both).
+    """Return the risk report of checked definitions (:func:`schemas.agents.load_agents`).
 
     Its ``passed`` is what ``--strict`` exits on.
     """
     channels = tuple(
-        channel_risk(c, seals=seals, query_ttl=query_ttl, max_unsealed_words=max_unsealed_words)
+        channel_risk(c, query_ttl=query_ttl, max_unsealed_words=max_unsealed_words)
         for c in build_channels(agents).values()
     )
     return RiskReport(

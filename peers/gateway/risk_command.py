@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from bus.core.identities import default_agents_dir
-from schemas.agents import AgentDefinition, DefinitionError, check_agents, parse_agent
+from schemas.agents import load_agents
 from schemas.risk import ChannelRisk, RiskReport, SpecRisk
 
-from .risk import DEFAULT_MAX_UNSEALED_WORDS, Seals, report, strip_seals
+from .risk import DEFAULT_MAX_UNSEALED_WORDS, report
 from .settings import GatewaySettings
 
 __all__ = [
     "EXIT_OVER_LIMIT",
     "add_agents",
     "check",
-    "load_sealed",
     "render",
     "say_verdicts",
     "verdict_lines",
@@ -83,40 +82,12 @@ def check(
     """
     if not directory.is_dir():
         raise ValueError(f"{directory} is not a folder of agent definitions")
-    agents, seals = load_sealed(directory)
     return report(
-        agents,
+        load_agents(directory),
         agents_dir=str(directory),
-        seals=seals,
         query_ttl=query_ttl,
         max_unsealed_words=max_unsealed_words,
     )
-
-
-def load_sealed(directory: Path) -> tuple[dict[str, AgentDefinition], Seals]:
-    """Load a folder of definitions as :func:`schemas.agents.load_agents` does, keeping seals.
-
-    A ``sealed: true`` on a subscription or one of its questions is recorded and removed
-    (:func:`~peers.gateway.risk.strip_seals`) before the definitions are checked.
-
-    Raises:
-        DefinitionError: as :func:`~schemas.agents.load_agents`.
-        OSError: the folder or a file cannot be read.
-    """
-    paths = sorted(
-        p for p in directory.glob("*.md") if p.is_file() and p.name.lower() != "readme.md"
-    )
-    definitions: list[AgentDefinition] = []
-    seals = Seals()
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise DefinitionError(str(path), "frontmatter", "the file is not UTF-8") from exc
-        text, marks = strip_seals(text)
-        definitions.append(parse_agent(text, source=str(path)))
-        seals |= Seals.of(definitions[-1].name, marks)
-    return check_agents(definitions), seals
 
 
 def _check(args: argparse.Namespace) -> int:

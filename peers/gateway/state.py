@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from schemas.common import TaintLevel
+
 __all__ = [
     "DECISION_STATUS",
     "DEFAULT_MAX_DECIDED",
@@ -31,6 +33,7 @@ __all__ = [
     "Orphans",
     "QueryState",
     "RateLimiter",
+    "Seal",
     "TaskTracker",
     "Verdict",
 ]
@@ -307,6 +310,24 @@ class Held:
     reader: str
 
 
+@dataclass(frozen=True)
+class Seal:
+    """A sealed value: its text, kept by the gateway, and who may forward it until when.
+
+    A ``bcp_sealed`` row; the controller has only :attr:`handle`.
+    """
+
+    handle: str
+    controller: str
+    reader: str
+    text: str
+    taint: TaintLevel
+    """The text's taint, as a delivery would carry it: the reader's, one step down."""
+    expires_at: float
+    ref: dict[str, str]
+    """``{"query_id": ...}`` or ``{"subscription_id": ...}``, and ``field``."""
+
+
 @dataclass
 class Orphans:
     """What was in flight when the gateway last stopped."""
@@ -332,4 +353,6 @@ class GatewayState:
     decided: DecidedApprovals = field(default_factory=DecidedApprovals)
     held: list[Held] = field(default_factory=list)
     """Held deliveries, oldest first."""
+    sealed: dict[str, Seal] = field(default_factory=dict)
+    """Sealed values by handle, until they expire."""
     orphans: Orphans = field(default_factory=Orphans)

@@ -41,6 +41,7 @@ from schemas.bcp import (
     BcpResponseDelivery,
     BcpValidationResult,
     ReasonCode,
+    SealedValue,
 )
 
 from .inbox import Inbox, present
@@ -50,6 +51,7 @@ from .tools import (
     AnswerArgs,
     AskArgs,
     FetchArgs,
+    ForwardArgs,
     NextQueryArgs,
     PublishArgs,
     SendArgs,
@@ -250,6 +252,7 @@ class Bridge:
                 query_id=query_id,
                 task_id=args.task_id,
                 escalation_justification=args.escalation_justification,
+                sealed=args.sealed,
                 timeout=args.timeout_s,
             )
         except QueryFailed:
@@ -265,6 +268,12 @@ class Bridge:
         self._ended.append(query_id)
         self._count(delivery)
         return _delivered(delivery)
+
+    async def _bcp_forward(self, args: ForwardArgs) -> ToolResult:
+        assert self.controller is not None  # call() offers this tool to controllers only
+        result = await self.controller.forward(args.reader, args.to, args.type, args.content)
+        data = {"status": "forwarded", "forward_id": result.forward_id, "to": result.to}
+        return ToolResult.of(data, f"Forwarded to {result.to}; you did not see the text.")
 
     async def _pushed(self, content: dict[str, Any]) -> None:
         delivery = BcpResponseDelivery.model_validate(content)
@@ -393,7 +402,10 @@ def _delivered(delivery: BcpResponseDelivery) -> ToolResult:
         "query_id": delivery.query_id,
         "reader": delivery.from_agent,
         "category": delivery.category,
-        "values": delivery.response,
+        "values": {
+            key: value.model_dump(mode="json") if isinstance(value, SealedValue) else value
+            for key, value in delivery.response.items()
+        },
         "bandwidth_bits": delivery.bandwidth_bits,
         "taint": delivery.taint,
         "untrusted": untrusted,

@@ -99,23 +99,46 @@ def build_server(bridge: Bridge, notifier: Notifier | None = None) -> Server[Any
     """Return the MCP server of ``bridge``: its tools, the inbox resource, its notifications."""
     notifier = notifier or Notifier()
     bridge.inbox.listen(notifier.changed)
+    handlers = _Handlers(bridge, notifier)
+    return Server(
+        "bcpbus",
+        version=__version__,
+        instructions=_instructions(bridge),
+        on_list_tools=handlers.list_tools,
+        on_call_tool=handlers.call_tool,
+        on_list_resources=handlers.list_resources,
+        on_read_resource=handlers.read_resource,
+        on_subscribe_resource=handlers.subscribe,
+        on_unsubscribe_resource=handlers.unsubscribe,
+        on_subscriptions_listen=ListenHandler(notifier.bus),
+    )
 
-    async def list_tools(ctx: _Context, params: types.PaginatedRequestParams | None) -> Any:
+
+class _Handlers:
+    """The server's request handlers over one bridge: tools, and the inbox as a resource."""
+
+    def __init__(self, bridge: Bridge, notifier: Notifier) -> None:
+        self.bridge = bridge
+        self.notifier = notifier
+
+    async def list_tools(self, ctx: _Context, params: types.PaginatedRequestParams | None) -> Any:
         tools = [
             types.Tool(name=t.name, description=t.description, input_schema=t.input_schema())
-            for t in bridge.tools()
+            for t in self.bridge.tools()
         ]
         return types.ListToolsResult(tools=tools)
 
-    async def call_tool(ctx: _Context, params: types.CallToolRequestParams) -> Any:
-        result = await bridge.call(params.name, params.arguments)
+    async def call_tool(self, ctx: _Context, params: types.CallToolRequestParams) -> Any:
+        result = await self.bridge.call(params.name, params.arguments)
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=result.text)],
             structured_content=result.data,
             is_error=result.error,
         )
 
-    async def list_resources(ctx: _Context, params: types.PaginatedRequestParams | None) -> Any:
+    async def list_resources(
+        self, ctx: _Context, params: types.PaginatedRequestParams | None
+    ) -> Any:
         inbox = types.Resource(
             name="inbox",
             uri=INBOX_URI,
@@ -125,37 +148,27 @@ def build_server(bridge: Bridge, notifier: Notifier | None = None) -> Server[Any
         )
         return types.ListResourcesResult(resources=[inbox])
 
-    async def read_resource(ctx: _Context, params: types.ReadResourceRequestParams) -> Any:
-        if params.uri != INBOX_URI:
-            raise MCPError(types.INVALID_PARAMS, f"no resource {params.uri!r}; try {INBOX_URI}")
-        text = json.dumps(bridge.snapshot(), ensure_ascii=False, indent=1)
+    async def read_resource(self, ctx: _Context, params: types.ReadResourceRequestParams) -> Any:
+        _check_uri(params.uri)
+        text = json.dumps(self.bridge.snapshot(), ensure_ascii=False, indent=1)
         contents = types.TextResourceContents(
             uri=INBOX_URI, text=text, mime_type="application/json"
         )
         return types.ReadResourceResult(contents=[contents])
 
-    async def subscribe(ctx: _Context, params: types.SubscribeRequestParams) -> Any:
-        if params.uri != INBOX_URI:
-            raise MCPError(types.INVALID_PARAMS, f"no resource {params.uri!r}; try {INBOX_URI}")
-        notifier.sessions.add(ctx.session)
+    async def subscribe(self, ctx: _Context, params: types.SubscribeRequestParams) -> Any:
+        _check_uri(params.uri)
+        self.notifier.sessions.add(ctx.session)
         return types.EmptyResult()
 
-    async def unsubscribe(ctx: _Context, params: types.UnsubscribeRequestParams) -> Any:
-        notifier.sessions.discard(ctx.session)
+    async def unsubscribe(self, ctx: _Context, params: types.UnsubscribeRequestParams) -> Any:
+        self.notifier.sessions.discard(ctx.session)
         return types.EmptyResult()
 
-    return Server(
-        "bcpbus",
-        version=__version__,
-        instructions=_instructions(bridge),
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_list_resources=list_resources,
-        on_read_resource=read_resource,
-        on_subscribe_resource=subscribe,
-        on_unsubscribe_resource=unsubscribe,
-        on_subscriptions_listen=ListenHandler(notifier.bus),
-    )
+
+def _check_uri(uri: Any) -> None:
+    if uri != INBOX_URI:
+        raise MCPError(types.INVALID_PARAMS, f"no resource {uri!r}; try {INBOX_URI}")
 
 
 def _instructions(bridge: Bridge) -> str:

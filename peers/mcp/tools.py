@@ -30,6 +30,7 @@ __all__ = [
     "AnswerArgs",
     "AskArgs",
     "FetchArgs",
+    "ForwardArgs",
     "NextQueryArgs",
     "NoArgs",
     "PublishArgs",
@@ -107,7 +108,32 @@ class AskArgs(_Args):
         description="why a lower category is not enough, from your own analysis; needed to ask "
         "a higher category than earlier queries of the same task_id",
     )
+    sealed: bool = Field(
+        False,
+        description="seal every free-text answer: you get a handle and its word count, never "
+        "the text, and can send the text on to a person with bcp_forward",
+    )
     timeout_s: _Seconds = Field(300.0, description="seconds to wait for the answer")
+
+
+class ForwardArgs(_Args):
+    """``bcp_forward``: a message sent on by the gateway with sealed values' text in place.
+
+    .. versionadded:: 0.4
+    """
+
+    reader: AgentName = Field(description="the reader whose channel the handles came from")
+    to: Annotated[str, Field(max_length=128)] = Field(
+        description="who gets it: a chat (tg:<chat>), a person (human:<name>) or a tainted agent "
+        "(agent:<name>), as the channel's sealed_to allows"
+    )
+    type: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")] = Field(
+        "tg_reply", description="the message type it arrives as: tg_reply for a chat"
+    )
+    content: dict[str, Any] = Field(
+        description='the message, with {"$sealed": HANDLE} where each sealed text goes, such '
+        'as {"text": {"$sealed": "sh-..."}}'
+    )
 
 
 class NextQueryArgs(_Args):
@@ -194,6 +220,15 @@ CONTROLLER_TOOLS: Final = (
         "must approve. Returns the values, the bits charged and the taint. Cat-2 and Cat-3 "
         "values come in a marked data block. " + UNTRUSTED_WARNING,
         AskArgs,
+        "controller",
+    ),
+    ToolSpec(
+        "bcp_forward",
+        "Send a sealed answer's text on to a person or a tainted agent without reading it: put "
+        '{"$sealed": HANDLE} (the handle bcp_ask returned) where the text goes. The gateway '
+        "checks the handle is yours and alive and that the channel allows the destination, "
+        "then delivers the message with the text in place, marked untrusted.",
+        ForwardArgs,
         "controller",
     ),
     ToolSpec(

@@ -94,8 +94,13 @@ def test_adaptive_rows_are_in_the_layer_table():
     spec, action = reference()
     attack, benign = adaptive_rows(spec, action, limit=20)
     assert attack["samples"] == benign["samples"] == 20 and attack["held_out"]
-    assert sum(attack[k] for k in ("delivered", "held", "screen", "format", "capacity")) == 20
+    outcomes = ("delivered", "sealed", "held", "screen", "format", "capacity")
+    assert sum(attack[k] for k in outcomes) == 20
+    # The reference finding is sealed: a valid injection in it never reaches main; only one
+    # split across the topic, which main reads, counts as delivered.
+    assert attack["sealed"] > 0 and attack["success_best"] == attack["delivered"]
     table = layer_table([attack, benign])
+    assert "sealed: not delivered" in table
     assert (
         "adaptive/injections (held out)" in table and "adaptive/benign (benign, held out)" in table
     )

@@ -18,10 +18,11 @@ REFERENCE = Path(__file__).resolve().parents[2] / "agents"
 
 
 def test_the_reference_agents_pass_strict(tmp_path):
-    """The reference pair passes --strict: research-findings is 32 unsealed words a push."""
+    """The reference pair passes --strict: research-findings is 10 unsealed words a push, its
+    50-word finding being sealed."""
     result = run("agents", "check", str(REFERENCE), "--strict", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "research-findings: 32 unsealed words a push" in result.stdout
+    assert "research-findings: 10 unsealed words a push" in result.stdout
     assert result.stdout.rstrip().endswith("PASS")
 
 

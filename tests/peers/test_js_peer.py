@@ -248,3 +248,49 @@ async def test_js_reader_retries_after_a_validation_failure(tmp_path, node):
                 "answer", lambda e: e["query_id"] == "js-q2" and e["attempt"] == 2
             )
             assert second["correlationId"] == retry["messageId"]
+
+
+CONTROLLER_JS = JS_DIR / "controller.mjs"
+
+
+async def test_js_controller_forwards_a_sealed_answer_it_never_reads(tmp_path, node):
+    """controller.mjs asks a sealed question, gets a handle and a word count, and forwards the
+    text to a chat; the text reaches the chat and never the JavaScript process's output."""
+    text = "The quarterly figures rose by four percent in the northern region this year"
+    async with running_bcp(tmp_path) as h:
+        reader = h.reader("researcher")
+
+        async def answer(query: dict[str, Any]) -> dict[str, Any]:
+            return {"finding": text}
+
+        reader.on_query(answer)
+        chat = h.bus.peer("tg:alice")
+        replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def replied(message: Any) -> bool:
+            replies.put_nowait(message.content)
+            return True
+
+        chat.handle("tg_reply", replied)
+        async with reader, chat:
+            env = {**os.environ, "BCPBUS_TOKEN": h.bus.token("agent:main")}
+            process = await asyncio.create_subprocess_exec(
+                node,
+                str(CONTROLLER_JS),
+                h.bus.url,
+                "agent:main",
+                "researcher",
+                "tg:alice",
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            async with asyncio.timeout(scaled(20)):
+                out, err = await process.communicate()
+                got = await replies.get()
+        assert process.returncode == 0, err.decode(errors="replace")
+        events = [json.loads(line) for line in out.decode().splitlines()]
+        assert [e["event"] for e in events] == ["ready", "sealed", "forwarded"]
+        assert events[1]["words"] == 13 and events[1]["format"] == "short_text"
+        assert "quarterly" not in out.decode() and "quarterly" not in err.decode()
+        assert got["text"] == text and got["untrusted"] is True

@@ -32,6 +32,7 @@ def test_tools_by_role():
     assert {t.name for t in tools_for(frozenset({"controller"}))} == bus | {
         "bcp_channels",
         "bcp_ask",
+        "bcp_forward",
         "bcp_budget",
     }
     assert {t.name for t in tools_for(frozenset({"reader"}))} == bus | {

@@ -112,13 +112,15 @@ def test_reference_agents_load_cleanly():
 
 
 def test_reference_subscriptions_charge_the_spec_bits():
-    """research-findings charges 363.0 bits (8 + 24 + 1 words) and research-alerts 3.0 bits."""
+    """research-findings is estimated at 671.0 bits (10 + 50 + 1 words, the seed's figure; the
+    sealed finding is charged less once delivered) and research-alerts 3.0 bits."""
     channel = build_channels(load_agents(AGENTS_DIR))[("main", "researcher")]
     findings = channel.subscription("research-findings")
     alerts = channel.subscription("research-alerts")
     assert findings is not None and findings.questions is not None and alerts is not None
-    assert [q.max_words for q in findings.questions] == [8, 24, 1]
-    assert spec_bits(findings) == 363.0
+    assert [q.max_words for q in findings.questions] == [10, 50, 1]
+    assert findings.sealed_keys() == {"finding"}
+    assert spec_bits(findings) == 671.0
     assert spec_bits(alerts) == 3.0
     assert channel.subscription("unknown") is None
 

@@ -15,6 +15,7 @@ importing only the ones below it::
     screens   valid answers judged by the channel's screener peers
     answers   a reader's answers, with retries
     pushes    a reader's pushes, with rate limits
+    sealed    sealed values: handles swapped in for text, and forwards by handle
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from .outbox import Outbox
 from .pushes import Pushes
 from .queries import Admitted, Queries, Refused
 from .screens import Screens
+from .sealed import Forwards
 
 __all__ = [
     "APPROVAL_TOPIC",
@@ -100,6 +102,7 @@ class GatewayCore:
         self.screens = Screens(self.ctx)
         self.answers = Answers(self.ctx, self.queries, self.approvals, self.screens)
         self.pushes = Pushes(self.ctx, self.approvals, self.outbox, self.screens)
+        self.forwards = Forwards(self.ctx)
 
     @property
     def channels(self) -> Mapping[ChannelKey, Channel]:
@@ -199,6 +202,8 @@ class GatewayCore:
                 return self.approvals.receive_decision(event)
             case MessageReceived(type="bcp_screen_verdict"):
                 return self.screens.receive(event)
+            case MessageReceived(type="bcp_forward"):
+                return self.forwards.receive(event)
             case _:
                 return [Respond(True, "ignored")]
 

@@ -37,6 +37,7 @@ from .context import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, Approval, Context, Query
 from .frames import anomalies, delivery, iso, wire
 from .outbox import Outbox
 from .queries import Queries
+from .sealed import seal
 
 __all__ = ["Approvals"]
 
@@ -240,15 +241,12 @@ class Approvals:
         if accepted:
             # Charged when it was accepted (value, outcome, slot); it leaves once approved.
             assert approval.split is not None
-            content = delivery(
-                channel,
-                approval.spec,
-                response or {},
-                approval.split,
-                approval.anomalies,
-                subscription_id=sid,
+            spec, found = approval.spec, approval.anomalies
+            values, sealed = seal(
+                self.ctx, channel, spec, response or {}, found, subscription_id=sid
             )
-            return self.outbox.deliver(channel, "bcp_response_delivery", content)
+            content = delivery(channel, spec, values, approval.split, found, subscription_id=sid)
+            return [*sealed, *self.outbox.deliver(channel, "bcp_response_delivery", content)]
         verdict = BcpValidationResult(
             subscription_id=sid,
             success=False,

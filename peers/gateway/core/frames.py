@@ -18,7 +18,6 @@ from schemas.bcp import (
     BcpResponseDelivery,
     BcpValidationResult,
     DeliveryBits,
-    NormalizedResponse,
     QuerySpec,
 )
 from schemas.common import step_down
@@ -53,7 +52,7 @@ def validation_result(
 def delivery(
     channel: Channel,
     spec: QuerySpec,
-    response: NormalizedResponse,
+    response: Mapping[str, Any],
     bits: DeliveryBits,
     found: list[dict[str, Any]],
     **ref: str,
@@ -61,13 +60,15 @@ def delivery(
     """Return the ``bcp_response_delivery`` content for a valid answer or push.
 
     Cat-2 and Cat-3 content is marked ``untrusted``, with the notice and its provenance.
+    ``response`` has each sealed field's :class:`~schemas.bcp.SealedValue` in place already
+    (:func:`.sealed.seal`).
     ``bits`` is what it was charged; ``bandwidth_bits`` is its value's part.
     """
     content: dict[str, Any] = {
         **ref,
         "category": spec.category,
         "from_agent": channel.reader,
-        "response": response,
+        "response": dict(response),
         "bandwidth_bits": round(bits.value, 3),
         "taint": step_down(channel.reader_taint),
         "channel_mode": "bcp",

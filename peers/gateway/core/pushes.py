@@ -34,6 +34,7 @@ from .frames import anomalies, codes_only, delivery
 from .outbox import Outbox
 from .outcomes import ANSWERED
 from .screens import Screens
+from .sealed import seal, sealed_charge
 
 __all__ = ["Pushes"]
 
@@ -129,8 +130,10 @@ class Pushes:
         ref = {"subscription_id": sid}
         found = anomalies(result)
         slot = self._slot(channel, subscription)
+        # A sealed field's text is not delivered: only its facts are charged.
+        value = sealed_charge(spec, result.response or {}, result.value_bits)
         bits = DeliveryBits(
-            value=result.value_bits + self._codes_bits(channel, spec, found),
+            value=value + self._codes_bits(channel, spec, found),
             outcome=ANSWERED,
             timing=slot.bits,
         )
@@ -139,15 +142,7 @@ class Pushes:
             left = ctx.state.ledger.left(channel.key, channel.budget_bits)
             detail = f"this push carries {total:.1f} bits; {left:.1f} left"
             return self._refuse(event, channel, ref, Refusal(ReasonCode.BUDGET_EXHAUSTED, detail))
-        ctx.state.ledger.charge(channel.key, total, cat2=False)
-        ctx.state.rates.record((*channel.key, sid), ctx.clock())
-        charged: list[Action] = [
-            ctx.record(LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, **ref),
-            ctx.charged(
-                channel, total, subscription_id=sid, category=spec.category, split=bits.model_dump()
-            ),
-            Commit(),
-        ]
+        charged = self._charge(channel, subscription, bits)
         if result.approval_required:
 
             def review() -> list[Action]:
@@ -159,7 +154,8 @@ class Pushes:
             held = "valid; held for human approval"
             told = ctx.tell_reader(event, channel, ref, None, held, then=review)
             return [*charged, *told, Respond(True, "held_for_approval")]
-        content = delivery(channel, spec, result.response or {}, bits, found, subscription_id=sid)
+        values, sealed = seal(ctx, channel, spec, result.response or {}, found, **ref)
+        content = delivery(channel, spec, values, bits, found, **ref)
 
         def verdict(delivered: bool) -> list[Action]:
             if delivered:
@@ -172,7 +168,26 @@ class Pushes:
         deliver = self.outbox.deliver(
             channel, "bcp_response_delivery", content, verdict, at=slot.at
         )
-        return [*charged, *deliver]
+        return [*charged, *sealed, *deliver]
+
+    def _charge(
+        self, channel: Channel, subscription: Subscription, bits: DeliveryBits
+    ) -> list[Action]:
+        """Charge an accepted push and count it for the rate limits; its rows, committed."""
+        ctx, sid = self.ctx, subscription.id
+        total = bits.value + bits.outcome + bits.timing
+        ctx.state.ledger.charge(channel.key, total, cat2=False)
+        ctx.state.rates.record((*channel.key, sid), ctx.clock())
+        split = bits.model_dump()
+        return [
+            ctx.record(
+                LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, subscription_id=sid
+            ),
+            ctx.charged(
+                channel, total, subscription_id=sid, category=subscription.category, split=split
+            ),
+            Commit(),
+        ]
 
     def _slot(self, channel: Channel, subscription: Subscription) -> timing.Release:
         """The grid slot of a push now, counted from when its subscription allowed it."""

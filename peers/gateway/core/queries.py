@@ -36,6 +36,7 @@ from .context import GATEWAY_CLIENT_ID, Context, Query, Refusal, channel_of, par
 from .frames import codes_only, delivery, iso, wire
 from .outbox import Outbox
 from .outcomes import ANSWERED, FAILED, outcome_charge, reserve
+from .sealed import seal, sealed_charge
 
 __all__ = ["Admitted", "Queries", "Refused"]
 
@@ -273,6 +274,8 @@ class Queries:
         """
         channel = query.channel
         self.ctx.pending.pop((channel.controller, query.query_id), None)
+        # A sealed field's text is not delivered: only its facts are charged.
+        value_bits = sealed_charge(query.spec, response, value_bits)
         if found and channel.anomaly_action == "flag":
             codes = [(f.get("field"), f["code"]) for f in codes_only(query.spec, found)]
             value_bits += findings_bits(query.spec, codes)
@@ -280,11 +283,14 @@ class Queries:
             value_bits += findings_bits(query.spec, [])
         slot = self._slot(query)
         bits = DeliveryBits(value=value_bits, outcome=ANSWERED, timing=slot.bits)
-        content = delivery(channel, query.spec, response, bits, found, query_id=query.query_id)
+        ref = {"query_id": query.query_id}
+        values, sealed = seal(self.ctx, channel, query.spec, response, found, **ref)
+        content = delivery(channel, query.spec, values, bits, found, **ref)
         return [
             CancelTimer(query.timer),
             # A lost refund row only leaves the ledger charging more: no commit needed here.
             *self._settle(query, value_bits + ANSWERED + slot.bits, "delivered"),
+            *sealed,
             *self.outbox.deliver(channel, "bcp_response_delivery", content, at=slot.at),
         ]
 

@@ -14,7 +14,7 @@ from bus.core.digest import canonical_sha256
 from bus.core.errors import InvalidParams
 from bus.log import audit
 from peers import Peer, QueryFailed
-from peers.gateway.bits import answer_bits
+from peers.gateway.bits import answer_bits, value_bits
 from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
 from schemas.bcp import BcpResponseDelivery, BcpValidationResult, QuerySpec
@@ -627,9 +627,16 @@ async def test_reference_subscriptions_push_and_share_the_budget(tmp_path):
         spec = QuerySpec.model_validate(
             {"category": 2, "questions": p.reader.subscriptions[0]["questions"]}
         )
-        carried = answer_bits(spec, delivery["response"])
+        # The finding is sealed: main gets its word count, charged log2(51), never its text.
+        sealed = delivery["response"]["finding"]
+        assert sealed["words"] == 6 and "relay" not in json.dumps(delivery)
+        assert spec.sealed_keys() == {"finding"}
+        carried = answer_bits(spec, {**findings, "topic": "Quantum networking"}) - value_bits(
+            findings["finding"], 50, "short_text"
+        )
+        carried += math.log2(51)
         assert delivery["bandwidth_bits"] == pytest.approx(carried, abs=0.001)
-        assert carried < 363.0  # the estimate of the 8 + 24 + 1-word spec
+        assert carried < 671.0  # the estimate of the 10 + 50 + 1-word spec
         assert delivery["bits"]["value"] == delivery["bandwidth_bits"]
         assert delivery["bits"]["outcome"] == 1 and delivery["bits"]["timing"] >= 1
         assert delivery["taint"] == "medium"

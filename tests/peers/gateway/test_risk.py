@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, strategies as st
@@ -15,11 +16,9 @@ from peers.gateway.risk import (
     TIGHT_WORDS,
     report,
     spec_risk,
-    strip_seals,
     timing_bits,
 )
-from peers.gateway.risk_command import load_sealed
-from schemas.agents import DefinitionError, Subscription
+from schemas.agents import DefinitionError, Subscription, load_agents
 from schemas.bcp import QuerySpec
 
 READER = """---
@@ -54,13 +53,13 @@ def write_agents(folder: Path, sealed: str = "") -> Path:
     return folder
 
 
-def check(folder: Path) -> object:
-    agents, seals = load_sealed(folder)
-    return report(agents, agents_dir=str(folder), seals=seals)
+def check(folder: Path) -> Any:
+    return report(load_agents(folder), agents_dir=str(folder))
 
 
-def test_the_reference_agents_pass_and_their_findings_carry_32_words():
-    """research-findings puts 8 + 24 unsealed words before main; ad hoc queries are not gated."""
+def test_the_reference_agents_pass_and_their_findings_carry_10_words():
+    """research-findings puts a 10-word topic before main and seals its 50-word finding (charged
+    its word count, log2 51 bits); ad hoc queries are not gated."""
     agents_dir = default_agents_dir()
     assert agents_dir is not None
     result = check(agents_dir)
@@ -68,9 +67,10 @@ def test_the_reference_agents_pass_and_their_findings_carry_32_words():
     (channel,) = result.channels
     specs = {s.id: s for s in channel.specs}
     findings = specs["research-findings"]
-    assert findings.unsealed_fields == ("topic", "finding")
-    assert findings.unsealed_words == 32 <= DEFAULT_MAX_UNSEALED_WORDS
-    assert findings.bits == 363.0 and findings.deliveries_per_budget == 5
+    assert findings.unsealed_fields == ("topic",)
+    assert findings.unsealed_words == 10 <= DEFAULT_MAX_UNSEALED_WORDS
+    assert findings.bits == pytest.approx(671.0 - 550 + math.log2(51))
+    assert findings.deliveries_per_budget == 15
     assert specs["research-alerts"].unsealed_words == 0
     assert not specs["cat-2"].gated and specs["cat-2"].unsealed_words == 181
     assert specs["cat-3"].human_approved
@@ -91,8 +91,8 @@ def test_fifty_unsealed_words_a_push_fail_with_a_readable_verdict(tmp_path):
     )  # 60 s on a 0.1 s grid
 
 
-def test_a_sealed_question_counts_as_sealed_and_is_stripped_before_checking(tmp_path):
-    """`sealed: true` is read from the raw file: the field stops counting, the file loads."""
+def test_a_sealed_question_counts_as_sealed(tmp_path):
+    """`sealed: true` on a question: the field is not delivered, so it stops counting."""
     result = check(write_agents(tmp_path / "agents", sealed=", sealed: true"))
     assert result.passed
     notes = result.channels[0].specs[0]
@@ -100,20 +100,24 @@ def test_a_sealed_question_counts_as_sealed_and_is_stripped_before_checking(tmp_
     assert "ok, no free text reaches the controller" in notes.verdict
 
 
-def test_a_broken_definition_is_still_a_definition_error(tmp_path):
-    """Stripping seals does not hide an error: the file and field are named."""
-    folder = write_agents(tmp_path / "agents", sealed=", sealed: true, max_wordz: 3")
+def test_a_sealed_subscription_seals_every_free_text_field(tmp_path):
+    """`sealed: true` on the whole subscription seals each of its questions."""
+    folder = write_agents(tmp_path / "agents")
+    text = (
+        (folder / "boss.md")
+        .read_text()
+        .replace("min_interval_s: 60", "min_interval_s: 60\n        sealed: true")
+    )
+    (folder / "boss.md").write_text(text)
+    notes = check(folder).channels[0].specs[0]
+    assert notes.unsealed_words == 0 and all(f.sealed for f in notes.fields)
+
+
+def test_sealed_false_or_a_typo_is_a_definition_error(tmp_path):
+    """Only `sealed: true` is a seal; anything else names the file and the field."""
+    folder = write_agents(tmp_path / "agents", sealed=", sealed: false")
     with pytest.raises(DefinitionError, match="boss.md"):
-        load_sealed(folder)
-
-
-def test_stripping_a_file_without_seals_leaves_it_as_it_was():
-    """No seal, no rewrite: a definition error keeps its line number."""
-    text = BOSS % ""
-    assert strip_seals(text) == (text, set())
-    assert strip_seals("no frontmatter") == ("no frontmatter", set())
-    stripped, marks = strip_seals(BOSS % ", sealed: true")
-    assert marks == {("reader", "notes", "note")} and "sealed" not in stripped
+        load_agents(folder)
 
 
 def test_timing_is_unbounded_without_a_rate_limit_and_grows_with_the_window():
