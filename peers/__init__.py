@@ -12,7 +12,7 @@ Everything the SDK raises is a :class:`PeerError`; the bus's JSON-RPC error answ
 """
 
 from .approver import Approver
-from .bcp import Controller, Reader
+from .bcp import Controller, ForwardRefused, Reader
 from .client import FetchPage, Handler, Message, Peer, Reply, backoff
 from .errors import (
     AlreadyInitialized,
@@ -55,6 +55,7 @@ __all__ = [
     "DuplicateMessage",
     "EpochNotKept",
     "FetchPage",
+    "ForwardRefused",
     "Forbidden",
     "Handler",
     "InternalError",

@@ -18,6 +18,7 @@ never leave the SDK: they are translated where they happen and kept as ``__cause
     ├── PeerTimeout        (TimeoutError)     no answer in time
     ├── MalformedMessage   (ValueError)       the gateway sent content its schema does not allow
     ├── QueryFailed                           BCP: the gateway ended a query without a delivery
+    ├── ForwardRefused     (peers.bcp)        BCP: the gateway refused a sealed value's forward
     └── RequestRefused     (bus.core.errors.BusError)  the bus answered with a JSON-RPC error
         ├── ParseError, InvalidRequest, MethodNotFound        -32700, -32600, -32601
         ├── InvalidParams                                     -32602

@@ -49,6 +49,7 @@ def test_peers_reexports_the_sdk():
         "ConnectFailed",
         "Controller",
         "FetchPage",
+        "ForwardRefused",
         "Handler",
         "InvalidURL",
         "MalformedMessage",
@@ -77,6 +78,7 @@ def test_peers_reexports_the_sdk():
         ("PeerClosed", ConnectionError),
         ("PeerTimeout", TimeoutError),
         ("QueryFailed", Exception),
+        ("ForwardRefused", Exception),
     ],
 )
 def test_the_sdk_raises_one_tree(name, builtin):
