@@ -21,7 +21,7 @@ import secrets
 import sqlite3
 import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -70,9 +70,10 @@ from .core.params import SendFields, parse, read_send_message
 from .core.policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .core.protocol import Request
-from .core.pushes import PLAIN, Debounce, PushOptions, push_window
+from .core.pushes import PLAIN, PushOptions, push_window
 from .core.recent import RecentIds
 from .core.router import Route, Router
+from .core.state import PeerStates
 from .core.topics import validate_pattern, validate_topic
 from .core.watch import Anonymous, SlowConsumers
 from .log.activity import ActivityLog, canonical_sha256
@@ -88,9 +89,6 @@ from .transports.local import LocalSocket, Socket, local_pair
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
 logger = logging.getLogger("bus.server")
-
-MAX_ANONYMOUS_ERRORS = 10
-"""Error answers a connection may get before a successful ``initialize``; then close 1008."""
 
 
 class Bus:
@@ -146,7 +144,6 @@ class Bus:
         self._sweeper: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
         self._router: Router[Link] = Router()
-        self._errors_before_init: dict[Connection, int] = {}
         self._slow: SlowConsumers[Connection] | None = (
             SlowConsumers(self.limits.slow_consumer_timeout)
             if self.limits.slow_consumer_timeout is not None
@@ -158,7 +155,8 @@ class Bus:
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
         self._epochs = Epochs(log.last_epoch)
-        self._held: dict[Link, _Held] = {}
+        self._states: PeerStates[Link] = PeerStates()
+        """Every open link's facts beyond routing (bus.core.state), forgotten in one place."""
         self._history = History(log.path)
         self.http_url: str | None = None
         """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.transports.http`) when the
@@ -181,7 +179,6 @@ class Bus:
             "ping": self._ping,
             "listPeers": self._list_peers,
         }
-        self._since: dict[Link, str] = {}
 
     # Lifecycle
 
@@ -283,9 +280,8 @@ class Bus:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        for held in self._held.values():
-            held.cancel()
-        self._held.clear()
+        for timer in self._states.close_all():
+            timer.cancel()
         await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
             self.refusals.flush()
@@ -440,7 +436,7 @@ class Bus:
             self._router.subscribe(link, client_id)
         route = self._router.route(link)
         assert route is not None
-        self._since[link] = timestamp()
+        self._states.open(link).joined(timestamp())
         self.log.record(
             "initialize",
             actor=client_id,
@@ -459,7 +455,8 @@ class Bus:
     def detach(self, link: Link, reason: str = "detached") -> None:
         """Forget a peer :meth:`attach` joined; logged and announced as a disconnect."""
         route = self._router.leave(link)
-        self._since.pop(link, None)
+        for timer in self._states.close(link):
+            timer.cancel()
         if route is None:
             return
         self.log.record("disconnect", actor=route.client_id, status=reason)
@@ -497,6 +494,7 @@ class Bus:
             on_frame_refused=self._frame_refused,
         )
         self._connections.add(conn)
+        self._states.open(conn)
         address = _address(ws)
         self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
@@ -514,8 +512,6 @@ class Bus:
             if conn.client_id is None:
                 self._anonymous.closed(address)
             self._connections.discard(conn)
-            self._errors_before_init.pop(conn, None)
-            self._since.pop(conn, None)
             if self._slow is not None:
                 self._slow.forget(conn)
             self._forget(conn)
@@ -533,9 +529,8 @@ class Bus:
             await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
 
     def _forget(self, conn: Connection) -> None:
-        held = self._held.pop(conn, None)
-        if held is not None:
-            held.cancel()
+        for timer in self._states.close(conn):
+            timer.cancel()
         route = self._router.leave(conn)
         if route is None:
             return  # Never authenticated, or replaced: the takeover logged and announced it.
@@ -604,8 +599,8 @@ class Bus:
         # initialize timeout.
         if conn.client_id is not None or conn.closing_after_answer:
             return
-        errors = self._errors_before_init[conn] = self._errors_before_init.get(conn, 0) + 1
-        if errors >= MAX_ANONYMOUS_ERRORS:
+        state = self._states.get(conn)
+        if state is not None and state.count_error():
             self.refusals.count("anonymous_errors", _address(conn.ws))
             reason = "too many errors before initialize"
             conn.close_after_answer(CLOSE_POLICY_VIOLATION, reason)
@@ -622,7 +617,7 @@ class Bus:
         self._check_capacity(conn, request, client_id)
         roles, grants = self._grants_for(conn, request, client_id, record.roles)
         replaced = self._router.join(conn, client_id, grants, credential=record.token_hash)
-        self._since[conn] = timestamp()
+        self._states.open(conn).joined(timestamp())
         if replaced is not None:
             self._take_over(replaced, client_id)
         self._anonymous.closed(_address(conn.ws))
@@ -806,7 +801,8 @@ class Bus:
                 f"{route.client_id} may not call listPeers: it is for roles with `admin: true` "
                 "in the policy (the default policy's operator role, operator:*)"
             )
-        return peer_list(self._router.routes(), self._since).model_dump(by_alias=True)
+        since = {link: state.since for link, state in self._states.items()}
+        return peer_list(self._router.routes(), since).model_dump(by_alias=True)
 
     # Reloading
 
@@ -1132,9 +1128,7 @@ class Bus:
         if window == 0:
             return True
         if window is not None:
-            held = self._held.get(route.handle)
-            if held is None:
-                held = self._held[route.handle] = _Held()
+            held = self._states.open(route.handle)
             offer = held.debounce.offer(topic, message, window / 1000, _clock())
             if offer.push:
                 return True
@@ -1156,7 +1150,7 @@ class Bus:
 
     def _flush_held(self, conn: Link, topic: str) -> None:
         """At the end of a debounce window: push the latest message held on ``topic``."""
-        held = self._held.get(conn)
+        held = self._states.get(conn)
         if held is None:
             return
         held.timers.pop(topic, None)
@@ -1359,20 +1353,6 @@ class _Message:
     """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
 
 
-@dataclass(slots=True)
-class _Held:
-    """One connection's debounce windows, and the timers that push what they hold."""
-
-    debounce: Debounce[_Message] = field(default_factory=Debounce)
-    timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
-
-    def cancel(self) -> None:
-        for timer in self.timers.values():
-            timer.cancel()
-        self.timers.clear()
-        self.debounce.clear()
-
-
 def _bearer(ws: Socket) -> str | None:
     header = ws.request.headers.get("Authorization") if ws.request is not None else None
     if header and header[:7].lower() == "bearer ":
@@ -1420,7 +1400,7 @@ def _reply_text(result: Any) -> str:
     return "malformed processMessage result"
 
 
-def peer_list(routes: Iterable[Route[Link]], since: Mapping[Link, str]) -> Any:
+def peer_list(routes: Iterable[Route[Link]], since: Mapping[Link, str | None]) -> Any:
     """The ``listPeers`` result: every authenticated peer, sorted by clientId.
 
     A peer the bus reaches another way than a connection (a webhook) shows its link's name as
