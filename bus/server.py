@@ -35,13 +35,12 @@ from schemas.bus import (
     ListPeersResult,
     PeerJoined,
     PeerLeft,
-    SubscribeParams,
-    UnsubscribeParams,
 )
 from schemas.common import timestamp
 
 from . import __version__
-from .core import _json
+from .core import _json, requests
+from .core.actions import Action, Announce, Close, Commit, Fail, Record, Reply
 from .core.epochs import Epochs
 from .core.errors import (
     CLOSE_AUTH_FAILED,
@@ -57,24 +56,22 @@ from .core.errors import (
     AuthenticationFailed,
     BusError,
     ContentNotKept,
-    DuplicateMessage,
     Forbidden,
     LimitExceeded,
     MethodNotFound,
     NotInitialized,
     ShuttingDown,
-    SubscriptionNotFound,
 )
 from .core.identities import PeerIdentity
-from .core.params import SendFields, parse, read_send_message
+from .core.params import parse
 from .core.policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .core.protocol import Request
-from .core.pushes import PLAIN, PushOptions, push_window
+from .core.pushes import push_window
 from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.state import PeerStates
-from .core.topics import validate_pattern, validate_topic
+from .core.topics import validate_pattern
 from .core.watch import Anonymous, SlowConsumers
 from .log.activity import ActivityLog, canonical_sha256
 from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
@@ -732,75 +729,30 @@ class Bus:
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
     async def _subscribe(self, route: Route[Link], request: Request) -> Any:
-        params = parse(SubscribeParams, request.params)
-        pattern = validate_pattern(params.topic)
-        if not route.grants.may_subscribe(pattern):
-            self._refuse(route, request, "subscribe_denied", topic=pattern)
-            raise Forbidden(f"{route.client_id} may not subscribe to {pattern!r}")
-        options = PushOptions(params.debounce_ms, params.min_relevance)
-        if pattern in route.patterns and route.options.get(pattern, PLAIN) != options:
-            self._router.subscribe(route.handle, pattern, options)
-            self._log_subscribe(route, request, pattern, options)
-        elif pattern not in route.patterns:
-            limit = self.limits.max_subscriptions
-            if limit is not None and len(route.patterns) >= limit:
-                self.log.record(
-                    "limit_exceeded",
-                    rpc_id=_rpc_id(request),
-                    actor=route.client_id,
-                    topic=pattern,
-                    status="max_subscriptions",
-                )
-                raise LimitExceeded(f"at most {limit} subscriptions per connection")
-            self._router.subscribe(route.handle, pattern, options)
-            self._log_subscribe(route, request, pattern, options)
-        return {"success": True}
-
-    def _log_subscribe(
-        self, route: Route[Link], request: Request, pattern: str, options: PushOptions
-    ) -> None:
-        self.log.record(
-            "subscribe",
-            rpc_id=_rpc_id(request),
-            actor=route.client_id,
-            topic=pattern,
-            payload=None
-            if options.plain
-            else {"debounceMs": options.debounce_ms, "minRelevance": options.min_relevance},
+        limit = self.limits.max_subscriptions
+        return self._carry(
+            requests.subscribe(
+                self._router,
+                route,
+                request.params,
+                rpc_id=_rpc_id(request),
+                max_subscriptions=limit,
+            )
         )
 
     async def _list_subscriptions(self, route: Route[Link], request: Request) -> Any:
-        subscriptions = []
-        for pattern in sorted(route.patterns):
-            options = route.options.get(pattern, PLAIN)
-            subscriptions.append(
-                {
-                    "topic": pattern,
-                    "debounceMs": options.debounce_ms,
-                    "minRelevance": options.min_relevance,
-                }
-            )
-        return {"subscriptions": subscriptions}
+        return self._carry(requests.list_subscriptions(route))
 
     async def _unsubscribe(self, route: Route[Link], request: Request) -> Any:
-        pattern = parse(UnsubscribeParams, request.params).topic
-        if not self._router.unsubscribe(route.handle, pattern):
-            raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
-        self.log.record(
-            "unsubscribe", rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
+        return self._carry(
+            requests.unsubscribe(self._router, route, request.params, rpc_id=_rpc_id(request))
         )
-        return {"success": True}
 
     async def _ping(self, route: Route[Link], request: Request) -> Any:
         return {"pong": True, "serverTime": timestamp()}
 
     async def _list_peers(self, route: Route[Link], request: Request) -> Any:
-        if not route.grants.admin:
-            self._refuse(route, request, "admin_denied")
-            raise Forbidden(
-                f"{route.client_id} may not call listPeers: it is for roles with `admin: true` "
-                "in the policy (the default policy's operator role, operator:*)"
-            )
+        self._carry(requests.admit_admin(route, _rpc_id(request), request.method))
         since = {link: state.since for link, state in self._states.items()}
         return peer_list(self._router.routes(), since).model_dump(by_alias=True)
 
@@ -848,24 +800,24 @@ class Bus:
         conn = route.handle
         conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
 
-    def _refuse(
-        self,
-        route: Route[Link],
-        request: Request,
-        reason: str,
-        *,
-        topic: str | None = None,
-        message_id: str | None = None,
-    ) -> None:
-        self.log.record(
-            "refused",
-            message_id=message_id,
-            rpc_id=_rpc_id(request),
-            actor=route.client_id,
-            topic=topic,
-            status=reason,
-        )
-        logger.info("refused %s from %s: %s", request.method, route.client_id, reason)
+    def _carry(self, actions: list[Action]) -> Any:
+        """Carry out a decision's actions (:mod:`bus.core.actions`) in order; return the
+        reply's wire form, raise its error, or return None if it has neither."""
+        for action in actions:
+            match action:
+                case Record():
+                    self.log.record(action.event, **action.fields())
+                case Announce(kind=kind, content=content):
+                    self._presence.announce(kind, content)
+                case Close(link=link, code=code, reason=reason):
+                    link.spawn(link.close(code, reason))
+                case Reply(result=result):
+                    return result.model_dump(by_alias=True)
+                case Fail(error=error):
+                    raise error
+                case Commit():  # pragma: no cover - no request decision commits yet
+                    raise AssertionError("commit inside a request decision")
+        return None
 
     # Publishing
 
@@ -875,19 +827,20 @@ class Bus:
         request: Request,
         accepted: Callable[[dict[str, Any]], None] | None = None,
     ) -> Any:
-        fields = read_send_message(request.params)
-        topic = validate_topic(fields.topic)
-        self._authorize_send(route, request, fields, topic)
+        rpc_id = _rpc_id(request)
+        recent = self._recent
+        admission = requests.admit_send(
+            route,
+            request.params,
+            rpc_id=rpc_id,
+            recent=recent,
+            now=_clock() if recent is not None else 0.0,
+        )
+        fields, topic = admission.fields, admission.topic
+        if fields is None:
+            return self._carry(admission.actions)
         assert isinstance(request.params, dict)  # validated as an object above
         key = (route.client_id, fields.message_id)
-        if self._recent is not None and not self._recent.claim(key, _clock()):
-            self._refuse(route, request, "duplicate", topic=topic, message_id=fields.message_id)
-            raise DuplicateMessage(
-                f"Duplicate messageId: {route.client_id} already sent {fields.message_id!r} "
-                f"within the last {self._recent.window:g} s; it was accepted then, do not send "
-                "it again",
-                data={"messageId": fields.message_id},
-            )
         message = _Message(
             topic,
             request.params["payload"],
@@ -896,12 +849,11 @@ class Bus:
             trace_id=fields.trace_id,
             relevance=fields.relevance,
         )
-        rpc_id = _rpc_id(request)
         try:
             targets = await self._accept(message, sender=route, rpc_id=rpc_id)
         except BusError:
-            if self._recent is not None:
-                self._recent.release(key)  # nothing was delivered: a retry may go through
+            if recent is not None:
+                recent.release(key)  # nothing was delivered: a retry may go through
             raise
         if accepted is not None:
             accepted({"messageId": fields.message_id, "epoch": message.epoch})
@@ -912,27 +864,6 @@ class Bus:
             "deliveredTo": delivered,
             "epoch": message.epoch,
         }
-
-    def _authorize_send(
-        self, route: Route[Link], request: Request, fields: SendFields, topic: str
-    ) -> None:
-        """Refuse (with a row) a ``from`` that is not the sender, or a type the policy denies.
-
-        Raises:
-            Forbidden: either refusal.
-        """
-        if fields.sender != route.client_id:
-            self._refuse(route, request, "from_mismatch", topic=topic, message_id=fields.message_id)
-            raise Forbidden(
-                f"payload.from is {fields.sender!r} but this connection is {route.client_id!r}"
-            )
-        grants = route.grants
-        if not grants.may_send(fields.type, topic):
-            self._refuse(route, request, "type_denied", topic=topic, message_id=fields.message_id)
-            raise Forbidden(
-                f"{route.client_id} (roles: {', '.join(sorted(grants.roles)) or 'none'}) may not "
-                f"send {fields.type!r} to {topic!r}"
-            )
 
     async def publish(
         self,
