@@ -33,38 +33,33 @@ from schemas.bus import (
     FetchMessagesParams,
     InitializeParams,
     ListPeersResult,
-    PeerJoined,
     PeerLeft,
 )
 from schemas.common import timestamp
 
 from . import __version__
-from .core import _json, requests
-from .core.actions import Action, Announce, Close, Commit, Fail, Record, Reply
+from .core import _json, joins, requests
+from .core.actions import Action, Announce, Close, Commit, CountRefusal, Fail, Record, Reply
 from .core.epochs import Epochs
 from .core.errors import (
-    CLOSE_AUTH_FAILED,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
-    CLOSE_REPLACED,
     CLOSE_REVOKED,
     CLOSE_SLOW_CONSUMER,
-    CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
     AuditUnavailable,
     AuthenticationFailed,
     BusError,
     ContentNotKept,
     Forbidden,
-    LimitExceeded,
     MethodNotFound,
     NotInitialized,
     ShuttingDown,
 )
 from .core.identities import PeerIdentity
 from .core.params import parse
-from .core.policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
+from .core.policy import RAW_TEXT_TYPES, Grants, Policy, may_flow
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .core.protocol import Request
 from .core.pushes import push_window
@@ -77,7 +72,7 @@ from .log.activity import ActivityLog, canonical_sha256
 from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
 from .log.history import History
 from .ops.config import Limits, LogContent
-from .ops.credentials import Credentials, PeerRecord
+from .ops.credentials import Credentials
 from .ops.refusals import Refusals
 from .ops.rights import Regrant, Revoke, review
 from .transports.connection import ByteBudget, Connection, Link, PeerGone
@@ -371,8 +366,12 @@ class Bus:
         route = self._router.route_of(record.client_id)
         if route is not None:
             return route
-        _, grants = self._grants_for(None, request, record.client_id, record.roles)
-        return Route(_Detached(record.client_id), record.client_id, grants)
+        granted = joins.grant(
+            self._rules(), record.client_id, record.roles, rpc_id=_rpc_id(request)
+        )
+        self._carry(granted.actions)
+        assert granted.grants is not None  # else _carry raised its error
+        return Route(_Detached(record.client_id), record.client_id, granted.grants)
 
     async def handle(
         self,
@@ -425,22 +424,11 @@ class Bus:
         Raises:
             AuthenticationFailed: the policy refuses its roles; the row says why.
         """
-        roles, grants = self._grants_for(None, None, client_id, roles)
-        replaced = self._router.join(link, client_id, grants)
-        if replaced is not None:
-            self._take_over(replaced, client_id)
-        if grants.may_subscribe(client_id):
-            self._router.subscribe(link, client_id)
+        rules = self._rules()
+        self._carry(joins.attach(self._router, link, client_id, roles, rules, name=link.name))
         route = self._router.route(link)
-        assert route is not None
+        assert route is not None  # else _carry raised the refusal
         self._states.open(link).joined(timestamp())
-        self.log.record(
-            "initialize",
-            actor=client_id,
-            status="ok",
-            payload={"roles": sorted(roles), "taint": grants.taint, "link": link.name},
-        )
-        self._presence.announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
         for pattern in patterns:
             request = Request(None, "subscribe", {"topic": pattern})
             try:
@@ -451,15 +439,9 @@ class Bus:
 
     def detach(self, link: Link, reason: str = "detached") -> None:
         """Forget a peer :meth:`attach` joined; logged and announced as a disconnect."""
-        route = self._router.leave(link)
         for timer in self._states.close(link):
             timer.cancel()
-        if route is None:
-            return
-        self.log.record("disconnect", actor=route.client_id, status=reason)
-        self._presence.announce(
-            "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
-        )
+        self._carry(joins.leave(self._router, link, reason))
 
     def _process_request(self, ws: ServerConnection, request: HTTPRequest) -> HTTPResponse | None:
         if request.path == "/healthz":
@@ -528,13 +510,7 @@ class Bus:
     def _forget(self, conn: Connection) -> None:
         for timer in self._states.close(conn):
             timer.cancel()
-        route = self._router.leave(conn)
-        if route is None:
-            return  # Never authenticated, or replaced: the takeover logged and announced it.
-        self.log.record("disconnect", actor=route.client_id, status=str(conn.ws.close_code))
-        self._presence.announce(
-            "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
-        )
+        self._carry(joins.leave(self._router, conn, str(conn.ws.close_code)))
 
     # Requests
 
@@ -555,7 +531,7 @@ class Bus:
         except BusError as exc:
             if conn.client_id is None and not conn.closing_after_answer:
                 self.refusals.count("rpc_error", _address(conn.ws))  # anonymous: no row each
-            elif not isinstance(exc, _WrongToken):  # that one is counted by _authenticate
+            elif not isinstance(exc, joins.WrongToken):  # counted into ws_refused instead
                 await self.record_error(conn.name, request, exc)
             self._count_anonymous_error(conn)
             raise
@@ -609,124 +585,30 @@ class Bus:
         params = parse(InitializeParams, request.params)
         client_id = params.client_id
         token = params.auth.token if params.auth is not None else _bearer(conn.ws)
-        record = await self._authenticate(conn, request, client_id, token)
-        self._check_not_attached(conn, request, client_id)
-        self._check_capacity(conn, request, client_id)
-        roles, grants = self._grants_for(conn, request, client_id, record.roles)
-        replaced = self._router.join(conn, client_id, grants, credential=record.token_hash)
-        self._states.open(conn).joined(timestamp())
-        if replaced is not None:
-            self._take_over(replaced, client_id)
-        self._anonymous.closed(_address(conn.ws))
-        conn.authenticated(client_id)
-        self.log.record("connect", actor=str(conn.ws.remote_address))
-        if grants.may_subscribe(client_id):
-            # As in the seed protocol, a peer is subscribed to its own address from the start,
-            # so what others send it in answer to peer_joined (the gateway does) is not lost.
-            self._router.subscribe(conn, client_id)
-        self.log.record(
-            "initialize",
-            rpc_id=_rpc_id(request),
-            actor=client_id,
-            status="ok",
-            payload={"roles": sorted(roles), "taint": grants.taint},
-        )
-        self._presence.announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
-        return {
-            "serverId": self.server_id,
-            "serverInfo": {"name": "bcpbus", "version": __version__},
-            "capabilities": {
-                "subscribe": True,
-                "publish": True,
-                "processMessage": True,
-                "topics": list(grants.subscribe_patterns),
-            },
-            "epoch": self._epochs.last,
-        }
-
-    async def _authenticate(
-        self, conn: Connection, request: Request, client_id: str, token: str | None
-    ) -> PeerRecord:
-        """The credential ``token`` proves for ``client_id``.
-
-        Raises:
-            AuthenticationFailed: none; the refusal is counted into the next ``ws_refused``
-                row (no row of its own: anyone can try), and the connection closes (4003)
-                after the answer.
-        """
+        address, remote = _address(conn.ws), str(conn.ws.remote_address)
+        ask = joins.Ask(client_id, _rpc_id(request), address, token is not None, remote)
         record = self.credentials.verify(client_id, token)
-        if record is not None:
-            return record
-        self.refusals.count("wrong_token" if token else "no_credential", _address(conn.ws))
-        conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-        raise _WrongToken()
-
-    def _check_not_attached(self, conn: Connection, request: Request, client_id: str) -> None:
-        """Refuse a socket for a peer the bus reaches another way (its webhook).
-
-        Raises:
-            AuthenticationFailed: ``client_id`` is attached; the connection closes (4003).
-        """
-        route = self._router.route_of(client_id)
-        if route is None or isinstance(route.handle, Connection):
-            return
-        self.log.record("auth_failed", rpc_id=_rpc_id(request), actor=client_id, status="webhook")
-        conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-        raise AuthenticationFailed(
-            f"Authentication failed: {client_id} is a webhook peer, which the bus reaches at "
-            "its URL; it cannot also connect over WebSocket (re-add it without --webhook)"
+        credential = None if record is None else joins.Credential(record.roles, record.token_hash)
+        actions = joins.initialize(
+            self._router,
+            conn,
+            credential,
+            ask,
+            self._rules(),
+            attached=lambda link: not isinstance(link, Connection),
+            epoch=self._epochs.last,
         )
+        result = self._carry(actions)
+        self._states.open(conn).joined(timestamp())
+        self._anonymous.closed(ask.address)
+        conn.authenticated(client_id)
+        return result
 
-    def _check_capacity(self, conn: Connection, request: Request, client_id: str) -> None:
-        """Refuse one peer more than ``max_connections`` (a takeover is not one more).
-
-        Raises:
-            LimitExceeded: the bus is full; the connection closes (1013) after the answer.
-        """
-        limit = self.limits.max_connections
-        if limit is None or client_id in self._router or len(self._router) < limit:
-            return
-        self.log.record(
-            "limit_exceeded", rpc_id=_rpc_id(request), actor=client_id, status="max_connections"
+    def _rules(self) -> joins.Rules:
+        """What a join is decided by, as configured now (a reload changes it)."""
+        return joins.Rules(
+            self.policy, self.identities, self.limits.max_connections, self.server_id, __version__
         )
-        conn.close_after_answer(CLOSE_TRY_AGAIN_LATER, "too many peers")
-        raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
-
-    def _grants_for(
-        self,
-        conn: Connection | None,
-        request: Request | None,
-        client_id: str,
-        credential_roles: Iterable[str],
-    ) -> tuple[frozenset[str], Grants]:
-        """The roles and grants the policy gives ``client_id``.
-
-        Raises:
-            AuthenticationFailed: the policy refuses these roles to this clientId (e.g. the
-                gateway role for a peer that is not a gateway member); the log says why.
-        """
-        identity = self.identities.get(client_id, PeerIdentity())
-        try:
-            roles = self.policy.roles_for(client_id, (*credential_roles, *identity.roles))
-            return roles, self.policy.grants(client_id, roles, taint=identity.taint)
-        except (PolicyError, ValueError) as exc:
-            self.log.record(
-                "auth_failed",
-                rpc_id=_rpc_id(request) if request is not None else None,
-                actor=client_id,
-                status="policy",
-                error=str(exc),
-            )
-            if conn is not None:
-                conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-            raise AuthenticationFailed(
-                "Authentication failed: this clientId's roles are not allowed by the policy"
-            ) from None
-
-    def _take_over(self, old: Link, client_id: str) -> None:
-        self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))
-        self._presence.announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
-        old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
     async def _subscribe(self, route: Route[Link], request: Request) -> Any:
         limit = self.limits.max_subscriptions
@@ -809,8 +691,12 @@ class Bus:
                     self.log.record(action.event, **action.fields())
                 case Announce(kind=kind, content=content):
                     self._presence.announce(kind, content)
+                case Close(link=link, code=code, reason=reason, after_answer=True):
+                    link.close_after_answer(code, reason)
                 case Close(link=link, code=code, reason=reason):
                     link.spawn(link.close(code, reason))
+                case CountRefusal(reason=reason, address=address):
+                    self.refusals.count(reason, address)
                 case Reply(result=result):
                     return result.model_dump(by_alias=True)
                 case Fail(error=error):
@@ -1258,10 +1144,6 @@ class _Detached:
 
     async def close(self, code: int, reason: str) -> None:
         return None
-
-
-class _WrongToken(AuthenticationFailed):
-    """A token that proves no peer: counted into ``ws_refused``, no ``rpc_error`` row."""
 
 
 class _SlowConsumer(Exception):

@@ -2,7 +2,8 @@
 
 The vocabulary is the gateway core's (:mod:`peers.gateway.events`): a :class:`Record` is
 buffered into the activity log, a :class:`Commit` waits for it to be durable, :class:`Announce`
-publishes a presence event, :class:`Close` closes a link after the answer, :class:`Reply` is
+publishes a presence event, :class:`Close` closes a link (at once or after the answer),
+:class:`CountRefusal` counts an anonymous client's refusal, :class:`Reply` is
 the request's result (a ``schemas`` model) and :class:`Fail` its error. A decision is a list of
 actions that ends in a :class:`Reply` or a :class:`Fail`; the shell (:class:`bus.server.Bus`)
 ``match``es on each, does the I/O, and answers with the last one::
@@ -26,7 +27,7 @@ from schemas.bus import PeerJoined, PeerLeft, PresenceType
 
 from .errors import BusError
 
-__all__ = ["Action", "Announce", "Close", "Commit", "Fail", "Record", "Reply"]
+__all__ = ["Action", "Announce", "Close", "Commit", "CountRefusal", "Fail", "Record", "Reply"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -73,11 +74,21 @@ class Announce:
 
 @dataclass(frozen=True, slots=True)
 class Close(Generic[K]):
-    """Close ``link`` with ``code`` once the answer being built has gone out."""
+    """Close ``link`` with ``code``: at once, or once the answer being built has gone out."""
 
     link: K
     code: int
     reason: str
+    after_answer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CountRefusal:
+    """Count a refusal of an anonymous client into the next ``ws_refused`` row: such a client
+    gets no row of its own, or anyone could fill the log (:mod:`bus.ops.refusals`)."""
+
+    reason: str
+    address: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,5 +105,5 @@ class Fail:
     error: BusError
 
 
-Action = Record | Commit | Announce | Close[Any] | Reply | Fail
+Action = Record | Commit | Announce | Close[Any] | CountRefusal | Reply | Fail
 """Every action a decision of the bus returns."""
