@@ -58,6 +58,7 @@ from .core.errors import (
     ShuttingDown,
 )
 from .core.identities import PeerIdentity
+from .core.logevents import LogEvent
 from .core.params import parse
 from .core.policy import RAW_TEXT_TYPES, Grants, Policy, may_flow
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
@@ -122,7 +123,7 @@ class Bus:
             total=self.limits.max_anonymous_connections,
             per_address=self.limits.max_anonymous_per_address,
         )
-        self.refusals = Refusals(log, self.limits.refusal_log_interval, event="ws_refused")
+        self.refusals = Refusals(log, self.limits.refusal_log_interval, event=LogEvent.WS_REFUSED)
         """What sockets that never initialized were refused, one ``ws_refused`` row per
         interval: an anonymous client cannot write rows of its own (:mod:`bus.ops.refusals`)."""
         self._refusals_task: asyncio.Task[None] | None = None
@@ -192,7 +193,7 @@ class Bus:
             ssl=ssl,
         )
         self.log.record(
-            "bus_start",
+            LogEvent.BUS_START,
             actor=BUS_CLIENT_ID,
             payload={"server_id": self.server_id, "url": self.url, "log_content": self.log_content},
         )
@@ -277,7 +278,7 @@ class Bus:
         await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
             self.refusals.flush()
-            self.log.record("shutdown", actor=BUS_CLIENT_ID)
+            self.log.record(LogEvent.SHUTDOWN, actor=BUS_CLIENT_ID)
             await self.log.commit()  # the disconnect and shutdown rows, before close() returns
         logger.info("closed")
 
@@ -351,7 +352,7 @@ class Bus:
         record = self.credentials.identify(token)
         if record is None:
             self.log.record(
-                "auth_failed",
+                LogEvent.AUTH_FAILED,
                 rpc_id=_rpc_id(request),
                 actor=address,
                 status="refused",
@@ -485,7 +486,9 @@ class Bus:
                     self.refusals.count("frame_too_large", address)
                 else:
                     limit = self.limits.max_frame_bytes
-                    self.log.record("frame_too_large", actor=conn.name, error=f"limit {limit}")
+                    self.log.record(
+                        LogEvent.FRAME_TOO_LARGE, actor=conn.name, error=f"limit {limit}"
+                    )
         finally:
             watchdog.cancel()
             if conn.client_id is None:
@@ -541,7 +544,7 @@ class Bus:
         the answer. :meth:`handle` does it for what it answers; a transport calls it for the
         errors it answers on its own (a malformed HTTP body)."""
         self.log.record(
-            "rpc_error",
+            LogEvent.RPC_ERROR,
             rpc_id=_rpc_id(request),
             actor=actor,
             status=str(exc.code),
@@ -556,7 +559,7 @@ class Bus:
             self.refusals.count("rpc_error", _address(conn.ws))
         else:
             self.log.record(
-                "rpc_error", actor=conn.name, status=str(error.code), error=error.message
+                LogEvent.RPC_ERROR, actor=conn.name, status=str(error.code), error=error.message
             )
         self._count_anonymous_error(conn)
 
@@ -564,7 +567,7 @@ class Bus:
         if conn.client_id is None:
             self.refusals.count("frame_refused", _address(conn.ws))
         else:
-            self.log.record("frame_refused", actor=conn.name, status=reason)
+            self.log.record(LogEvent.FRAME_REFUSED, actor=conn.name, status=reason)
 
     def _count_anonymous_error(self, conn: Connection) -> None:
         # A connection that has not authenticated gets a few errors to learn from, then is
@@ -670,14 +673,17 @@ class Bus:
                     for pattern in change.dropped:
                         self._router.unsubscribe(route.handle, pattern)
                         self.log.record(
-                            "unsubscribe", actor=route.client_id, topic=pattern, status="revoked"
+                            LogEvent.UNSUBSCRIBE,
+                            actor=route.client_id,
+                            topic=pattern,
+                            status="revoked",
                         )
                     dropped += len(change.dropped)
         return revoked, dropped
 
     def _revoke(self, route: Route[Connection], reason: str, detail: str) -> None:
         self._router.leave(route.handle)  # from now on it receives nothing and may do nothing
-        self.log.record("revoked", actor=route.client_id, status=reason, error=detail)
+        self.log.record(LogEvent.REVOKED, actor=route.client_id, status=reason, error=detail)
         self._presence.announce("peer_left", PeerLeft(client_id=route.client_id, reason="revoked"))
         conn = route.handle
         conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
@@ -804,7 +810,7 @@ class Bus:
         epoch = message.epoch = self._epochs.next()
         topic, trace_id = message.topic, message.trace_id
         log.record(
-            "send_start",
+            LogEvent.SEND_START,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
@@ -820,7 +826,7 @@ class Bus:
                 # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
                 level = "high" if message.type in RAW_TEXT_TYPES else grants.taint
                 log.record(
-                    "taint_refused",
+                    LogEvent.TAINT_REFUSED,
                     message_id=message.message_id,
                     actor=target.client_id,
                     topic=topic,
@@ -832,7 +838,7 @@ class Bus:
             if target.options and not self._push_now(target, message):
                 continue
             log.record(
-                "process_start",
+                LogEvent.PROCESS_START,
                 message_id=message.message_id,
                 actor=target.client_id,
                 topic=topic,
@@ -851,7 +857,7 @@ class Bus:
             # Its rows may still be written later: this one tells fetchMessages to skip it.
             with contextlib.suppress(BusError):
                 log.record(
-                    "send_aborted",
+                    LogEvent.SEND_ABORTED,
                     message_id=message.message_id,
                     actor=actor,
                     topic=topic,
@@ -883,7 +889,7 @@ class Bus:
             )
         delivered = sum(results)
         log.record(
-            "send_finish",
+            LogEvent.SEND_FINISH,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
@@ -924,7 +930,7 @@ class Bus:
         if self.on_delivered is not None:
             self.on_delivered(status, _clock() - started)
         self.log.record(
-            "process_finish",
+            LogEvent.PROCESS_FINISH,
             message_id=message.message_id,
             actor=route.client_id,
             topic=message.topic,
@@ -955,7 +961,7 @@ class Bus:
                     offer.flush_at, self._flush_held, route.handle, topic
                 )
         self.log.record(
-            "push_skipped",
+            LogEvent.PUSH_SKIPPED,
             message_id=message.message_id,
             actor=route.client_id,
             topic=topic,
@@ -984,7 +990,7 @@ class Bus:
     async def _push_held(self, route: Route[Link], message: _Message, skipped: int) -> None:
         log = self.log
         log.record(
-            "process_start",
+            LogEvent.PROCESS_START,
             message_id=message.message_id,
             actor=route.client_id,
             topic=message.topic,
@@ -1046,7 +1052,11 @@ class Bus:
         client_id = grants.client_id
         if not grants.may_subscribe(pattern):
             self.log.record(
-                "refused", rpc_id=rpc_id, actor=client_id, topic=pattern, status="fetch_denied"
+                LogEvent.REFUSED,
+                rpc_id=rpc_id,
+                actor=client_id,
+                topic=pattern,
+                status="fetch_denied",
             )
             raise Forbidden(f"{client_id} may not read {pattern!r}: the policy does not grant it")
         if self.log_content == "digest":
@@ -1071,7 +1081,7 @@ class Bus:
             ) from exc
         result = page.result(more=more, upto=upto)
         self.log.record(
-            "fetch",
+            LogEvent.FETCH,
             rpc_id=rpc_id,
             actor=client_id,
             topic=pattern,
@@ -1116,7 +1126,7 @@ class Bus:
             for conn in slow.check(states, _clock()):
                 size = conn.write_buffer_size()
                 self.log.record(
-                    "slow_consumer",
+                    LogEvent.SLOW_CONSUMER,
                     actor=conn.name,
                     status=str(CLOSE_SLOW_CONSUMER),
                     error=f"{size} bytes unread, nothing written for {slow.timeout:g}s",

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from schemas.bus import PeerJoined, PeerLeft, PresenceType
 
 from .errors import BusError
+from .logevents import LogEvent
 
 __all__ = ["Action", "Announce", "Close", "Commit", "CountRefusal", "Fail", "Record", "Reply"]
 
@@ -37,7 +38,7 @@ class Record:
     """Buffer one activity-log row (``ActivityLog.record``); durable after the next
     :class:`Commit`."""
 
-    event: str
+    event: LogEvent
     actor: str | None = None
     rpc_id: str | None = None
     message_id: str | None = None

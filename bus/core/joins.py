@@ -29,6 +29,7 @@ from .errors import (
     LimitExceeded,
 )
 from .identities import PeerIdentity
+from .logevents import LogEvent
 from .policy import Grants, Policy, PolicyError
 from .router import Router
 
@@ -110,7 +111,9 @@ def grant(
         roles = rules.policy.roles_for(client_id, (*credential_roles, *identity.roles))
         return Granted([], roles, rules.policy.grants(client_id, roles, taint=identity.taint))
     except (PolicyError, ValueError) as exc:
-        row = Record("auth_failed", actor=client_id, rpc_id=rpc_id, status="policy", error=str(exc))
+        row = Record(
+            LogEvent.AUTH_FAILED, actor=client_id, rpc_id=rpc_id, status="policy", error=str(exc)
+        )
         refused = AuthenticationFailed(
             "Authentication failed: this clientId's roles are not allowed by the policy"
         )
@@ -143,7 +146,7 @@ def initialize(
     if granted.grants is None:
         return granted.actions
     actions = join(router, link, client_id, granted.roles, granted.grants, credential.token_hash)
-    actions.insert(-1, Record("connect", actor=ask.remote))
+    actions.insert(-1, Record(LogEvent.CONNECT, actor=ask.remote))
     actions.insert(-1, _initialized(client_id, rpc_id, granted.roles, granted.grants))
     capabilities = Capabilities(topics=list(granted.grants.subscribe_patterns))
     info = ServerInfo(name="bcpbus", version=rules.version)
@@ -161,7 +164,7 @@ def _refuse_join(
     client_id, rpc_id = ask.client_id, ask.rpc_id
     route = router.route_of(client_id)
     if route is not None and attached(route.handle):
-        row = Record("auth_failed", actor=client_id, rpc_id=rpc_id, status="webhook")
+        row = Record(LogEvent.AUTH_FAILED, actor=client_id, rpc_id=rpc_id, status="webhook")
         refused = AuthenticationFailed(
             f"Authentication failed: {client_id} is a webhook peer, which the bus reaches at "
             "its URL; it cannot also connect over WebSocket (re-add it without --webhook)"
@@ -170,7 +173,7 @@ def _refuse_join(
     limit = rules.max_connections
     if limit is None or client_id in router or len(router) < limit:
         return []
-    row = Record("limit_exceeded", actor=client_id, rpc_id=rpc_id, status="max_connections")
+    row = Record(LogEvent.LIMIT_EXCEEDED, actor=client_id, rpc_id=rpc_id, status="max_connections")
     full = LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
     return [row, Close(link, CLOSE_TRY_AGAIN_LATER, "too many peers", True), Fail(full)]
 
@@ -189,7 +192,7 @@ def join(
     actions: list[Action] = []
     replaced = router.join(link, client_id, grants, credential=credential)
     if replaced is not None:
-        actions.append(Record("replaced", actor=client_id, status=str(CLOSE_REPLACED)))
+        actions.append(Record(LogEvent.REPLACED, actor=client_id, status=str(CLOSE_REPLACED)))
         actions.append(Announce("peer_left", PeerLeft(client_id=client_id, reason="replaced")))
         actions.append(Close(replaced, CLOSE_REPLACED, "replaced by a newer connection"))
     if grants.may_subscribe(client_id):
@@ -204,7 +207,7 @@ def _initialized(
     client_id: str, rpc_id: str | None, roles: frozenset[str], grants: Grants, **extra: Any
 ) -> Record:
     payload = {"roles": sorted(roles), "taint": grants.taint, **extra}
-    return Record("initialize", actor=client_id, rpc_id=rpc_id, status="ok", payload=payload)
+    return Record(LogEvent.INITIALIZE, actor=client_id, rpc_id=rpc_id, status="ok", payload=payload)
 
 
 def attach(
@@ -227,6 +230,6 @@ def leave(router: Router[K], link: K, status: str) -> list[Action]:
     if route is None:
         return []
     return [
-        Record("disconnect", actor=route.client_id, status=status),
+        Record(LogEvent.DISCONNECT, actor=route.client_id, status=status),
         Announce("peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")),
     ]

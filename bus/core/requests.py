@@ -27,6 +27,7 @@ from schemas.bus import (
 
 from .actions import Action, Fail, Record, Reply
 from .errors import BusError, DuplicateMessage, Forbidden, LimitExceeded, SubscriptionNotFound
+from .logevents import LogEvent
 from .params import SendFields, parse, read_send_message
 from .pushes import PLAIN, PushOptions
 from .recent import RecentIds
@@ -60,7 +61,7 @@ def refusal(
     """The ``refused`` row of a request the policy or a rule turned down (logged at INFO)."""
     logger.info("refused %s from %s: %s", method, route.client_id, reason)
     return Record(
-        "refused",
+        LogEvent.REFUSED,
         actor=route.client_id,
         rpc_id=rpc_id,
         message_id=message_id,
@@ -97,7 +98,7 @@ def subscribe(
     if pattern not in route.patterns:
         if max_subscriptions is not None and len(route.patterns) >= max_subscriptions:
             row = Record(
-                "limit_exceeded",
+                LogEvent.LIMIT_EXCEEDED,
                 actor=route.client_id,
                 rpc_id=rpc_id,
                 topic=pattern,
@@ -114,7 +115,9 @@ def subscribe(
         else {"debounceMs": options.debounce_ms, "minRelevance": options.min_relevance}
     )
     actions.append(
-        Record("subscribe", actor=route.client_id, rpc_id=rpc_id, topic=pattern, payload=payload)
+        Record(
+            LogEvent.SUBSCRIBE, actor=route.client_id, rpc_id=rpc_id, topic=pattern, payload=payload
+        )
     )
     actions.append(Reply(SubscribeResult()))
     return actions
@@ -130,7 +133,7 @@ def unsubscribe(
         return [Fail(exc)]
     if not router.unsubscribe(route.handle, pattern):
         return [Fail(SubscriptionNotFound(f"not subscribed to {pattern!r}"))]
-    row = Record("unsubscribe", actor=route.client_id, rpc_id=rpc_id, topic=pattern)
+    row = Record(LogEvent.UNSUBSCRIBE, actor=route.client_id, rpc_id=rpc_id, topic=pattern)
     return [row, Reply(SubscribeResult())]
 
 

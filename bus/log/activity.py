@@ -110,6 +110,7 @@ from types import TracebackType
 from typing import Any
 
 from ..core.errors import AuditUnavailable
+from ..core.logevents import LogEvent
 from .chain import Chainer, Heads, HeadSink, Verifier
 from .chain_v1 import default_key_path
 from .dbthread import DatabaseThread
@@ -117,7 +118,6 @@ from .logfile import create_file, prepare, scan
 
 __all__ = [
     "COLUMNS",
-    "EVENTS",
     "LINGER",
     "SCHEMA",
     "ActivityLog",
@@ -126,86 +126,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("bus.log.activity")
-
-EVENTS: frozenset[str] = frozenset(
-    {
-        "bus_start",  # the bus listens; payload: server_id, url, log_content (full | digest)
-        "http_start",  # the HTTP binding listens (bus.transports.http); payload: url
-        # The bus, per message: sendMessage received (payload: the envelope, or with
-        # log_content digest its type and sha256; status: the sender's taint then, as
-        # "taint:<level>" or "declassifier"), delivery to one target started and finished
-        # (status = outcome), sendMessage answered. Each row of a message carries its epoch,
-        # and the trace id of its traceparent if it had one.
-        "send_start",
-        "process_start",
-        "process_finish",
-        "send_finish",
-        "send_aborted",  # the log failed before delivery: the message was refused (-32006)
-        "push_skipped",  # not pushed to actor; status = min_relevance | debounce
-        "fetch",  # fetchMessages; topic = the pattern, payload: sinceEpoch, nextEpoch, count
-        # The bus, per connection.
-        "connect",  # WebSocket accepted; actor = remote address
-        "disconnect",  # connection closed; status = close code
-        "initialize",  # a peer authenticated as actor
-        "auth_failed",  # initialize with an unknown clientId or a wrong token
-        "replaced",  # a newer connection took over the clientId; the old one was closed
-        "initialize_timeout",  # no initialize within the configured time
-        "frame_too_large",  # a frame above the configured maximum size
-        "frame_refused",  # a frame the bus does not take (status binary); closed with 1003
-        "slow_consumer",  # the bus could not write to actor for slow_consumer_timeout; 4004
-        # The bus, per request.
-        "refused",  # authorization/policy refusal; status = reason
-        "taint_refused",  # delivery from a tainted peer to an untainted one refused
-        "limit_exceeded",  # a configured limit was hit; status = which limit
-        "rpc_error",  # a request answered with a JSON-RPC error
-        "subscribe",  # topic = the pattern; payload: debounceMs, minRelevance if set
-        "unsubscribe",  # topic = the pattern
-        "shutdown",  # the bus is closing
-        # Webhook peers (bus.transports.webhooks): a POST that will be retried (status = why:
-        # timeout,
-        # connect_error, http_<status>; payload: attempt, final), and a delivery that failed
-        # after its last attempt (status = reason; payload: attempts, sender).
-        "webhook_retry",
-        "delivery_failed",
-        "http_refused",  # the HTTP binding: anonymous refusals per interval; payload: counts
-        "ws_refused",  # the WebSocket port's, the same way (bus.ops.refusals); payload: counts
-        # The log itself.
-        "chain_start",  # a chain segment starts; status new | migrated | broken_log_accepted
-        "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)
-        # The gateway (actor "system:gateway"). The payload carries query_id or subscription_id
-        # and channel ("bcp:<controller>:<reader>").
-        "bcp_query_accepted",
-        "bcp_query_refused",  # status = reason code
-        "bcp_bits_charged",  # payload: bits, budget_bits, budget_left
-        "bcp_validation",  # status = pass | fail; payload: reasons
-        "bcp_delivered",  # the normalized answer reached the controller
-        "bcp_query_failed",  # status = reason (budget_exhausted, timeout, ...)
-        "bcp_approval_requested",
-        "bcp_approval_decided",  # status = approve | reject | edit
-        "bcp_expired",  # a pending query timed out
-        "bcp_push_received",  # a subscription push from a reader
-        "bcp_push_refused",  # status = reason code
-        "bcp_held",  # a valid push waits for its offline controller
-        "bcp_screen_requested",  # a valid answer sent to its channel's screeners (screen_id)
-        # One screener's outcome, status pass | flag | reject | unavailable | timeout |
-        # malformed; payload: screener, findings, its detail (logged here, never passed on).
-        "bcp_screened",
-        "bcp_budget_reset",  # `bcpbus budget reset`: a channel starts a new budget session
-        # The console (peers.console, docs/console.md): actor the clientId signed in with.
-        "console_sign_in",  # status approver | auditor | refused; payload: the address
-        "console_sign_out",  # status signed_out | token_revoked | role_revoked
-    }
-)
-"""The event names bcpbus writes. :meth:`ActivityLog.record` accepts any string, so a new event
-needs no schema change; add it here so auditors know it exists.
-
-A ``row_unwritable`` row stands for a row SQLite could not store (text that is not valid
-Unicode, such as a lone surrogate). It keeps the original's ``ts`` and those of ``message_id``,
-``rpc_id``, ``actor``, ``topic`` and ``status`` that are valid text; ``error`` says why the row was
-refused; ``payload_json`` is ``{"event": ..., "columns": [...], "sha256": ...}``: the original
-event (non-text characters as ``\\uXXXX`` escapes), the columns that were not valid text, and
-the SHA-256 of ``json.dumps(list(row)).encode()``, the original row's columns in
-:data:`COLUMNS` order as a JSON array with Python's default separators and ASCII escapes."""
 
 COLUMNS: tuple[str, ...] = (
     "ts",
@@ -508,7 +428,7 @@ class ActivityLog:
 
     def record(
         self,
-        event: str,
+        event: LogEvent,
         *,
         message_id: str | None = None,
         rpc_id: str | int | None = None,
@@ -527,7 +447,7 @@ class ActivityLog:
         anything that must be audited first.
 
         Args:
-            event: what happened; see :data:`EVENTS`.
+            event: what happened; :class:`~bus.core.logevents.LogEvent` says what each row holds.
             payload: anything JSON can represent; stored as ``payload_json``. A value it can't
                 (NaN, a cycle) is stored as the JSON string of its ``repr`` rather than lost.
             rpc_id: the JSON-RPC id; stored as text.
@@ -547,7 +467,9 @@ class ActivityLog:
         self._pending.append(
             (
                 _now(),
-                event,
+                # The member's plain str: SQLite binds it without adapting a subclass, and the
+                # chain's encoding keeps to its all-text path.
+                event._value_,
                 message_id,
                 None if rpc_id is None else str(rpc_id),
                 actor,
@@ -604,7 +526,7 @@ class ActivityLog:
         finally:
             observe(loop.time() - started)
 
-    async def write(self, event: str, **fields: Any) -> None:
+    async def write(self, event: LogEvent, **fields: Any) -> None:
         """:meth:`record` one row and :meth:`commit` it; the arguments are :meth:`record`'s.
 
         Raises:
@@ -1062,8 +984,18 @@ def _refused_for_content(row: _Row, exc: BaseException) -> bool:
 
 
 def _unwritable(row: _Row, exc: BaseException) -> list[_Row]:
-    """The ``row_unwritable`` rows that may stand for ``row``, best first (see :data:`EVENTS`):
-    one that keeps the columns that are valid text, and one that keeps only the timestamp."""
+    """The ``row_unwritable`` rows that may stand for ``row``, best first: one that keeps the
+    columns that are valid text, and one that keeps only the timestamp.
+
+    A ``row_unwritable`` row stands for a row SQLite could not store (text that is not valid
+    Unicode, such as a lone surrogate). It keeps the original's ``ts`` and those of
+    ``message_id``, ``rpc_id``, ``actor``, ``topic`` and ``status`` that are valid text;
+    ``error`` says why the row was refused; ``payload_json`` is ``{"event": ..., "columns":
+    [...], "sha256": ...}``: the original event (non-text characters as ``\\uXXXX`` escapes),
+    the columns that were not valid text, and the SHA-256 of ``json.dumps(list(row)).encode()``,
+    the original row's columns in :data:`COLUMNS` order as a JSON array with Python's default
+    separators and ASCII escapes.
+    """
     bad = [name for name, value in zip(COLUMNS, row, strict=True) if not _is_text(value)]
     event = row[1]
     payload = _ENCODER.encode(

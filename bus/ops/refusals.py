@@ -18,6 +18,7 @@ import asyncio
 import collections
 import ipaddress
 
+from ..core.logevents import LogEvent
 from ..log.activity import ActivityLog
 
 __all__ = ["MAX_LISTED", "Refusals", "address_key"]
@@ -54,7 +55,7 @@ class Refusals:
         interval: float,
         total: collections.Counter[str] | None = None,
         *,
-        event: str = "http_refused",
+        event: LogEvent = LogEvent.HTTP_REFUSED,
     ) -> None:
         self.log = log
         self.interval = interval

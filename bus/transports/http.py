@@ -73,6 +73,7 @@ from ..core.errors import (
     LimitExceeded,
     ParseError,
 )
+from ..core.logevents import LogEvent
 from ..core.params import parse
 from ..core.protocol import Request
 from ..core.router import Route as BusRoute
@@ -235,7 +236,7 @@ class HttpBinding:
         # uvicorn's own loop refreshes the Date header once a second; stop() ends it.
         self._ticker = asyncio.create_task(server.main_loop())
         self._flusher = asyncio.create_task(self.refusals.run())
-        self.bus.log.record("http_start", actor="system:bus", payload={"url": self.url})
+        self.bus.log.record(LogEvent.HTTP_START, actor="system:bus", payload={"url": self.url})
         logger.info("HTTP on %s", self.url)
 
     @property
@@ -460,7 +461,7 @@ class HttpBinding:
         limit = self.settings.max_requests
         if limit is None or len(self._requests) < limit:
             return
-        self.bus.log.record("limit_exceeded", actor=actor, status="http_max_requests")
+        self.bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_max_requests")
         raise LimitExceeded(
             f"Limit exceeded: {limit} messages posted over HTTP are still being delivered "
             "(max_requests); retry later"
@@ -492,13 +493,13 @@ class HttpBinding:
                     chunks.append(chunk)
         except TimeoutError:
             seconds = self.settings.body_timeout
-            self.bus.log.record("limit_exceeded", actor=actor, status="http_body_timeout")
+            self.bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_body_timeout")
             raise BodyTimeout(
                 f"Request body not received within body_timeout ({seconds:g} s)"
             ) from None
         budget = self.bus.byte_budget
         if not budget.take(size):
-            self.bus.log.record("limit_exceeded", actor=actor, status="max_inflight_bytes")
+            self.bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="max_inflight_bytes")
             raise _budget_exceeded()
         try:
             return loads(b"".join(chunks).decode("utf-8")), size
@@ -507,7 +508,7 @@ class HttpBinding:
             raise ParseError("Parse error: the body is not valid JSON") from None
 
     def _too_large(self, actor: str, limit: int) -> BodyTooLarge:
-        self.bus.log.record("frame_too_large", actor=actor, error=f"limit {limit}")
+        self.bus.log.record(LogEvent.FRAME_TOO_LARGE, actor=actor, error=f"limit {limit}")
         return BodyTooLarge(f"Request body larger than max_frame_bytes ({limit} bytes)")
 
     def _own(self, coro: Awaitable[Any], charge: int) -> asyncio.Task[Any]:

@@ -61,6 +61,7 @@ from schemas.http import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
 from .. import __version__
 from ..core._json import dumps, loads
 from ..core.errors import AuthenticationFailed, BusError, InternalError
+from ..core.logevents import LogEvent
 from ..core.policy import may_flow
 from ..core.presence import BUS_CLIENT_ID
 from ..ops.config import HttpSettings
@@ -215,7 +216,7 @@ class WebhookLink:
             delay = next(delays)
             final = number == settings.webhook_attempts or deadline - time.monotonic() <= delay
             self._hooks.bus.log.record(
-                "webhook_retry",
+                LogEvent.WEBHOOK_RETRY,
                 message_id=_message_id(params),
                 actor=self.client_id,
                 status=attempt.reason,
@@ -400,7 +401,9 @@ class Webhooks:
         host = private_host(url)
         if host is None or self.settings.allow_private_webhooks:
             return
-        self.bus.log.record("auth_failed", actor=client_id, status="private_webhook", error=host)
+        self.bus.log.record(
+            LogEvent.AUTH_FAILED, actor=client_id, status="private_webhook", error=host
+        )
         raise AuthenticationFailed(
             f"the webhook of {client_id} is at {host}, not a public address: set "
             "http.allow_private_webhooks: true to allow it"
@@ -430,7 +433,7 @@ class Webhooks:
         message_id, sender = payload.get("messageId"), payload.get("from")
         with contextlib.suppress(BusError):
             self.bus.log.record(
-                "delivery_failed",
+                LogEvent.DELIVERY_FAILED,
                 message_id=message_id,
                 actor=link.client_id,
                 topic=topic,

@@ -17,6 +17,7 @@ import bus.log.history
 from bus.core.epochs import Epochs
 from bus.core.errors import AuditUnavailable, ContentNotKept, EpochNotKept, InvalidParams
 from bus.core.identities import PeerIdentity
+from bus.core.logevents import LogEvent
 from bus.core.policy import Grants, Policy
 from bus.log.activity import SCHEMA, ActivityLog
 from bus.log.fetch import FetchFilter, Page, check_since
@@ -120,7 +121,7 @@ async def test_a_log_from_before_epochs_gets_the_columns(tmp_path):
         conn.execute("INSERT INTO activity_log (ts, event) VALUES ('t', 'send_start')")
     async with ActivityLog(db) as log:
         assert log.last_epoch == 0
-        await log.write("send_start", epoch=42, trace_id="ab" * 16)
+        await log.write(LogEvent.SEND_START, epoch=42, trace_id="ab" * 16)
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT epoch, typeof(epoch), trace_id FROM activity_log").fetchall()
         assert (None, "null", None) in rows and (42, "integer", "ab" * 16) in rows

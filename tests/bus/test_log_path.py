@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bus.core.errors import AuditUnavailable
+from bus.core.logevents import LogEvent
 from bus.log import audit
 from bus.log.activity import ActivityLog
 from peers.testing import Inbox, running_bus, scaled
@@ -108,15 +109,15 @@ async def test_delivery_waits_for_send_start_and_the_answer_for_the_rest(tmp_pat
 async def test_commits_of_many_callers_share_transactions(tmp_path: Path) -> None:
     """64 callers committing while a batch is on the thread go in one transaction after it."""
     async with ActivityLog(tmp_path / "a.db") as log:
-        inserts = HeldInserts(log, event_is("first"))
-        log.record("first")
+        inserts = HeldInserts(log, event_is(LogEvent.CONNECT))
+        log.record(LogEvent.CONNECT)
         first = asyncio.create_task(log.commit())
         async with asyncio.timeout(scaled(5)):
             await inserts.entered.wait()
         before = log.batches_committed
 
         async def caller(n: int) -> None:
-            log.record("send_start", message_id=f"m-{n}")
+            log.record(LogEvent.SEND_START, message_id=f"m-{n}")
             await log.commit()
 
         callers = [asyncio.create_task(caller(n)) for n in range(64)]
@@ -131,6 +132,7 @@ async def test_commits_of_many_callers_share_transactions(tmp_path: Path) -> Non
 
 _WRITER = """
 import asyncio, sys
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 
 async def main():
@@ -138,7 +140,7 @@ async def main():
         n = 0
         while True:
             for _ in range(int(sys.argv[2])):
-                log.record("send_start", message_id=f"m-{n}", payload={"n": n})
+                log.record(LogEvent.SEND_START, message_id=f"m-{n}", payload={"n": n})
                 n += 1
             await log.commit()
             print(n, flush=True)
@@ -169,7 +171,7 @@ async def test_a_writer_killed_mid_stream_leaves_a_chain_that_reopens_and_verifi
         child.send_signal(signal.SIGKILL)
         await child.wait()
     async with ActivityLog(db) as log:  # raises ChainBroken if the tail does not verify
-        await log.write("connect", actor="after the crash")
+        await log.write(LogEvent.CONNECT, actor="after the crash")
     result = audit.verify(db)
     assert result.ok, result.problems
     with sqlite3.connect(db) as conn:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from bus.core.logevents import LogEvent
 from bus.ops.config import LogContent
 from schemas.agents import Channel
 from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
@@ -158,7 +159,7 @@ class GatewayCore:
             ctx.state.decided.remember(approval_id, decided)
             actions.append(
                 ctx.record(
-                    "bcp_approval_decided",
+                    LogEvent.BCP_APPROVAL_DECIDED,
                     channel,
                     ApprovalStatus.EXPIRED,
                     approval_id=approval_id,
