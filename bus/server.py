@@ -21,7 +21,6 @@ import secrets
 import sqlite3
 import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -38,8 +37,9 @@ from schemas.bus import (
 from schemas.common import timestamp
 
 from . import __version__
-from .core import _json, joins, requests
+from .core import _json, delivery, joins, requests
 from .core.actions import Action, Announce, Close, Commit, CountRefusal, Fail, Record, Reply
+from .core.delivery import Message
 from .core.epochs import Epochs
 from .core.errors import (
     CLOSE_GOING_AWAY,
@@ -60,10 +60,9 @@ from .core.errors import (
 from .core.identities import PeerIdentity
 from .core.logevents import LogEvent
 from .core.params import parse
-from .core.policy import RAW_TEXT_TYPES, Grants, Policy, may_flow
+from .core.policy import Grants, Policy
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .core.protocol import Request
-from .core.pushes import push_window
 from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.state import PeerStates
@@ -688,13 +687,27 @@ class Bus:
         conn = route.handle
         conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
 
+    def _record(self, row: Record) -> None:
+        self.log.record(
+            row.event,
+            message_id=row.message_id,
+            rpc_id=row.rpc_id,
+            actor=row.actor,
+            topic=row.topic,
+            status=row.status,
+            payload=row.payload,
+            error=row.error,
+            epoch=row.epoch,
+            trace_id=row.trace_id,
+        )
+
     def _carry(self, actions: list[Action]) -> Any:
         """Carry out a decision's actions (:mod:`bus.core.actions`) in order; return the
         reply's wire form, raise its error, or return None if it has neither."""
         for action in actions:
             match action:
                 case Record():
-                    self.log.record(action.event, **action.fields())
+                    self._record(action)
                 case Announce(kind=kind, content=content):
                     self._presence.announce(kind, content)
                 case Close(link=link, code=code, reason=reason, after_answer=True):
@@ -733,7 +746,7 @@ class Bus:
             return self._carry(admission.actions)
         assert isinstance(request.params, dict)  # validated as an object above
         key = (route.client_id, fields.message_id)
-        message = _Message(
+        message = Message(
             topic,
             request.params["payload"],
             fields.message_id,
@@ -782,7 +795,7 @@ class Bus:
             AuditUnavailable: the activity log could not commit; if it failed on the first
                 commit, nothing was delivered.
         """
-        message = _Message(topic, payload, message_id, message_type, trace_id=trace_id)
+        message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
         targets = await self._accept(message, sender=sender, rpc_id=rpc_id)
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         return await self._fan_out(targets, message, actor=actor, rpc_id=rpc_id)
@@ -793,7 +806,7 @@ class Bus:
         return await self.publish(topic, payload, message_id, message_type, sender=None)
 
     async def _accept(
-        self, message: _Message, *, sender: Route[Link] | None, rpc_id: str | None
+        self, message: Message, *, sender: Route[Link] | None, rpc_id: str | None
     ) -> list[Route[Link]]:
         """Give ``message`` its epoch, record it and its targets, commit the rows, and return
         the targets.
@@ -820,32 +833,12 @@ class Bus:
             epoch=epoch,
             trace_id=trace_id,
         )
-        targets: list[Route[Link]] = []
-        for target in self._router.targets(topic, sender=sender.handle if sender else None):
-            if grants is not None and not may_flow(grants, target.grants, message.type):
-                # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
-                level = "high" if message.type in RAW_TEXT_TYPES else grants.taint
-                log.record(
-                    LogEvent.TAINT_REFUSED,
-                    message_id=message.message_id,
-                    actor=target.client_id,
-                    topic=topic,
-                    status=f"{level}->{target.grants.taint}",
-                    epoch=epoch,
-                    trace_id=trace_id,
-                )
-                continue
-            if target.options and not self._push_now(target, message):
-                continue
-            log.record(
-                LogEvent.PROCESS_START,
-                message_id=message.message_id,
-                actor=target.client_id,
-                topic=topic,
-                epoch=epoch,
-                trace_id=trace_id,
-            )
-            targets.append(target)
+        picked = delivery.targets(self._router, self._states, message, sender=sender, clock=_clock)
+        for row in picked.rows:
+            self._record(row)
+        for timer in picked.timers:
+            self._set_timer(timer)
+        targets = picked.routes
         if not targets:
             return targets  # fan_out commits the rows (and fetch commits before it reads)
         try:
@@ -870,7 +863,7 @@ class Bus:
     async def _fan_out(
         self,
         targets: list[Route[Link]],
-        message: _Message,
+        message: Message,
         *,
         actor: str | None,
         rpc_id: str | None,
@@ -901,7 +894,7 @@ class Bus:
         await log.commit()
         return delivered
 
-    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: _Message) -> bool:
+    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: Message) -> bool:
         status, error = "processed", None
         limit = self.limits.max_write_buffer
         target = route.handle
@@ -943,51 +936,22 @@ class Bus:
 
     # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
 
-    def _push_now(self, route: Route[Link], message: _Message) -> bool:
-        """Whether ``route``'s subscriptions want ``message`` pushed now; if not, log why, and
-        hold it for the end of a debounce window if that is the reason."""
-        topic = message.topic
-        window = push_window(route.options_for(topic), message.relevance)
-        if window == 0:
-            return True
-        if window is not None:
-            held = self._states.open(route.handle)
-            offer = held.debounce.offer(topic, message, window / 1000, _clock())
-            if offer.push:
-                return True
-            if offer.flush_at is not None:
-                loop = asyncio.get_running_loop()
-                held.timers[topic] = loop.call_at(
-                    offer.flush_at, self._flush_held, route.handle, topic
-                )
-        self.log.record(
-            LogEvent.PUSH_SKIPPED,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=topic,
-            status="min_relevance" if window is None else "debounce",
-            epoch=message.epoch,
-            trace_id=message.trace_id,
+    def _set_timer(self, timer: delivery.SetTimer[Link]) -> None:
+        """Arm the timer that flushes a debounce window, kept in the link's state."""
+        state = self._states.open(timer.link)
+        loop = asyncio.get_running_loop()
+        state.timers[timer.topic] = loop.call_at(
+            timer.at, self._flush_held, timer.link, timer.topic
         )
-        return False
 
     def _flush_held(self, conn: Link, topic: str) -> None:
         """At the end of a debounce window: push the latest message held on ``topic``."""
-        held = self._states.get(conn)
-        if held is None:
+        due = delivery.flush(self._router, self._states, conn, topic, _clock())
+        if due is None or self._closing:
             return
-        held.timers.pop(topic, None)
-        due = held.debounce.due(topic, _clock())
-        route = self._router.route(conn)
-        if due is None or route is None or self._closing:
-            return
-        message, skipped = due
-        # Not if its sender was told -32006, nor once no subscription of the peer matches.
-        if message.aborted or not route.options_for(topic):
-            return
-        conn.spawn(self._push_held(route, message, skipped))
+        conn.spawn(self._push_held(*due))
 
-    async def _push_held(self, route: Route[Link], message: _Message, skipped: int) -> None:
+    async def _push_held(self, route: Route[Link], message: Message, skipped: int) -> None:
         log = self.log
         log.record(
             LogEvent.PROCESS_START,
@@ -1158,22 +1122,6 @@ class _Detached:
 
 class _SlowConsumer(Exception):
     """A delivery refused because the target has too many unread bytes."""
-
-
-@dataclass(slots=True)
-class _Message:
-    """One message on its way through the bus: what it is, and the epoch it was given."""
-
-    topic: str
-    payload: dict[str, Any]
-    message_id: str
-    type: str
-    trace_id: str | None = None
-    relevance: float | None = None
-    epoch: int = 0
-    """Given by :meth:`Bus._accept`; 0 until then."""
-    aborted: bool = False
-    """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
 
 
 def _bearer(ws: Socket) -> str | None:

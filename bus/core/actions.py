@@ -46,6 +46,8 @@ class Record:
     status: str | None = None
     payload: Any = None
     error: str | None = None
+    epoch: int | None = None
+    trace_id: str | None = None
 
     def fields(self) -> dict[str, Any]:
         """The keyword arguments of ``ActivityLog.record`` after ``event``."""
@@ -57,6 +59,8 @@ class Record:
             "status": self.status,
             "payload": self.payload,
             "error": self.error,
+            "epoch": self.epoch,
+            "trace_id": self.trace_id,
         }
 
 
