@@ -1103,6 +1103,8 @@ class _Detached:
     """The link of a peer that sent a request over HTTP and is not online: it only sends, and
     the bus has no way to deliver to it (it is in no routing table)."""
 
+    kind = "http"
+
     def __init__(self, client_id: str) -> None:
         self.name = client_id
         self.inflight: asyncio.Semaphore | None = None

@@ -82,8 +82,8 @@ from ..ops.config import HttpSettings
 from ..ops.metrics import CONTENT_TYPE, Metrics
 from ..ops.refusals import Refusals
 from ..ops.startup import StartupError
-from ..server import Bus
 from .admission import ConnectionGuard, guarded_protocol
+from .port import BusPort
 from .webhooks import Webhooks
 
 __all__ = ["BodyTimeout", "BodyTooLarge", "HttpBinding", "http_status", "listen"]
@@ -146,7 +146,7 @@ class HttpBinding:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: BusPort,
         settings: HttpSettings,
         *,
         host: str = "127.0.0.1",
