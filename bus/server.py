@@ -32,7 +32,6 @@ from schemas.bus import (
     FetchMessagesParams,
     InitializeParams,
     ListPeersResult,
-    PeerLeft,
 )
 from schemas.common import timestamp
 
@@ -45,7 +44,6 @@ from .core.errors import (
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
     CLOSE_POLICY_VIOLATION,
-    CLOSE_REVOKED,
     CLOSE_SLOW_CONSUMER,
     AlreadyInitialized,
     AuditUnavailable,
@@ -664,28 +662,13 @@ class Bus:
         revoked = dropped = 0
         for change in review(list(self._router.routes()), credentials, policy, self.identities):
             match change:
-                case Revoke(route=route):
-                    self._revoke(route, change.reason, change.detail)
+                case Revoke(route=route, reason=reason, detail=detail):
+                    self._carry(joins.revoke(self._router, route, reason, detail))
                     revoked += 1
                 case Regrant(route=route, grants=grants):
-                    route.grants = grants
-                    for pattern in change.dropped:
-                        self._router.unsubscribe(route.handle, pattern)
-                        self.log.record(
-                            LogEvent.UNSUBSCRIBE,
-                            actor=route.client_id,
-                            topic=pattern,
-                            status="revoked",
-                        )
+                    self._carry(joins.regrant(self._router, route, grants, change.dropped))
                     dropped += len(change.dropped)
         return revoked, dropped
-
-    def _revoke(self, route: Route[Connection], reason: str, detail: str) -> None:
-        self._router.leave(route.handle)  # from now on it receives nothing and may do nothing
-        self.log.record(LogEvent.REVOKED, actor=route.client_id, status=reason, error=detail)
-        self._presence.announce("peer_left", PeerLeft(client_id=route.client_id, reason="revoked"))
-        conn = route.handle
-        conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
 
     def _record(self, row: Record) -> None:
         self.log.record(

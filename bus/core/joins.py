@@ -24,6 +24,7 @@ from .actions import Action, Announce, Close, CountRefusal, Fail, Record, Reply
 from .errors import (
     CLOSE_AUTH_FAILED,
     CLOSE_REPLACED,
+    CLOSE_REVOKED,
     CLOSE_TRY_AGAIN_LATER,
     AuthenticationFailed,
     LimitExceeded,
@@ -31,7 +32,7 @@ from .errors import (
 from .identities import PeerIdentity
 from .logevents import LogEvent
 from .policy import Grants, Policy, PolicyError
-from .router import Router
+from .router import Route, Router
 
 __all__ = [
     "Ask",
@@ -44,6 +45,8 @@ __all__ = [
     "initialize",
     "join",
     "leave",
+    "regrant",
+    "revoke",
 ]
 
 K = TypeVar("K", bound=Hashable)
@@ -233,3 +236,30 @@ def leave(router: Router[K], link: K, status: str) -> list[Action]:
         Record(LogEvent.DISCONNECT, actor=route.client_id, status=status),
         Announce("peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")),
     ]
+
+
+def revoke(router: Router[K], route: Route[K], reason: str, detail: str) -> list[Action]:
+    """A reload took this peer's credential or rights (``reason``: ``removed``, ``rotated``,
+    ``policy``): it leaves the table at once, so it receives nothing and may do nothing more,
+    and its link closes with 4005."""
+    router.leave(route.handle)
+    return [
+        Record(LogEvent.REVOKED, actor=route.client_id, status=reason, error=detail),
+        Announce("peer_left", PeerLeft(client_id=route.client_id, reason="revoked")),
+        Close(route.handle, CLOSE_REVOKED, f"revoked: {reason}"),
+    ]
+
+
+def regrant(
+    router: Router[K], route: Route[K], grants: Grants, dropped: Iterable[str]
+) -> list[Action]:
+    """A reload gave this peer new ``grants``: put them in force and drop the subscriptions
+    they no longer allow, each with an ``unsubscribe`` row (status ``revoked``)."""
+    route.grants = grants
+    actions: list[Action] = []
+    for pattern in dropped:
+        router.unsubscribe(route.handle, pattern)
+        actions.append(
+            Record(LogEvent.UNSUBSCRIBE, actor=route.client_id, topic=pattern, status="revoked")
+        )
+    return actions

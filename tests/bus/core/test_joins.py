@@ -8,6 +8,7 @@ from bus.core.actions import Announce, Close, CountRefusal, Fail, Record, Reply
 from bus.core.errors import (
     CLOSE_AUTH_FAILED,
     CLOSE_REPLACED,
+    CLOSE_REVOKED,
     CLOSE_TRY_AGAIN_LATER,
     AuthenticationFailed,
     LimitExceeded,
@@ -23,7 +24,10 @@ from bus.core.joins import (
     initialize,
     join,
     leave,
+    regrant,
+    revoke,
 )
+from bus.core.logevents import LogEvent
 from bus.core.policy import Policy
 from bus.core.router import Router
 from schemas.bus import InitializeResult
@@ -172,3 +176,32 @@ def test_leave_logs_and_announces_once():
     assert actions[0] == Record("disconnect", actor="agent:w1", status="1000")
     assert isinstance(actions[1], Announce) and actions[1].kind == "peer_left"
     assert leave(router, "c1", "1000") == []
+
+
+def test_revoke_takes_the_peer_out_at_once_and_closes_it_with_4005():
+    """A revoked peer leaves the table, with its row, presence and a 4005 close."""
+    router: Router[str] = Router()
+    init(router, "c1", "agent:w1")
+    route = router.route("c1")
+    assert route is not None
+    actions = revoke(router, route, "rotated", "agent:w1's token was replaced")
+    assert events(actions) == ["revoked", "announce", "close"]
+    assert actions[0].error == "agent:w1's token was replaced"
+    assert actions[1].content.reason == "revoked"
+    assert actions[2] == Close("c1", CLOSE_REVOKED, "revoked: rotated")
+    assert router.route("c1") is None and router.targets("agent:w1") == []
+
+
+def test_regrant_drops_the_patterns_the_new_grants_refuse():
+    """New grants are in force and each dropped pattern is unsubscribed with its row."""
+    router: Router[str] = Router()
+    init(router, "c1", "agent:w1")
+    route = router.route("c1")
+    assert route is not None
+    narrower = POLICY.grants("agent:w1", ())
+    actions = regrant(router, route, narrower, ["agent:w1"])
+    assert actions == [
+        Record(LogEvent.UNSUBSCRIBE, actor="agent:w1", topic="agent:w1", status="revoked")
+    ]
+    assert route.grants is narrower and not route.patterns
+    assert regrant(router, route, narrower, []) == []
