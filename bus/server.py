@@ -49,8 +49,6 @@ from .core.errors import (
     AuditUnavailable,
     AuthenticationFailed,
     BusError,
-    ContentNotKept,
-    Forbidden,
     MethodNotFound,
     NotInitialized,
     ShuttingDown,
@@ -64,7 +62,6 @@ from .core.protocol import Request
 from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.state import PeerStates
-from .core.topics import validate_pattern
 from .core.watch import Anonymous, SlowConsumers
 from .log.activity import ActivityLog, canonical_sha256
 from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
@@ -995,24 +992,17 @@ class Bus:
         """
         if self._closing:
             raise ShuttingDown()
-        pattern = validate_pattern(pattern)
-        client_id = grants.client_id
-        if not grants.may_subscribe(pattern):
-            self.log.record(
-                LogEvent.REFUSED,
-                rpc_id=rpc_id,
-                actor=client_id,
-                topic=pattern,
-                status="fetch_denied",
-            )
-            raise Forbidden(f"{client_id} may not read {pattern!r}: the policy does not grant it")
-        if self.log_content == "digest":
-            raise ContentNotKept(
-                "This bus keeps only digests of messages (log_content: digest), not their "
-                "content: there is nothing to fetch"
-            )
-        cap = self.limits.max_fetch_messages
-        limit = cap if limit is None else max(1, min(limit, cap))
+        admission = requests.admit_fetch(
+            grants,
+            pattern,
+            limit,
+            rpc_id=rpc_id,
+            digests_only=self.log_content == "digest",
+            cap=self.limits.max_fetch_messages,
+        )
+        if admission.actions:
+            self._carry(admission.actions)
+        pattern, limit, client_id = admission.pattern, admission.limit, grants.client_id
         upto = self._epochs.last
         # Every message given an epoch so far is then committed (or aborted): none can be
         # missing below upto and turn up later.

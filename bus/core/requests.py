@@ -26,9 +26,17 @@ from schemas.bus import (
 )
 
 from .actions import Action, Fail, Record, Reply
-from .errors import BusError, DuplicateMessage, Forbidden, LimitExceeded, SubscriptionNotFound
+from .errors import (
+    BusError,
+    ContentNotKept,
+    DuplicateMessage,
+    Forbidden,
+    LimitExceeded,
+    SubscriptionNotFound,
+)
 from .logevents import LogEvent
 from .params import SendFields, parse, read_send_message
+from .policy import Grants
 from .pushes import PLAIN, PushOptions
 from .recent import RecentIds
 from .router import Route, Router
@@ -36,7 +44,9 @@ from .topics import validate_pattern, validate_topic
 
 __all__ = [
     "Admission",
+    "FetchAdmission",
     "admit_admin",
+    "admit_fetch",
     "admit_send",
     "list_subscriptions",
     "refusal",
@@ -224,3 +234,44 @@ def _authorize_send(
         return []
     row = refusal(route, rpc_id, "sendMessage", reason, topic=topic, message_id=fields.message_id)
     return [row, Fail(Forbidden(error))]
+
+
+class FetchAdmission(NamedTuple):
+    """What :func:`admit_fetch` decided: the pattern and page size to read when the read is
+    admitted (``actions`` is then empty), else the refusal to carry out."""
+
+    actions: list[Action]
+    pattern: str = ""
+    limit: int = 0
+
+
+def admit_fetch(
+    grants: Grants,
+    pattern: str,
+    limit: int | None,
+    *,
+    rpc_id: str | None,
+    digests_only: bool,
+    cap: int,
+) -> FetchAdmission:
+    """``fetchMessages``'s checks before the log is read: a valid pattern the policy lets the
+    peer subscribe to, on a log that keeps content; ``limit`` capped to ``cap`` (None: the
+    cap)."""
+    try:
+        pattern = validate_pattern(pattern)
+    except BusError as exc:
+        return FetchAdmission([Fail(exc)])
+    client_id = grants.client_id
+    if not grants.may_subscribe(pattern):
+        row = Record(
+            LogEvent.REFUSED, actor=client_id, rpc_id=rpc_id, topic=pattern, status="fetch_denied"
+        )
+        denied = Forbidden(f"{client_id} may not read {pattern!r}: the policy does not grant it")
+        return FetchAdmission([row, Fail(denied)])
+    if digests_only:
+        kept = ContentNotKept(
+            "This bus keeps only digests of messages (log_content: digest), not their "
+            "content: there is nothing to fetch"
+        )
+        return FetchAdmission([Fail(kept)])
+    return FetchAdmission([], pattern, cap if limit is None else max(1, min(limit, cap)))

@@ -8,6 +8,7 @@ import pytest
 
 from bus.core.actions import Fail, Record, Reply
 from bus.core.errors import (
+    ContentNotKept,
     DuplicateMessage,
     Forbidden,
     InvalidParams,
@@ -19,6 +20,7 @@ from bus.core.pushes import PushOptions
 from bus.core.recent import RecentIds
 from bus.core.requests import (
     admit_admin,
+    admit_fetch,
     admit_send,
     list_subscriptions,
     subscribe,
@@ -229,3 +231,35 @@ def test_a_duplicate_within_the_window_is_refused_and_a_release_lets_it_through(
     assert isinstance(failure, DuplicateMessage) and failure.data == {"messageId": "m1"}
     recent.release(("tg:42", "m1"))
     assert admit_send(route, envelope("tg:42"), rpc_id="3", recent=recent, now=2.0).fields
+
+
+# fetchMessages admission
+
+
+def test_fetch_is_admitted_with_its_limit_capped():
+    """A pattern the peer may subscribe to is read, the page size held within the cap."""
+    _, route = joined("agent:w1")
+    grants = route.grants
+    read = admit_fetch(grants, "agent:w1", 500, rpc_id="1", digests_only=False, cap=100)
+    assert read.actions == [] and read.pattern == "agent:w1" and read.limit == 100
+    assert (
+        admit_fetch(grants, "agent:w1", None, rpc_id=None, digests_only=False, cap=50).limit == 50
+    )
+    assert admit_fetch(grants, "agent:w1", 0, rpc_id=None, digests_only=False, cap=50).limit == 1
+
+
+def test_fetch_of_a_pattern_the_policy_denies_is_refused_with_a_row():
+    """Reading what one may not subscribe to gets -32002 and a fetch_denied row."""
+    _, route = joined("tg:42")
+    refused = admit_fetch(route.grants, "agent:*", None, rpc_id="2", digests_only=False, cap=9)
+    assert rows(refused.actions) == [("refused", "fetch_denied")]
+    assert isinstance(error(refused.actions), Forbidden)
+
+
+def test_fetch_fails_on_a_bad_pattern_or_a_digest_log():
+    """A malformed pattern is -32602; a log that keeps digests has no content to give."""
+    _, route = joined("agent:w1")
+    bad = admit_fetch(route.grants, "a::b", None, rpc_id=None, digests_only=False, cap=9)
+    assert isinstance(error(bad.actions), InvalidParams)
+    digest = admit_fetch(route.grants, "agent:w1", None, rpc_id=None, digests_only=True, cap=9)
+    assert isinstance(error(digest.actions), ContentNotKept) and len(digest.actions) == 1
