@@ -889,9 +889,7 @@ class Bus:
                         result = await target.call("processMessage", params)
                 else:
                     result = await target.call("processMessage", params)
-            if not (isinstance(result, dict) and result.get("processed") is True):
-                status = "not_processed"
-                error = _reply_text(result)
+            status, error = delivery.outcome(result)
         except TimeoutError:
             status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
         except PeerGone:
@@ -1138,12 +1136,6 @@ def _clock() -> float:
 
 def _rpc_id(request: Request) -> str | None:
     return None if request.id is None else str(request.id)
-
-
-def _reply_text(result: Any) -> str:
-    if isinstance(result, dict):
-        return f"{result.get('status', '')}: {result.get('message', '')}"[:200]
-    return "malformed processMessage result"
 
 
 def peer_list(routes: Iterable[Route[Link]], since: Mapping[Link, str | None]) -> Any:

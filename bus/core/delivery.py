@@ -25,7 +25,7 @@ from .pushes import push_window
 from .router import Route, Router
 from .state import PeerStates
 
-__all__ = ["Message", "Picked", "SetTimer", "flush", "targets"]
+__all__ = ["Message", "Picked", "SetTimer", "flush", "outcome", "targets"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -155,3 +155,14 @@ def flush(
     if message.aborted or not route.options_for(topic):
         return None
     return route, message, skipped
+
+
+def outcome(result: Any) -> tuple[str, str | None]:
+    """A ``processMessage`` answer as the ``process_finish`` row's status and error:
+    ``processed``, or ``not_processed`` with the peer's status and message (200 characters at
+    most: a peer's text is not the log's to keep at length)."""
+    if isinstance(result, dict) and result.get("processed") is True:
+        return "processed", None
+    if isinstance(result, dict):
+        return "not_processed", f"{result.get('status', '')}: {result.get('message', '')}"[:200]
+    return "not_processed", "malformed processMessage result"

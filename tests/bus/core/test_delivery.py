@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bus.core.delivery import Message, SetTimer, flush, targets
+from bus.core.delivery import Message, SetTimer, flush, outcome, targets
 from bus.core.policy import Policy
 from bus.core.pushes import PushOptions
 from bus.core.router import Router
@@ -126,3 +126,14 @@ def test_flush_pushes_nothing_that_was_aborted_unsubscribed_or_gone():
     targets(router, states, message(), sender=None, clock=lambda: 1.3)
     router.leave("a")
     assert flush(router, states, "a", "agent:w1", 1.4) is None
+
+
+def test_outcome_reads_a_processMessage_answer():
+    """processed: true is processed; anything else is not, with the peer's reason kept short."""
+    assert outcome({"processed": True}) == ("processed", None)
+    assert outcome({"processed": False, "status": "busy", "message": "later"}) == (
+        "not_processed",
+        "busy: later",
+    )
+    assert outcome({"processed": False, "message": "x" * 500})[1] == (": " + "x" * 500)[:200]
+    assert outcome(["processed"]) == ("not_processed", "malformed processMessage result")
