@@ -36,14 +36,13 @@ from schemas.bus import (
 from schemas.common import timestamp
 
 from . import __version__
-from .core import _json, delivery, joins, requests
+from .core import _json, delivery, joins, requests, strangers
 from .core.actions import Action, Announce, Close, Commit, CountRefusal, Fail, Record, Reply
 from .core.delivery import Message
 from .core.epochs import Epochs
 from .core.errors import (
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
-    CLOSE_POLICY_VIOLATION,
     CLOSE_SLOW_CONSUMER,
     AlreadyInitialized,
     AuditUnavailable,
@@ -476,13 +475,9 @@ class Bus:
             await conn.run()
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
-                if conn.client_id is None:
-                    self.refusals.count("frame_too_large", address)
-                else:
-                    limit = self.limits.max_frame_bytes
-                    self.log.record(
-                        LogEvent.FRAME_TOO_LARGE, actor=conn.name, error=f"limit {limit}"
-                    )
+                limit = f"limit {self.limits.max_frame_bytes}"
+                event = LogEvent.FRAME_TOO_LARGE
+                self._carry(strangers.frame_refused(event, conn.client_id, address, error=limit))
         finally:
             watchdog.cancel()
             if conn.client_id is None:
@@ -527,10 +522,9 @@ class Bus:
             return await method(route, request)
         except BusError as exc:
             if conn.client_id is None and not conn.closing_after_answer:
-                self.refusals.count("rpc_error", _address(conn.ws))  # anonymous: no row each
+                self._anonymous_error(conn, closing=False)  # anonymous: counted, no row each
             elif not isinstance(exc, joins.WrongToken):  # counted into ws_refused instead
                 await self.record_error(conn.name, request, exc)
-            self._count_anonymous_error(conn)
             raise
 
     async def record_error(self, actor: str, request: Request, exc: BusError) -> None:
@@ -550,31 +544,20 @@ class Bus:
 
     def _protocol_error(self, conn: Connection, error: BusError) -> None:
         if conn.client_id is None:
-            self.refusals.count("rpc_error", _address(conn.ws))
+            self._anonymous_error(conn, closing=conn.closing_after_answer)
         else:
             self.log.record(
                 LogEvent.RPC_ERROR, actor=conn.name, status=str(error.code), error=error.message
             )
-        self._count_anonymous_error(conn)
 
     def _frame_refused(self, conn: Connection, reason: str) -> None:
-        if conn.client_id is None:
-            self.refusals.count("frame_refused", _address(conn.ws))
-        else:
-            self.log.record(LogEvent.FRAME_REFUSED, actor=conn.name, status=reason)
+        event = LogEvent.FRAME_REFUSED
+        address = _address(conn.ws)
+        self._carry(strangers.frame_refused(event, conn.client_id, address, status=reason))
 
-    def _count_anonymous_error(self, conn: Connection) -> None:
-        # A connection that has not authenticated gets a few errors to learn from, then is
-        # closed: otherwise anyone could fill the audit log with error rows until the
-        # initialize timeout.
-        if conn.client_id is not None or conn.closing_after_answer:
-            return
+    def _anonymous_error(self, conn: Connection, *, closing: bool) -> None:
         state = self._states.get(conn)
-        if state is not None and state.count_error():
-            self.refusals.count("anonymous_errors", _address(conn.ws))
-            reason = "too many errors before initialize"
-            conn.close_after_answer(CLOSE_POLICY_VIOLATION, reason)
-            conn.spawn(conn.close(CLOSE_POLICY_VIOLATION, reason))
+        self._carry(strangers.error_answered(state, conn, _address(conn.ws), closing=closing))
 
     async def _initialize(self, conn: Connection, request: Request) -> Any:
         if conn.client_id is not None:
