@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import sqlite3
@@ -36,7 +35,7 @@ from schemas.bus import (
 from schemas.common import timestamp
 
 from . import __version__
-from .core import _json, delivery, joins, requests, strangers
+from .core import joins, requests, strangers
 from .core.actions import Action, Announce, Close, Commit, CountRefusal, Fail, Record, Reply
 from .core.delivery import Message
 from .core.epochs import Epochs
@@ -62,8 +61,9 @@ from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.state import PeerStates
 from .core.watch import Anonymous, SlowConsumers
-from .log.activity import ActivityLog, canonical_sha256
-from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
+from .fanout import Fanout
+from .log.activity import ActivityLog
+from .log.fetch import FetchFilter, FetchResult, Page, check_since
 from .log.history import History
 from .ops.config import Limits, LogContent
 from .ops.credentials import Credentials
@@ -153,9 +153,16 @@ class Bus:
         """Serves an ASGI app under a path on the HTTP binding's port
         (:meth:`bus.transports.http.HttpBinding.mount`) while there is one, else None: how what
         runs beside the bus (the console) adds its pages."""
-        self.on_delivered: Callable[[str, float], None] | None = None
-        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
-        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it."""
+        self._fanout = Fanout(
+            log,
+            self.limits,
+            self._router,
+            self._states,
+            self._epochs,
+            log_content=log_content,
+            closing=lambda: self._closing,
+        )
+        """Carries messages out to their targets (:mod:`bus.fanout`)."""
         self._methods = {
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
@@ -718,14 +725,16 @@ class Bus:
             relevance=fields.relevance,
         )
         try:
-            targets = await self._accept(message, sender=route, rpc_id=rpc_id)
+            targets = await self._fanout.accept(message, sender=route, rpc_id=rpc_id)
         except BusError:
             if recent is not None:
                 recent.release(key)  # nothing was delivered: a retry may go through
             raise
         if accepted is not None:
             accepted({"messageId": fields.message_id, "epoch": message.epoch})
-        delivered = await self._fan_out(targets, message, actor=route.client_id, rpc_id=rpc_id)
+        delivered = await self._fanout.fan_out(
+            targets, message, actor=route.client_id, rpc_id=rpc_id
+        )
         return {
             "accepted": True,
             "messageId": fields.message_id,
@@ -745,195 +754,36 @@ class Bus:
         trace_id: str | None = None,
     ) -> int:
         """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
-        answered ``processed: true``.
-
-        The message gets the next epoch. Nothing is delivered before the ``send_start`` row is
-        committed, and every row is committed before this returns.
-
-        Args:
-            sender: the sending peer's route, or None for the bus itself (presence).
-            trace_id: the trace id of the envelope's ``traceparent``, for the log rows.
+        answered ``processed: true`` (see :meth:`bus.fanout.Fanout.publish`).
 
         Raises:
             AuditUnavailable: the activity log could not commit; if it failed on the first
                 commit, nothing was delivered.
         """
-        message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
-        targets = await self._accept(message, sender=sender, rpc_id=rpc_id)
-        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        return await self._fan_out(targets, message, actor=actor, rpc_id=rpc_id)
+        return await self._fanout.publish(
+            topic,
+            payload,
+            message_id,
+            message_type,
+            sender=sender,
+            rpc_id=rpc_id,
+            trace_id=trace_id,
+        )
+
+    @property
+    def on_delivered(self) -> Callable[[str, float], None] | None:
+        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
+        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it."""
+        return self._fanout.on_delivered
+
+    @on_delivered.setter
+    def on_delivered(self, hook: Callable[[str, float], None] | None) -> None:
+        self._fanout.on_delivered = hook
 
     async def _publish_own(
         self, topic: str, payload: dict[str, Any], message_id: str, message_type: str
     ) -> int:
         return await self.publish(topic, payload, message_id, message_type, sender=None)
-
-    async def _accept(
-        self, message: Message, *, sender: Route[Link] | None, rpc_id: str | None
-    ) -> list[Route[Link]]:
-        """Give ``message`` its epoch, record it and its targets, commit the rows, and return
-        the targets.
-
-        Raises:
-            AuditUnavailable: the rows could not be committed; deliver nothing. A
-                ``send_aborted`` row follows, so that the message is never fetched either.
-        """
-        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        grants = sender.grants if sender is not None else None
-        log = self.log
-        # The epoch is given and the row recorded with no await between them, so epochs
-        # follow the order of the rows, which the log commits in order.
-        epoch = message.epoch = self._epochs.next()
-        topic, trace_id = message.topic, message.trace_id
-        log.record(
-            LogEvent.SEND_START,
-            message_id=message.message_id,
-            rpc_id=rpc_id,
-            actor=actor,
-            topic=topic,
-            status=sender_mark(grants),
-            payload_json=_content(message.payload, message.type, self.log_content),
-            epoch=epoch,
-            trace_id=trace_id,
-        )
-        picked = delivery.targets(self._router, self._states, message, sender=sender, clock=_clock)
-        for row in picked.rows:
-            self._record(row)
-        for timer in picked.timers:
-            self._set_timer(timer)
-        targets = picked.routes
-        if not targets:
-            return targets  # fan_out commits the rows (and fetch commits before it reads)
-        try:
-            # Fail closed, for every message: nothing is delivered without its audit row, so
-            # a peer that gets -32006 knows that nobody received the message and may resend it.
-            await log.commit()
-        except BusError:
-            message.aborted = True
-            # Its rows may still be written later: this one tells fetchMessages to skip it.
-            with contextlib.suppress(BusError):
-                log.record(
-                    LogEvent.SEND_ABORTED,
-                    message_id=message.message_id,
-                    actor=actor,
-                    topic=topic,
-                    epoch=epoch,
-                    trace_id=trace_id,
-                )
-            raise
-        return targets
-
-    async def _fan_out(
-        self,
-        targets: list[Route[Link]],
-        message: Message,
-        *,
-        actor: str | None,
-        rpc_id: str | None,
-    ) -> int:
-        """Deliver to ``targets`` concurrently, record ``send_finish``, commit; return how many
-        answered ``processed: true``."""
-        log = self.log
-        params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
-        if not targets:
-            results: list[bool] = []
-        elif len(targets) == 1:
-            results = [await self._deliver(targets[0], params, message)]
-        else:
-            results = await asyncio.gather(
-                *(self._deliver(target, params, message) for target in targets)
-            )
-        delivered = sum(results)
-        log.record(
-            LogEvent.SEND_FINISH,
-            message_id=message.message_id,
-            rpc_id=rpc_id,
-            actor=actor,
-            topic=message.topic,
-            status=f"delivered {delivered}/{len(targets)}",
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        await log.commit()
-        return delivered
-
-    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: Message) -> bool:
-        status, error = "processed", None
-        limit = self.limits.max_write_buffer
-        target = route.handle
-        started = _clock()
-        try:
-            if limit is not None and target.write_buffer_size() > limit:
-                # A peer that does not read gets nothing more written: fail fast, hold nothing.
-                raise _SlowConsumer()
-            async with asyncio.timeout(self.limits.process_timeout):
-                if target.inflight is not None:
-                    async with target.inflight:
-                        result = await target.call("processMessage", params)
-                else:
-                    result = await target.call("processMessage", params)
-            status, error = delivery.outcome(result)
-        except TimeoutError:
-            status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
-        except PeerGone:
-            status, error = "disconnected", None
-        except _SlowConsumer:
-            status, error = "slow_consumer", f"more than {limit} bytes unread"
-        except BusError as exc:
-            status, error = "error", str(exc)
-        if self.on_delivered is not None:
-            self.on_delivered(status, _clock() - started)
-        self.log.record(
-            LogEvent.PROCESS_FINISH,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=message.topic,
-            status=status,
-            error=error,
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        return status == "processed"
-
-    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
-
-    def _set_timer(self, timer: delivery.SetTimer[Link]) -> None:
-        """Arm the timer that flushes a debounce window, kept in the link's state."""
-        state = self._states.open(timer.link)
-        loop = asyncio.get_running_loop()
-        state.timers[timer.topic] = loop.call_at(
-            timer.at, self._flush_held, timer.link, timer.topic
-        )
-
-    def _flush_held(self, conn: Link, topic: str) -> None:
-        """At the end of a debounce window: push the latest message held on ``topic``."""
-        due = delivery.flush(self._router, self._states, conn, topic, _clock())
-        if due is None or self._closing:
-            return
-        conn.spawn(self._push_held(*due))
-
-    async def _push_held(self, route: Route[Link], message: Message, skipped: int) -> None:
-        log = self.log
-        log.record(
-            LogEvent.PROCESS_START,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=message.topic,
-            status=f"debounced, skipped {skipped}",
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        params: dict[str, Any] = {
-            "topic": message.topic,
-            "payload": message.payload,
-            "epoch": message.epoch,
-        }
-        if skipped:
-            params["skipped"] = skipped
-        with contextlib.suppress(BusError):  # unpushed, it stays fetchable
-            await log.commit()
-            await self._deliver(route, params, message)
-            await log.commit()
 
     # Reading back
 
@@ -1076,30 +926,11 @@ class _Detached:
         return None
 
 
-class _SlowConsumer(Exception):
-    """A delivery refused because the target has too many unread bytes."""
-
-
 def _bearer(ws: Socket) -> str | None:
     header = ws.request.headers.get("Authorization") if ws.request is not None else None
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
     return None
-
-
-def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> str:
-    """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
-
-    The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.log.activity.canonical_sha256(envelope)``.
-    """
-    if mode == "full":
-        return _json.dumps(payload)
-    return json.dumps(
-        {"type": message_type, "sha256": canonical_sha256(payload)},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
 
 
 def _literal(pattern: str) -> str | None:
