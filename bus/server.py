@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import sqlite3
 import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from http import HTTPStatus
@@ -44,7 +43,6 @@ from .core.errors import (
     CLOSE_INITIALIZE_TIMEOUT,
     CLOSE_SLOW_CONSUMER,
     AlreadyInitialized,
-    AuditUnavailable,
     AuthenticationFailed,
     BusError,
     MethodNotFound,
@@ -63,12 +61,13 @@ from .core.state import PeerStates
 from .core.watch import Anonymous, SlowConsumers
 from .fanout import Fanout
 from .log.activity import ActivityLog
-from .log.fetch import FetchFilter, FetchResult, Page, check_since
+from .log.fetch import FetchFilter, FetchResult
 from .log.history import History
 from .ops.config import Limits, LogContent
 from .ops.credentials import Credentials
 from .ops.refusals import Refusals
 from .ops.rights import Regrant, Revoke, review
+from .readback import Readback
 from .transports.connection import ByteBudget, Connection, Link, PeerGone
 from .transports.local import LocalSocket, Socket, local_pair
 
@@ -144,6 +143,15 @@ class Bus:
         self._states: PeerStates[Link] = PeerStates()
         """Every open link's facts beyond routing (bus.core.state), forgotten in one place."""
         self._history = History(log.path)
+        self._readback = Readback(
+            log,
+            self._history,
+            self._epochs,
+            self.limits,
+            log_content=log_content,
+            carry=self._carry,
+        )
+        """Reads messages back for fetchMessages and GET /v1/messages (:mod:`bus.readback`)."""
         self.http_url: str | None = None
         """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.transports.http`) when the
         bus was
@@ -798,70 +806,17 @@ class Bus:
         rpc_id: str | None = None,
     ) -> FetchResult:
         """The messages after ``since_epoch`` on topics matching ``pattern`` that the peer with
-        ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport.
-
-        What "may receive" means is :mod:`bus.log.fetch`'s (the policy for ``pattern``, the taint
-        rule from each sender, no ``bcp:`` topic but for the declassifier, not its own). The
-        read is logged (a ``fetch`` row, committed before this returns).
-
-        Args:
-            grants: the reading peer's grants, as the policy gives them now.
-            pattern: a topic pattern (``*`` segments allowed).
-            since_epoch: the last epoch already seen; 0 for the oldest kept.
-            limit: the most messages to return; capped by ``max_fetch_messages`` (None: the cap).
-            only: further conditions on each message (type, correlation id, sender, time).
-            rpc_id: the request's id, for the log rows.
+        ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport (see
+        :meth:`bus.readback.Readback.fetch` for the arguments and errors).
 
         Raises:
-            InvalidParams: ``pattern`` is malformed.
-            Forbidden: the policy does not let this peer subscribe to ``pattern`` (logged).
-            EpochNotKept: ``since_epoch`` is outside what the log keeps.
-            ContentNotKept: the log keeps only digests (``log_content: digest``), or reached a
-                message kept as a digest by an earlier run.
-            AuditUnavailable: the log could not commit, or could not be read.
             ShuttingDown: the bus is closing.
         """
         if self._closing:
             raise ShuttingDown()
-        admission = requests.admit_fetch(
-            grants,
-            pattern,
-            limit,
-            rpc_id=rpc_id,
-            digests_only=self.log_content == "digest",
-            cap=self.limits.max_fetch_messages,
+        return await self._readback.fetch(
+            grants, pattern, since_epoch, limit, only=only, rpc_id=rpc_id
         )
-        if admission.actions:
-            self._carry(admission.actions)
-        pattern, limit, client_id = admission.pattern, admission.limit, grants.client_id
-        upto = self._epochs.last
-        # Every message given an epoch so far is then committed (or aborted): none can be
-        # missing below upto and turn up later.
-        await self.log.commit()
-        page = Page(grants, pattern, since=since_epoch, limit=limit, only=only)
-        try:
-            check_since(since_epoch, await self._history.oldest(), upto)
-            more = await self._history.fill(page, upto=upto, topic=_literal(pattern))
-        except sqlite3.Error as exc:
-            logger.error("fetch: reading the activity log failed: %r", exc)
-            raise AuditUnavailable(
-                "Activity log unavailable: it could not be read; retry later"
-            ) from exc
-        result = page.result(more=more, upto=upto)
-        self.log.record(
-            LogEvent.FETCH,
-            rpc_id=rpc_id,
-            actor=client_id,
-            topic=pattern,
-            status=f"{len(result.messages)} messages",
-            payload={
-                "sinceEpoch": since_epoch,
-                "nextEpoch": result.next_epoch,
-                "withheld": page.withheld,
-            },
-        )
-        await self.log.commit()
-        return result
 
     async def _fetch_messages(self, route: Route[Link], request: Request) -> Any:
         params = parse(FetchMessagesParams, request.params)
@@ -931,11 +886,6 @@ def _bearer(ws: Socket) -> str | None:
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
     return None
-
-
-def _literal(pattern: str) -> str | None:
-    """``pattern`` if it is a concrete topic (read through the topic index), else None."""
-    return None if "*" in pattern else pattern
 
 
 def _address(ws: Socket) -> str:
