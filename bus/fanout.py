@@ -19,13 +19,14 @@ from typing import Any
 from .core import _json, delivery
 from .core.actions import Record
 from .core.delivery import Message
+from .core.digest import canonical_sha256
 from .core.epochs import Epochs
 from .core.errors import BusError
 from .core.logevents import LogEvent
 from .core.presence import BUS_CLIENT_ID
 from .core.router import Route, Router
 from .core.state import PeerStates
-from .log.activity import ActivityLog, canonical_sha256
+from .log.activity import ActivityLog
 from .log.fetch import sender_mark
 from .ops.config import Limits, LogContent
 from .transports.connection import Link, PeerGone
@@ -282,7 +283,7 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
     """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
 
     The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.log.activity.canonical_sha256(envelope)``.
+    holds the message can recompute it: ``bus.core.digest.canonical_sha256(envelope)``.
     """
     if mode == "full":
         return _json.dumps(payload)

@@ -63,7 +63,7 @@ class LogEvent(StrEnum):
     WS_REFUSED = "ws_refused"  # the WebSocket port's, the same way (bus.ops.refusals)
     # The log itself.
     CHAIN_START = "chain_start"  # a chain segment starts; status new | migrated | ...
-    # A row SQLite refused; payload: event, columns, sha256 (see bus.log.activity.COLUMNS).
+    # A row SQLite refused; payload: event, columns, sha256 (see bus.log.rows.COLUMNS).
     ROW_UNWRITABLE = "row_unwritable"
     # The gateway (actor "system:gateway"). The payload carries query_id or subscription_id
     # and channel ("bcp:<controller>:<reader>").

@@ -18,7 +18,8 @@ import pytest
 
 from bus.core.errors import AuditUnavailable
 from bus.core.logevents import LogEvent
-from bus.log.activity import COLUMNS, ActivityLog
+from bus.log.activity import ActivityLog
+from bus.log.rows import COLUMNS
 
 
 class _Unnamed(StrEnum):
@@ -56,10 +57,10 @@ class FlakyWrites:
     started: fails while ``failing`` is set, else writes for real."""
 
     def __init__(self, log: ActivityLog) -> None:
-        self.real = log._insert
+        self.real = log._store.insert
         self.failing = True
         self.attempts = 0
-        log._insert = self  # type: ignore[method-assign]
+        log._store.insert = self  # type: ignore[method-assign]
 
     def __call__(self, batch: list[tuple[str | None, ...]]) -> None:
         self.attempts += 1
@@ -73,14 +74,14 @@ class Inserts:
     loop (``entered``, ``batches``) and, if ``blocked``, holds it until ``release`` is set."""
 
     def __init__(self, log: ActivityLog, *, blocked: bool = False) -> None:
-        self.real = log._insert
+        self.real = log._store.insert
         self.loop = asyncio.get_running_loop()
         self.entered = asyncio.Event()
         self.release = threading.Event()
         if not blocked:
             self.release.set()
         self.batches: list[int] = []
-        log._insert = self  # type: ignore[method-assign]
+        log._store.insert = self  # type: ignore[method-assign]
 
     def __call__(self, batch: list[tuple[str | None, ...]]) -> None:
         self.batches.append(len(batch))
@@ -168,9 +169,9 @@ def test_timestamps_match_the_clock_across_seconds(ns: list[int]) -> None:
     """The cached date-and-time prefix is renewed whenever the second changes, either way."""
     from datetime import UTC, datetime
 
-    from bus.log import activity
+    from bus.log import rows
 
-    clock = activity._Clock()
+    clock = rows.Clock()
     for value in ns:
         seconds, micros = divmod(value // 1000, 1_000_000)
         expected = datetime.fromtimestamp(seconds, UTC).replace(microsecond=micros)
@@ -179,9 +180,9 @@ def test_timestamps_match_the_clock_across_seconds(ns: list[int]) -> None:
 
 def test_timestamps_never_go_backwards(monkeypatch: pytest.MonkeyPatch) -> None:
     """A clock stepped back holds the last stamp until it catches up, then follows it again."""
-    from bus.log import activity
+    from bus.log import rows
 
-    monkeypatch.setattr(activity, "_clock", activity._Clock())
+    monkeypatch.setattr(rows, "_clock", rows.Clock())
     readings = iter(
         [
             1_800_000_000_500_000_000,
@@ -190,8 +191,8 @@ def test_timestamps_never_go_backwards(monkeypatch: pytest.MonkeyPatch) -> None:
             1_800_000_000_600_000_000,  # caught up
         ]
     )
-    monkeypatch.setattr(activity.time, "time_ns", lambda: next(readings))
-    stamps = [activity._now() for _ in range(4)]
+    monkeypatch.setattr(rows.time, "time_ns", lambda: next(readings))
+    stamps = [rows.stamp() for _ in range(4)]
     assert stamps == [
         "2027-01-15T08:00:00.500000Z",
         "2027-01-15T08:00:00.500000Z",
@@ -204,11 +205,11 @@ async def test_rows_keep_time_order_when_the_clock_steps_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows recorded after a backward clock jump are still found by a --since of the row before."""
-    from bus.log import activity
+    from bus.log import rows
 
-    monkeypatch.setattr(activity, "_clock", activity._Clock())
+    monkeypatch.setattr(rows, "_clock", rows.Clock())
     now = [1_800_000_000_000_000_000]
-    monkeypatch.setattr(activity.time, "time_ns", lambda: now[0])
+    monkeypatch.setattr(rows.time, "time_ns", lambda: now[0])
     async with ActivityLog(tmp_path / "a.db") as log:
         log.record(LogEvent.SEND_START, message_id="before")
         now[0] -= 3_600 * 10**9  # an hour back
@@ -304,14 +305,14 @@ async def test_inserts_take_few_distinct_sizes(log: ActivityLog) -> None:
     last 128 statements it ran (about 1.6 KiB a row each), so one per batch size grew the bus's
     memory with every new size the load produced. Each batch is still one transaction."""
     statements: list[str] = []
-    assert log._thread is not None and log._conn is not None
-    await log._thread.run(log._conn.set_trace_callback, statements.append)
+    assert log._thread is not None and log._store.conn is not None
+    await log._thread.run(log._store.conn.set_trace_callback, statements.append)
     for size in range(1, 201):
         for i in range(size):
             log.record(LogEvent.PROCESS_START, message_id=f"{size}-{i}")
         async with asyncio.timeout(TIMEOUT):
             await log.commit()
-    await log._thread.run(log._conn.set_trace_callback, None)
+    await log._thread.run(log._store.conn.set_trace_callback, None)
     inserts = [sql for sql in statements if sql.startswith("INSERT INTO activity_log")]
     assert log.batches_committed == 200  # SQLite traces each row's trigger too: count sizes
     sizes = {sql.count("),(") + 1 for sql in inserts}
@@ -323,7 +324,7 @@ async def test_inserts_take_few_distinct_sizes(log: ActivityLog) -> None:
 
 def test_statement_rows_keep_three_significant_bits() -> None:
     """Batches of up to 896 rows take 35 statement sizes, each under a quarter too long."""
-    from bus.log.activity import _statement_rows
+    from bus.log.schema import statement_rows as _statement_rows
 
     sizes = set()
     for rows in range(1, 897):
@@ -607,7 +608,7 @@ async def test_transient_failure_is_absorbed_by_retries(log: ActivityLog) -> Non
             raise sqlite3.OperationalError("database is locked")
         real(batch)
 
-    log._insert = fail_once  # type: ignore[method-assign]
+    log._store.insert = fail_once  # type: ignore[method-assign]
     async with asyncio.timeout(TIMEOUT):
         await log.write(LogEvent.CONNECT)
     assert flaky.attempts == 2
@@ -645,7 +646,7 @@ async def test_cancelled_writer_fails_waiters(tmp_path: Path) -> None:
 
 async def test_cancelled_committer_of_a_failed_batch_is_skipped(log: ActivityLog) -> None:
     """A committer cancelled while its batch fails is skipped; the others still get the error."""
-    loop, real = asyncio.get_running_loop(), log._insert
+    loop, real = asyncio.get_running_loop(), log._store.insert
     entered, release = asyncio.Event(), threading.Event()
 
     def blocked_failure(batch: list[tuple[str | None, ...]]) -> None:  # on the database thread
@@ -653,7 +654,7 @@ async def test_cancelled_committer_of_a_failed_batch_is_skipped(log: ActivityLog
         release.wait(TIMEOUT)
         raise sqlite3.OperationalError("disk I/O error")
 
-    log._insert = blocked_failure  # type: ignore[method-assign]
+    log._store.insert = blocked_failure  # type: ignore[method-assign]
     log.record(LogEvent.SEND_START)
     cancelled = asyncio.create_task(log.commit())
     other = asyncio.create_task(log.commit())
@@ -665,7 +666,7 @@ async def test_cancelled_committer_of_a_failed_batch_is_skipped(log: ActivityLog
         with pytest.raises(AuditUnavailable):
             await other
     assert cancelled.cancelled()
-    log._insert = real  # type: ignore[method-assign]
+    log._store.insert = real  # type: ignore[method-assign]
 
 
 async def test_crashed_writer_is_logged_and_fails_waiters(
@@ -804,8 +805,8 @@ async def test_a_database_refusing_every_row_is_not_papered_over(log: ActivityLo
 async def test_a_database_failing_for_its_own_reasons_replaces_nothing(log: ActivityLog) -> None:
     """A read-only database fails every row alone too, and since that is no row's fault none is
     replaced: commit() raises, and the rows land once the database takes writes again."""
-    assert log._thread is not None and log._conn is not None
-    conn = log._conn
+    assert log._thread is not None and log._store.conn is not None
+    conn = log._store.conn
     await log._thread.run(conn.execute, "PRAGMA query_only = 1")
     for i in range(3):
         log.record(LogEvent.SEND_START, message_id=f"m{i}")
@@ -868,7 +869,7 @@ async def test_a_failure_while_splitting_retries_only_what_is_left(
 )
 def test_which_errors_are_retried_as_is(code: int, retried: bool) -> None:
     """Lock, disk and memory trouble is retried as is; anything else splits the batch."""
-    from bus.log.activity import _retry_as_is
+    from bus.log.store import retry_as_is as _retry_as_is
 
     exc = sqlite3.OperationalError("x")
     exc.sqlite_errorcode = code
@@ -894,7 +895,7 @@ def test_which_errors_are_retried_as_is(code: int, retried: bool) -> None:
 def test_which_refusals_replace_a_row(exc: Exception, replaced: bool) -> None:
     """A lone row of valid text is replaced only for an error a row can cause; one that is not
     valid text always is."""
-    from bus.log.activity import _refused_for_content
+    from bus.log.rows import refused_for_content as _refused_for_content
 
     text = ("ts", "connect", "m1", None, "peer", None, None, None, None)
     assert _refused_for_content(text, exc) is replaced
@@ -986,7 +987,7 @@ async def test_the_wal_stays_bounded_under_load(
 async def test_a_reader_holding_a_snapshot_only_delays_truncation(log: ActivityLog) -> None:
     """A checkpoint that a reader's open snapshot stops from finishing neither fails nor waits;
     a later one truncates the WAL once the reader is done."""
-    log.checkpoint_rows = 100
+    log._store.checkpoint_rows = 100
     reader = sqlite3.connect(log.path, isolation_level=None)
     try:
         reader.execute("BEGIN")

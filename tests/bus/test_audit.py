@@ -12,7 +12,8 @@ import pytest
 
 from bus.core.logevents import LogEvent
 from bus.log import audit
-from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
+from bus.log.schema import SCHEMA
 
 
 def make_log(path: Path, rows: list[dict[str, Any]]) -> Path:

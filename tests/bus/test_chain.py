@@ -17,10 +17,11 @@ import pytest
 from bus import cli
 from bus.core.logevents import LogEvent
 from bus.log import audit
-from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
 from bus.log.chain import ChainBroken
 from bus.log.chain_v1 import default_key_path, encode_row, fields_of, key_id
 from bus.log.checkpoints import Checkpointer, SigningKey
+from bus.log.schema import SCHEMA
 
 TIMEOUT = 10.0
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 from bus import cli
 from bus.core.logevents import LogEvent
 from bus.log import audit
-from bus.log.activity import COLUMNS, SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
 from bus.log.chain import GENESIS, INTEGER_COLUMNS, Chainer, canonical_row
 from bus.log.chain_v1 import encode_row as encode_v1, fields_of as fields_v1
 from bus.log.checkpoints import (
@@ -32,6 +32,8 @@ from bus.log.checkpoints import (
     read_notes,
 )
 from bus.log.logfile import _expected
+from bus.log.rows import COLUMNS
+from bus.log.schema import SCHEMA
 
 from .test_chain import DROP_TRIGGERS, TRIGGERS, tamper
 

@@ -19,9 +19,10 @@ from bus.core.errors import AuditUnavailable, ContentNotKept, EpochNotKept, Inva
 from bus.core.identities import PeerIdentity
 from bus.core.logevents import LogEvent
 from bus.core.policy import Grants, Policy
-from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
 from bus.log.fetch import FetchFilter, Page, check_since
 from bus.log.history import StoredMessage
+from bus.log.schema import SCHEMA
 from bus.ops.config import Limits
 from bus.server import BUS_CLIENT_ID, PRESENCE_TOPIC
 from peers.testing import BusHarness, Inbox, running_bus, scaled
@@ -273,7 +274,7 @@ async def test_fetch_reads_a_message_whose_rows_were_not_yet_committed(tmp_path,
     async with running_bus(tmp_path) as h:
         since = h.bus.latest_epoch
         release = threading.Event()
-        real_insert, real_commit = h.log._insert, h.log.commit
+        real_insert, real_commit = h.log._store.insert, h.log.commit
         commits: asyncio.Queue[None] = asyncio.Queue()
 
         def held_insert(batch: Any) -> None:
@@ -284,7 +285,7 @@ async def test_fetch_reads_a_message_whose_rows_were_not_yet_committed(tmp_path,
             commits.put_nowait(None)
             await real_commit()
 
-        monkeypatch.setattr(h.log, "_insert", held_insert)
+        monkeypatch.setattr(h.log._store, "insert", held_insert)
         monkeypatch.setattr(h.log, "commit", counted_commit)
         envelope = {"messageId": "m1", "type": "tg_message", "from": "tg:42", "content": {}}
         publishing = asyncio.ensure_future(

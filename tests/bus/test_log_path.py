@@ -18,9 +18,8 @@ from bus.core.errors import AuditUnavailable
 from bus.core.logevents import LogEvent
 from bus.log import audit
 from bus.log.activity import ActivityLog
+from bus.log.rows import LogRow
 from peers.testing import Inbox, running_bus, scaled
-
-_Row = tuple[str | None, ...]
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -30,16 +29,16 @@ class HeldInserts:
     ``holds(row)`` is true tells the loop (``entered``) and waits for ``release``, or fails
     with ``fail`` if it is set."""
 
-    def __init__(self, log: ActivityLog, holds: Callable[[_Row], bool]) -> None:
-        self.real = log._insert
+    def __init__(self, log: ActivityLog, holds: Callable[[LogRow], bool]) -> None:
+        self.real = log._store.insert
         self.holds = holds
         self.loop = asyncio.get_running_loop()
         self.entered = asyncio.Event()
         self.release = threading.Event()
         self.fail: Exception | None = None
-        log._insert = self  # type: ignore[method-assign]
+        log._store.insert = self  # type: ignore[method-assign]
 
-    def __call__(self, batch: list[_Row]) -> None:
+    def __call__(self, batch: list[LogRow]) -> None:
         if any(self.holds(row) for row in batch):
             self.loop.call_soon_threadsafe(self.entered.set)
             if self.fail is not None:
@@ -49,9 +48,9 @@ class HeldInserts:
         self.real(batch)
 
 
-def event_is(name: str, message_id: str | None = None) -> Callable[[_Row], bool]:
+def event_is(name: str, message_id: str | None = None) -> Callable[[LogRow], bool]:
     """Whether a row is a ``name`` row (of ``message_id``, if given)."""
-    return lambda row: row[1] == name and message_id in (None, row[2])
+    return lambda row: row.event == name and message_id in (None, row.message_id)
 
 
 async def test_nothing_is_delivered_when_send_start_cannot_be_written(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bus.core.errors import AuthenticationFailed
-from bus.log.activity import SCHEMA
+from bus.log.schema import SCHEMA
 from peers import Peer
 from peers.testing import Inbox, scaled
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from bus.core.digest import canonical_sha256
 from bus.core.errors import InvalidParams
 from bus.log import audit
-from bus.log.activity import canonical_sha256
 from peers import Peer, QueryFailed
 from peers.gateway.bits import answer_bits
 from peers.gateway.settings import GatewaySettings
