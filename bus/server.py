@@ -29,7 +29,6 @@ from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 from schemas.bus import (
     FetchMessagesParams,
     InitializeParams,
-    ListPeersResult,
 )
 from schemas.common import timestamp
 
@@ -631,7 +630,8 @@ class Bus:
     async def _list_peers(self, route: Route[Link], request: Request) -> Any:
         self._carry(requests.admit_admin(route, _rpc_id(request), request.method))
         since = {link: state.since for link, state in self._states.items()}
-        return peer_list(self._router.routes(), since).model_dump(by_alias=True)
+        routes = self._router.routes()
+        return self._carry(requests.list_peers(routes, since, _link_facts, now=timestamp()))
 
     # Reloading
 
@@ -902,32 +902,11 @@ def _rpc_id(request: Request) -> str | None:
     return None if request.id is None else str(request.id)
 
 
-def peer_list(routes: Iterable[Route[Link]], since: Mapping[Link, str | None]) -> Any:
-    """The ``listPeers`` result: every authenticated peer, sorted by clientId.
-
-    A peer the bus reaches another way than a connection (a webhook) shows its link's name as
-    its address and no requests in flight.
-    """
-    peers = [
-        {
-            "clientId": route.client_id,
-            "roles": sorted(route.grants.roles),
-            "taint": route.grants.taint,
-            "since": since.get(route.handle) or timestamp(),
-            "address": _link_address(route.handle),
-            "subscriptions": sorted(route.patterns),
-            "inflight": _link_inflight(route.handle),
-        }
-        for route in sorted(routes, key=lambda r: r.client_id)
-    ]
-    return ListPeersResult.model_validate({"peers": peers})
-
-
-def _link_address(link: Link) -> str:
-    return _address(link.ws) if isinstance(link, Connection) else link.name
-
-
-def _link_inflight(link: Link) -> dict[str, int]:
+def _link_facts(link: Link) -> requests.LinkFacts:
+    """A link's address and load for ``listPeers``: a peer the bus reaches another way than a
+    connection (a webhook) shows its link's name and nothing in flight."""
     if isinstance(link, Connection):
-        return {"requests": link.requests_in_flight, "deliveries": link.deliveries_in_flight}
-    return {"requests": 0, "deliveries": 0}
+        return requests.LinkFacts(
+            _address(link.ws), link.requests_in_flight, link.deliveries_in_flight
+        )
+    return requests.LinkFacts(link.name)

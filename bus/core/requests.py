@@ -14,10 +14,11 @@ here, with no await between the check and the change::
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from schemas.bus import (
+    ListPeersResult,
     ListSubscriptionsResult,
     SubscribeParams,
     SubscribeResult,
@@ -44,10 +45,12 @@ from .topics import validate_pattern, validate_topic
 
 __all__ = [
     "Admission",
+    "LinkFacts",
     "FetchAdmission",
     "admit_admin",
     "admit_fetch",
     "admit_send",
+    "list_peers",
     "list_subscriptions",
     "refusal",
     "subscribe",
@@ -172,6 +175,40 @@ def admit_admin(route: Route[Any], rpc_id: str | None, method: str) -> list[Acti
         "in the policy (the default policy's operator role, operator:*)"
     )
     return [refusal(route, rpc_id, method, "admin_denied"), Fail(denied)]
+
+
+class LinkFacts(NamedTuple):
+    """What ``listPeers`` shows of a peer's link, which only its transport knows."""
+
+    address: str
+    requests: int = 0
+    deliveries: int = 0
+
+
+def list_peers(
+    routes: Iterable[Route[K]],
+    since: Mapping[K, str | None],
+    facts: Callable[[K], LinkFacts],
+    *,
+    now: str,
+) -> list[Action]:
+    """``listPeers`` (after :func:`admit_admin`): every authenticated peer, sorted by
+    clientId, with when it joined (``now`` if unknown) and its link's address and load."""
+    peers = []
+    for route in sorted(routes, key=lambda r: r.client_id):
+        link = facts(route.handle)
+        peers.append(
+            {
+                "clientId": route.client_id,
+                "roles": sorted(route.grants.roles),
+                "taint": route.grants.taint,
+                "since": since.get(route.handle) or now,
+                "address": link.address,
+                "subscriptions": sorted(route.patterns),
+                "inflight": {"requests": link.requests, "deliveries": link.deliveries},
+            }
+        )
+    return [Reply(ListPeersResult.model_validate({"peers": peers}))]
 
 
 class Admission(NamedTuple):

@@ -19,9 +19,11 @@ from bus.core.policy import Policy
 from bus.core.pushes import PushOptions
 from bus.core.recent import RecentIds
 from bus.core.requests import (
+    LinkFacts,
     admit_admin,
     admit_fetch,
     admit_send,
+    list_peers,
     list_subscriptions,
     subscribe,
     unsubscribe,
@@ -263,3 +265,26 @@ def test_fetch_fails_on_a_bad_pattern_or_a_digest_log():
     assert isinstance(error(bad.actions), InvalidParams)
     digest = admit_fetch(route.grants, "agent:w1", None, rpc_id=None, digests_only=True, cap=9)
     assert isinstance(error(digest.actions), ContentNotKept) and len(digest.actions) == 1
+
+
+def test_list_peers_shows_every_peer_sorted_with_its_link():
+    """Each peer once, sorted, with roles, taint, its subscriptions and its link's facts."""
+    router, _ = joined("tg:42")
+    router.join(
+        "op", "operator:ann", POLICY.grants("operator:ann", POLICY.roles_for("operator:ann"))
+    )
+    router.subscribe("op", "system:presence")
+    facts = {"conn": LinkFacts("10.0.0.1", 2, 1), "op": LinkFacts("hook")}
+    (reply,) = list_peers(
+        router.routes(),
+        {"conn": None, "op": "2026-01-02T03:04:05.678Z"},
+        facts.__getitem__,
+        now="2026-11-21T20:22:35.000Z",
+    )
+    assert isinstance(reply, Reply)
+    peers = reply.result.model_dump(by_alias=True, mode="json")["peers"]
+    assert [p["clientId"] for p in peers] == ["operator:ann", "tg:42"]
+    assert peers[0]["subscriptions"] == ["system:presence"] and peers[0]["address"] == "hook"
+    assert peers[0]["inflight"] == {"requests": 0, "deliveries": 0}
+    assert peers[1]["inflight"] == {"requests": 2, "deliveries": 1}
+    assert peers[1]["since"].startswith("2026-11-21T20:22:35")
