@@ -40,7 +40,6 @@ from .core.epochs import Epochs
 from .core.errors import (
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
-    CLOSE_SLOW_CONSUMER,
     AlreadyInitialized,
     AuthenticationFailed,
     BusError,
@@ -57,7 +56,7 @@ from .core.protocol import Request
 from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.state import PeerStates
-from .core.watch import Anonymous, SlowConsumers
+from .core.watch import Anonymous, SlowConsumers, disconnect_slow
 from .fanout import Fanout
 from .log.activity import ActivityLog
 from .log.fetch import FetchFilter, FetchResult
@@ -690,6 +689,8 @@ class Bus:
                     self._presence.announce(kind, content)
                 case Close(link=link, code=code, reason=reason, after_answer=True):
                     link.close_after_answer(code, reason)
+                case Close(link=link, code=code, reason=reason, force=True):
+                    link.spawn(link.force_close(code, reason))
                 case Close(link=link, code=code, reason=reason):
                     link.spawn(link.close(code, reason))
                 case CountRefusal(reason=reason, address=address):
@@ -847,15 +848,8 @@ class Bus:
             await asyncio.sleep(interval)
             states = [(conn, conn.write_blocked()) for conn in self._connections]
             for conn in slow.check(states, _clock()):
-                size = conn.write_buffer_size()
-                self.log.record(
-                    LogEvent.SLOW_CONSUMER,
-                    actor=conn.name,
-                    status=str(CLOSE_SLOW_CONSUMER),
-                    error=f"{size} bytes unread, nothing written for {slow.timeout:g}s",
-                )
-                logger.info("disconnecting slow consumer %s (%d bytes unread)", conn.name, size)
-                conn.spawn(conn.force_close(CLOSE_SLOW_CONSUMER, "slow consumer"))
+                unread = conn.write_buffer_size()
+                self._carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
 
 
 class _Detached:

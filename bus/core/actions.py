@@ -85,6 +85,9 @@ class Close(Generic[K]):
     code: int
     reason: str
     after_answer: bool = False
+    force: bool = False
+    """Drop the connection soon after the close frame, whether or not the peer answers it
+    (a peer that reads nothing would hold the close handshake)."""
 
 
 @dataclass(frozen=True, slots=True)
