@@ -109,29 +109,11 @@ class Bus:
             raise ValueError(f"log_content must be 'full' or 'digest', not {log_content!r}")
         self.log_content: LogContent = log_content
         self._connections: set[Connection] = set()
-        self._anonymous = Anonymous(
-            total=self.limits.max_anonymous_connections,
-            per_address=self.limits.max_anonymous_per_address,
-        )
-        self.refusals = Refusals(log, self.limits.refusal_log_interval, event=LogEvent.WS_REFUSED)
-        """What sockets that never initialized were refused, one ``ws_refused`` row per
-        interval: an anonymous client cannot write rows of its own (:mod:`bus.ops.refusals`)."""
+        self._watch(self.limits)
         self._refusals_task: asyncio.Task[None] | None = None
-        self._budget = ByteBudget(self.limits.max_inflight_bytes)
-        window = self.limits.dedup_window
-        self._recent = (
-            RecentIds(window=window, max_ids=self.limits.dedup_max_ids)
-            if window is not None
-            else None
-        )
         self._sweeper: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
         self._router: Router[Link] = Router()
-        self._slow: SlowConsumers[Connection] | None = (
-            SlowConsumers(self.limits.slow_consumer_timeout)
-            if self.limits.slow_consumer_timeout is not None
-            else None
-        )
         self._server: Server | None = None
         self._scheme = "ws"
         self._closing = False
@@ -140,6 +122,28 @@ class Bus:
         self._epochs = Epochs(log.last_epoch)
         self._states: PeerStates[Link] = PeerStates()
         """Every open link's facts beyond routing (bus.core.state), forgotten in one place."""
+        self.http_url: str | None = None
+        """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.transports.http`) when the
+        bus was assembled with one (:func:`bus.assemble.running`), else None. The binding
+        reaches the bus through :class:`bus.transports.port.BusPort`, never the other way."""
+        self.http_mount: Callable[[str, Any], None] | None = None
+        """Serves an ASGI app under a path on the HTTP binding's port
+        (:meth:`bus.transports.http.HttpBinding.mount`) while there is one, else None: how what
+        runs beside the bus (the console) adds its pages."""
+        self._parts(log_content)
+        self._methods: dict[str, Callable[[Route[Link], Request], Coroutine[Any, Any, Any]]] = {
+            "subscribe": self._subscribe,
+            "unsubscribe": self._unsubscribe,
+            "sendMessage": self._send_message,
+            "fetchMessages": self._fetch_messages,
+            "listSubscriptions": self._list_subscriptions,
+            "ping": self._ping,
+            "listPeers": self._list_peers,
+        }
+
+    def _parts(self, log_content: LogContent) -> None:
+        """Set up the halves of the shell that read the log back and carry messages out."""
+        log = self.log
         self._history = History(log.path)
         self._readback = Readback(
             log,
@@ -150,15 +154,6 @@ class Bus:
             carry=self._carry,
         )
         """Reads messages back for fetchMessages and GET /v1/messages (:mod:`bus.readback`)."""
-        self.http_url: str | None = None
-        """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.transports.http`) when the
-        bus was
-        assembled with one (:func:`bus.assemble.running`), else None. The binding imports the
-        bus, never the other way round."""
-        self.http_mount: Callable[[str, Any], None] | None = None
-        """Serves an ASGI app under a path on the HTTP binding's port
-        (:meth:`bus.transports.http.HttpBinding.mount`) while there is one, else None: how what
-        runs beside the bus (the console) adds its pages."""
         self._fanout = Fanout(
             log,
             self.limits,
@@ -169,15 +164,24 @@ class Bus:
             closing=lambda: self._closing,
         )
         """Carries messages out to their targets (:mod:`bus.fanout`)."""
-        self._methods = {
-            "subscribe": self._subscribe,
-            "unsubscribe": self._unsubscribe,
-            "sendMessage": self._send_message,
-            "fetchMessages": self._fetch_messages,
-            "listSubscriptions": self._list_subscriptions,
-            "ping": self._ping,
-            "listPeers": self._list_peers,
-        }
+
+    def _watch(self, limits: Limits) -> None:
+        """Set up what the bus counts and bounds: anonymous sockets and their refusals, bytes
+        in flight, recent messageIds, slow consumers."""
+        self._anonymous = Anonymous(
+            total=limits.max_anonymous_connections, per_address=limits.max_anonymous_per_address
+        )
+        self.refusals = Refusals(self.log, limits.refusal_log_interval, event=LogEvent.WS_REFUSED)
+        """What sockets that never initialized were refused, one ``ws_refused`` row per
+        interval: an anonymous client cannot write rows of its own (:mod:`bus.ops.refusals`)."""
+        self._budget = ByteBudget(limits.max_inflight_bytes)
+        window, timeout = limits.dedup_window, limits.slow_consumer_timeout
+        self._recent = (
+            None if window is None else RecentIds(window=window, max_ids=limits.dedup_max_ids)
+        )
+        self._slow: SlowConsumers[Connection] | None = (
+            None if timeout is None else SlowConsumers(timeout)
+        )
 
     # Lifecycle
 
