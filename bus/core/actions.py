@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import BaseModel
 
@@ -33,10 +33,13 @@ __all__ = ["Action", "Announce", "Close", "Commit", "CountRefusal", "Fail", "Rec
 K = TypeVar("K", bound=Hashable)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """Buffer one activity-log row (``ActivityLog.record``); durable after the next
-    :class:`Commit`."""
+    :class:`Commit`.
+
+    A named tuple rather than a frozen dataclass: one is made per target of every message, and
+    a tuple is built four times faster.
+    """
 
     event: LogEvent
     actor: str | None = None
