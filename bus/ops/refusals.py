@@ -18,6 +18,8 @@ import asyncio
 import collections
 import ipaddress
 
+from schemas.common import BUS_CLIENT_ID
+
 from ..core.logevents import LogEvent
 from ..log.activity import ActivityLog
 
@@ -83,7 +85,7 @@ class Refusals:
         total = sum(counts.values())
         self.log.record(
             self.event,
-            actor="system:bus",
+            actor=BUS_CLIENT_ID,
             status="aggregate",
             payload={
                 "seconds": self.interval,

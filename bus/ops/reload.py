@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from schemas.common import BUS_CLIENT_ID
+
 from ..core.errors import BusError
 from ..core.identities import PeerIdentity, load_identities
 from ..core.logevents import LogEvent
@@ -196,14 +198,14 @@ class Reloader:
                 steps = [(part.name, part.prepare()) for part in self.parts]
             except Exception as exc:  # any part's refusal keeps everything as it runs
                 reason = _one_line(exc)
-                self.log.record(LogEvent.RELOAD, actor="system:bus", status="failed", error=reason)
+                self.log.record(LogEvent.RELOAD, actor=BUS_CLIENT_ID, status="failed", error=reason)
                 logger.info("reload failed: %s", reason)  # say() prints it: one line, not two
                 self.say(f"bcpbus: reload failed, the running configuration stays: {reason}")
                 return False
             done = [f"{name}: {apply()}" for name, apply in steps]
             summary = "; ".join(done)
             self.log.record(
-                LogEvent.RELOAD, actor="system:bus", status="ok", payload={"summary": summary}
+                LogEvent.RELOAD, actor=BUS_CLIENT_ID, status="ok", payload={"summary": summary}
             )
             logger.info("reloaded: %s", summary)
             self.say(f"bcpbus: reloaded ({summary})")

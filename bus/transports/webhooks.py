@@ -103,20 +103,22 @@ class WebhookFailed(InternalError):
             ``malformed_response``, ``too_large``, ``cancelled``.
         attempts: the POSTs made.
         detail: what the last one got, for the log only: it may hold the webhook's own text.
-        http_status: the last answer's status, when there was one.
+        http_status: the last answer's status, when there was one; kept as
+            :attr:`answer_status`, since ``http_status`` is what the bus's own HTTP binding
+            would answer this error with.
     """
 
     def __init__(
         self, reason: str, attempts: int, detail: str, http_status: int | None = None
     ) -> None:
         self.reason, self.attempts, self.detail = reason, attempts, detail
-        self.http_status = http_status
+        self.answer_status = http_status
         super().__init__(f"webhook {reason} after {attempts} attempt(s): {detail}")
 
     @property
     def failure(self) -> DeliveryFailure:
         """The reason as ``delivery_status`` carries it: a code, never the webhook's text."""
-        if self.http_status is not None:
+        if self.answer_status is not None:
             return "http_error"
         return _CODES.get(self.reason, "refused")
 
@@ -450,7 +452,7 @@ class Webhooks:
             target=link.client_id,
             reason=failure.failure,
             attempts=failure.attempts,
-            http_status=failure.http_status if self._may_tell(link, sender) else None,
+            http_status=failure.answer_status if self._may_tell(link, sender) else None,
         )
         self.spawn(self._tell(sender, status))
 

@@ -60,7 +60,7 @@ async def _send(h: BusHarness, sender: str, topic: str, count: int, **kwargs: An
     """Send ``count`` messages from ``sender`` to ``topic``; return their epochs."""
     kind = "spawn_request" if topic == "system:spawn" else "tg_message"
     async with h.peer(sender) as peer:
-        return [(await peer.send(topic, kind, {"n": n}, **kwargs))["epoch"] for n in range(count)]
+        return [(await peer.send(topic, kind, {"n": n}, **kwargs)).epoch for n in range(count)]
 
 
 # Epochs
@@ -82,7 +82,7 @@ async def test_every_message_gets_a_rising_epoch_in_result_push_and_log(tmp_path
         inbox = Inbox()
         async with h.peer("agent:w1") as agent:
             agent.handle(None, inbox)
-            first_seen = agent.server_info["epoch"]
+            first_seen = agent.server_info.epoch
             epochs = await _send(h, "tg:42", "agent:w1", 3)
             assert first_seen < epochs[0] < epochs[1] < epochs[2]
             assert [(await inbox.get()).epoch for _ in range(3)] == epochs
@@ -140,7 +140,7 @@ async def test_fetch_pages_through_what_was_missed_oldest_first(tmp_path):
     nextEpoch and more, and the answer satisfies its schema."""
     async with running_bus(tmp_path) as h:
         async with h.peer("agent:w1") as agent:
-            since = agent.server_info["epoch"]
+            since = agent.server_info.epoch
         epochs = await _send(h, "tg:42", "agent:w1", 5)
         async with h.peer("agent:w1") as agent:
             raw = await agent.request(
@@ -241,9 +241,9 @@ async def test_a_message_refused_for_the_log_is_never_fetched(tmp_path, monkeypa
             monkeypatch.setattr(h.log, "commit", real_commit)
             sent = await tg.send("agent:w1", "tg_message", {"n": 1}, message_id="once")
             page = await agent.fetch("agent:w1", 0)
-            assert [m.epoch for m in page.messages] == [sent["epoch"]]
+            assert [m.epoch for m in page.messages] == [sent.epoch]
         (aborted,) = h.rows(event="send_aborted")
-        assert aborted["message_id"] == "once" and aborted["epoch"] < sent["epoch"]
+        assert aborted["message_id"] == "once" and aborted["epoch"] < sent.epoch
 
 
 async def test_fetch_limit_is_capped_and_a_long_scan_stops_with_more(tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ async def test_nothing_is_delivered_when_send_start_cannot_be_written(tmp_path: 
             inserts.fail = None
             inserts.release.set()
             result = await tg.send("agent:w1", "tg_message", {"n": 1}, message_id="m-1")
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             assert (await inbox.get()).content == {"n": 1}
         events = [row["event"] for row in h.rows(message_id="m-1")]
         # The rows of the refused attempt stayed buffered and went in with the next batch.
@@ -100,7 +100,7 @@ async def test_delivery_waits_for_send_start_and_the_answer_for_the_rest(tmp_pat
             inserts.release.set()
             async with asyncio.timeout(scaled(5)):
                 result = await sending
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             events = [row["event"] for row in h.rows(message_id="m-1")]
             assert events == ["send_start", "process_start", "process_finish", "send_finish"]
 

@@ -132,7 +132,7 @@ async def test_a_decision_taken_elsewhere_shows_who_and_a_second_one_is_refused(
             bob.handle(None, Inbox())
             content = {"approval_id": approval_id, "decision": "reject", "reason": "off topic"}
             result = await bob.send(APPROVAL_TOPIC, "bcp_approval_decision", content)
-        assert result["deliveredTo"] == 1
+        assert result.delivered_to == 1
         decided = page.locator("#decided li.card")
         await decided.wait_for()
         assert "Rejected by human:bob" in await decided.inner_text()
