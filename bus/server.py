@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
-import sqlite3
 import ssl as _ssl
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -33,57 +30,43 @@ from schemas.bus import (
     FetchMessagesParams,
     InitializeParams,
     ListPeersResult,
-    PeerJoined,
-    PeerLeft,
-    SubscribeParams,
-    UnsubscribeParams,
 )
 from schemas.common import timestamp
 
 from . import __version__
-from .core import _json
-from .core.digest import canonical_sha256
+from .core import joins, requests, strangers
+from .core.actions import Action, Announce, Close, Commit, CountRefusal, Fail, Record, Reply
+from .core.delivery import Message
 from .core.epochs import Epochs
 from .core.errors import (
-    CLOSE_AUTH_FAILED,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
-    CLOSE_POLICY_VIOLATION,
-    CLOSE_REPLACED,
-    CLOSE_REVOKED,
-    CLOSE_SLOW_CONSUMER,
-    CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
-    AuditUnavailable,
     AuthenticationFailed,
     BusError,
-    ContentNotKept,
-    DuplicateMessage,
-    Forbidden,
-    LimitExceeded,
     MethodNotFound,
     NotInitialized,
     ShuttingDown,
-    SubscriptionNotFound,
 )
 from .core.identities import PeerIdentity
 from .core.logevents import LogEvent
-from .core.params import SendFields, parse, read_send_message
-from .core.policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
+from .core.params import parse
+from .core.policy import Grants, Policy
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .core.protocol import Request
-from .core.pushes import PLAIN, Debounce, PushOptions, push_window
 from .core.recent import RecentIds
 from .core.router import Route, Router
-from .core.topics import validate_pattern, validate_topic
-from .core.watch import Anonymous, SlowConsumers
+from .core.state import PeerStates
+from .core.watch import Anonymous, SlowConsumers, disconnect_slow
+from .fanout import Fanout
 from .log.activity import ActivityLog
-from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
+from .log.fetch import FetchFilter, FetchResult
 from .log.history import History
 from .ops.config import Limits, LogContent
-from .ops.credentials import Credentials, PeerRecord
+from .ops.credentials import Credentials
 from .ops.refusals import Refusals
 from .ops.rights import Regrant, Revoke, review
+from .readback import Readback
 from .transports.connection import ByteBudget, Connection, Link, PeerGone
 from .transports.local import LocalSocket, Socket, local_pair
 
@@ -93,9 +76,6 @@ if TYPE_CHECKING:
 __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Bus", "PeerIdentity"]
 
 logger = logging.getLogger("bus.server")
-
-MAX_ANONYMOUS_ERRORS = 10
-"""Error answers a connection may get before a successful ``initialize``; then close 1008."""
 
 
 class Bus:
@@ -133,51 +113,29 @@ class Bus:
             raise ValueError(f"log_content must be 'full' or 'digest', not {log_content!r}")
         self.log_content: LogContent = log_content
         self._connections: set[Connection] = set()
-        self._anonymous = Anonymous(
-            total=self.limits.max_anonymous_connections,
-            per_address=self.limits.max_anonymous_per_address,
-        )
-        self.refusals = Refusals(log, self.limits.refusal_log_interval, event=LogEvent.WS_REFUSED)
-        """What sockets that never initialized were refused, one ``ws_refused`` row per
-        interval: an anonymous client cannot write rows of its own (:mod:`bus.ops.refusals`)."""
+        self._watch(self.limits)
         self._refusals_task: asyncio.Task[None] | None = None
-        self._budget = ByteBudget(self.limits.max_inflight_bytes)
-        window = self.limits.dedup_window
-        self._recent = (
-            RecentIds(window=window, max_ids=self.limits.dedup_max_ids)
-            if window is not None
-            else None
-        )
         self._sweeper: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
         self._router: Router[Link] = Router()
-        self._errors_before_init: dict[Connection, int] = {}
-        self._slow: SlowConsumers[Connection] | None = (
-            SlowConsumers(self.limits.slow_consumer_timeout)
-            if self.limits.slow_consumer_timeout is not None
-            else None
-        )
         self._server: Server | None = None
         self._scheme = "ws"
         self._closing = False
         self._presence = Presence()
         self._presence_task: asyncio.Task[None] | None = None
         self._epochs = Epochs(log.last_epoch)
-        self._held: dict[Link, _Held] = {}
-        self._history = History(log.path)
+        self._states: PeerStates[Link] = PeerStates()
+        """Every open link's facts beyond routing (bus.core.state), forgotten in one place."""
         self.http_url: str | None = None
         """``http://HOST:PORT`` of the running HTTP binding (:mod:`bus.transports.http`) when the
-        bus was
-        assembled with one (:func:`bus.assemble.running`), else None. The binding imports the
-        bus, never the other way round."""
+        bus was assembled with one (:func:`bus.assemble.running`), else None. The binding
+        reaches the bus through :class:`bus.transports.port.BusPort`, never the other way."""
         self.http_mount: Callable[[str, Any], None] | None = None
         """Serves an ASGI app under a path on the HTTP binding's port
         (:meth:`bus.transports.http.HttpBinding.mount`) while there is one, else None: how what
         runs beside the bus (the console) adds its pages."""
-        self.on_delivered: Callable[[str, float], None] | None = None
-        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
-        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it."""
-        self._methods = {
+        self._parts(log_content)
+        self._methods: dict[str, Callable[[Route[Link], Request], Coroutine[Any, Any, Any]]] = {
             "subscribe": self._subscribe,
             "unsubscribe": self._unsubscribe,
             "sendMessage": self._send_message,
@@ -186,10 +144,48 @@ class Bus:
             "ping": self._ping,
             "listPeers": self._list_peers,
         }
-        self._since: dict[Link, str] = {}
-        self.cluster: Forwarder | None = None
-        """The other bus nodes (:mod:`bus.transports.cluster`) when this bus is one node of a
-        cluster, else None: accepted messages are forwarded there and their answers counted."""
+
+    def _parts(self, log_content: LogContent) -> None:
+        """Set up the halves of the shell that read the log back and carry messages out."""
+        log = self.log
+        self._history = History(log.path)
+        self._readback = Readback(
+            log,
+            self._history,
+            self._epochs,
+            self.limits,
+            log_content=log_content,
+            carry=self._carry,
+        )
+        """Reads messages back for fetchMessages and GET /v1/messages (:mod:`bus.readback`)."""
+        self._fanout = Fanout(
+            log,
+            self.limits,
+            self._router,
+            self._states,
+            self._epochs,
+            log_content=log_content,
+            closing=lambda: self._closing,
+        )
+        """Carries messages out to their targets (:mod:`bus.fanout`)."""
+
+    def _watch(self, limits: Limits) -> None:
+        """Set up what the bus counts and bounds: anonymous sockets and their refusals, bytes
+        in flight, recent messageIds, slow consumers."""
+        self._anonymous = Anonymous(
+            total=limits.max_anonymous_connections, per_address=limits.max_anonymous_per_address
+        )
+        self.refusals = Refusals(self.log, limits.refusal_log_interval, event=LogEvent.WS_REFUSED)
+        """What sockets that never initialized were refused, one ``ws_refused`` row per
+        interval: an anonymous client cannot write rows of its own (:mod:`bus.ops.refusals`)."""
+        self._budget = ByteBudget(limits.max_inflight_bytes)
+        window, timeout = limits.dedup_window, limits.slow_consumer_timeout
+        self._recent = (
+            None if window is None else RecentIds(window=window, max_ids=limits.dedup_max_ids)
+        )
+        self._slow: SlowConsumers[Connection] | None = (
+            None if timeout is None else SlowConsumers(timeout)
+        )
 
     # Lifecycle
 
@@ -266,6 +262,17 @@ class Bus:
         """The epoch of the last message accepted (0 before the first one this log holds)."""
         return self._epochs.last
 
+    @property
+    def cluster(self) -> Forwarder | None:
+        """The other bus nodes (:mod:`bus.transports.cluster`) when this bus is one node of a
+        cluster, else None: accepted messages are forwarded there and their answers counted.
+        The cluster link sets it while it runs."""
+        return self._fanout.cluster
+
+    @cluster.setter
+    def cluster(self, forwarder: Forwarder | None) -> None:
+        self._fanout.cluster = forwarder
+
     async def close(self) -> None:
         """Stop accepting, close every connection (1001), wait for their handlers. Idempotent.
 
@@ -291,9 +298,8 @@ class Bus:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        for held in self._held.values():
-            held.cancel()
-        self._held.clear()
+        for timer in self._states.close_all():
+            timer.cancel()
         await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
             self.refusals.flush()
@@ -386,8 +392,12 @@ class Bus:
         route = self._router.route_of(record.client_id)
         if route is not None:
             return route
-        _, grants = self._grants_for(None, request, record.client_id, record.roles)
-        return Route(_Detached(record.client_id), record.client_id, grants)
+        granted = joins.grant(
+            self._rules(), record.client_id, record.roles, rpc_id=_rpc_id(request)
+        )
+        self._carry(granted.actions)
+        assert granted.grants is not None  # else _carry raised its error
+        return Route(_Detached(record.client_id), record.client_id, granted.grants)
 
     async def handle(
         self,
@@ -440,22 +450,11 @@ class Bus:
         Raises:
             AuthenticationFailed: the policy refuses its roles; the row says why.
         """
-        roles, grants = self._grants_for(None, None, client_id, roles)
-        replaced = self._router.join(link, client_id, grants)
-        if replaced is not None:
-            self._take_over(replaced, client_id)
-        if grants.may_subscribe(client_id):
-            self._router.subscribe(link, client_id)
+        rules = self._rules()
+        self._carry(joins.attach(self._router, link, client_id, roles, rules, name=link.name))
         route = self._router.route(link)
-        assert route is not None
-        self._since[link] = timestamp()
-        self.log.record(
-            LogEvent.INITIALIZE,
-            actor=client_id,
-            status="ok",
-            payload={"roles": sorted(roles), "taint": grants.taint, "link": link.name},
-        )
-        self._presence.announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
+        assert route is not None  # else _carry raised the refusal
+        self._states.open(link).joined(timestamp())
         for pattern in patterns:
             request = Request(None, "subscribe", {"topic": pattern})
             try:
@@ -466,14 +465,9 @@ class Bus:
 
     def detach(self, link: Link, reason: str = "detached") -> None:
         """Forget a peer :meth:`attach` joined; logged and announced as a disconnect."""
-        route = self._router.leave(link)
-        self._since.pop(link, None)
-        if route is None:
-            return
-        self.log.record(LogEvent.DISCONNECT, actor=route.client_id, status=reason)
-        self._presence.announce(
-            "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
-        )
+        for timer in self._states.close(link):
+            timer.cancel()
+        self._carry(joins.leave(self._router, link, reason))
 
     def _process_request(self, ws: ServerConnection, request: HTTPRequest) -> HTTPResponse | None:
         if request.path == "/healthz":
@@ -505,6 +499,7 @@ class Bus:
             on_frame_refused=self._frame_refused,
         )
         self._connections.add(conn)
+        self._states.open(conn)
         address = _address(ws)
         self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
@@ -512,20 +507,14 @@ class Bus:
             await conn.run()
         except ConnectionClosed as exc:
             if exc.sent is not None and exc.sent.code == 1009:
-                if conn.client_id is None:
-                    self.refusals.count("frame_too_large", address)
-                else:
-                    limit = self.limits.max_frame_bytes
-                    self.log.record(
-                        LogEvent.FRAME_TOO_LARGE, actor=conn.name, error=f"limit {limit}"
-                    )
+                limit = f"limit {self.limits.max_frame_bytes}"
+                event = LogEvent.FRAME_TOO_LARGE
+                self._carry(strangers.frame_refused(event, conn.client_id, address, error=limit))
         finally:
             watchdog.cancel()
             if conn.client_id is None:
                 self._anonymous.closed(address)
             self._connections.discard(conn)
-            self._errors_before_init.pop(conn, None)
-            self._since.pop(conn, None)
             if self._slow is not None:
                 self._slow.forget(conn)
             self._forget(conn)
@@ -543,16 +532,9 @@ class Bus:
             await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
 
     def _forget(self, conn: Connection) -> None:
-        held = self._held.pop(conn, None)
-        if held is not None:
-            held.cancel()
-        route = self._router.leave(conn)
-        if route is None:
-            return  # Never authenticated, or replaced: the takeover logged and announced it.
-        self.log.record(LogEvent.DISCONNECT, actor=route.client_id, status=str(conn.ws.close_code))
-        self._presence.announce(
-            "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
-        )
+        for timer in self._states.close(conn):
+            timer.cancel()
+        self._carry(joins.leave(self._router, conn, str(conn.ws.close_code)))
 
     # Requests
 
@@ -572,10 +554,9 @@ class Bus:
             return await method(route, request)
         except BusError as exc:
             if conn.client_id is None and not conn.closing_after_answer:
-                self.refusals.count("rpc_error", _address(conn.ws))  # anonymous: no row each
-            elif not isinstance(exc, _WrongToken):  # that one is counted by _authenticate
+                self._anonymous_error(conn, closing=False)  # anonymous: counted, no row each
+            elif not isinstance(exc, joins.WrongToken):  # counted into ws_refused instead
                 await self.record_error(conn.name, request, exc)
-            self._count_anonymous_error(conn)
             raise
 
     async def record_error(self, actor: str, request: Request, exc: BusError) -> None:
@@ -595,31 +576,20 @@ class Bus:
 
     def _protocol_error(self, conn: Connection, error: BusError) -> None:
         if conn.client_id is None:
-            self.refusals.count("rpc_error", _address(conn.ws))
+            self._anonymous_error(conn, closing=conn.closing_after_answer)
         else:
             self.log.record(
                 LogEvent.RPC_ERROR, actor=conn.name, status=str(error.code), error=error.message
             )
-        self._count_anonymous_error(conn)
 
     def _frame_refused(self, conn: Connection, reason: str) -> None:
-        if conn.client_id is None:
-            self.refusals.count("frame_refused", _address(conn.ws))
-        else:
-            self.log.record(LogEvent.FRAME_REFUSED, actor=conn.name, status=reason)
+        event = LogEvent.FRAME_REFUSED
+        address = _address(conn.ws)
+        self._carry(strangers.frame_refused(event, conn.client_id, address, status=reason))
 
-    def _count_anonymous_error(self, conn: Connection) -> None:
-        # A connection that has not authenticated gets a few errors to learn from, then is
-        # closed: otherwise anyone could fill the audit log with error rows until the
-        # initialize timeout.
-        if conn.client_id is not None or conn.closing_after_answer:
-            return
-        errors = self._errors_before_init[conn] = self._errors_before_init.get(conn, 0) + 1
-        if errors >= MAX_ANONYMOUS_ERRORS:
-            self.refusals.count("anonymous_errors", _address(conn.ws))
-            reason = "too many errors before initialize"
-            conn.close_after_answer(CLOSE_POLICY_VIOLATION, reason)
-            conn.spawn(conn.close(CLOSE_POLICY_VIOLATION, reason))
+    def _anonymous_error(self, conn: Connection, *, closing: bool) -> None:
+        state = self._states.get(conn)
+        self._carry(strangers.error_answered(state, conn, _address(conn.ws), closing=closing))
 
     async def _initialize(self, conn: Connection, request: Request) -> Any:
         if conn.client_id is not None:
@@ -627,202 +597,58 @@ class Bus:
         params = parse(InitializeParams, request.params)
         client_id = params.client_id
         token = params.auth.token if params.auth is not None else _bearer(conn.ws)
-        record = await self._authenticate(conn, request, client_id, token)
-        self._check_not_attached(conn, request, client_id)
-        self._check_capacity(conn, request, client_id)
-        roles, grants = self._grants_for(conn, request, client_id, record.roles)
-        replaced = self._router.join(conn, client_id, grants, credential=record.token_hash)
-        self._since[conn] = timestamp()
-        if replaced is not None:
-            self._take_over(replaced, client_id)
-        if self.cluster is not None:
-            self.cluster.joined(client_id)
-        self._anonymous.closed(_address(conn.ws))
-        conn.authenticated(client_id)
-        self.log.record(LogEvent.CONNECT, actor=str(conn.ws.remote_address))
-        if grants.may_subscribe(client_id):
-            # As in the seed protocol, a peer is subscribed to its own address from the start,
-            # so what others send it in answer to peer_joined (the gateway does) is not lost.
-            self._router.subscribe(conn, client_id)
-        self.log.record(
-            LogEvent.INITIALIZE,
-            rpc_id=_rpc_id(request),
-            actor=client_id,
-            status="ok",
-            payload={"roles": sorted(roles), "taint": grants.taint},
-        )
-        self._presence.announce("peer_joined", PeerJoined(client_id=client_id, roles=sorted(roles)))
-        return {
-            "serverId": self.server_id,
-            "serverInfo": {"name": "bcpbus", "version": __version__},
-            "capabilities": {
-                "subscribe": True,
-                "publish": True,
-                "processMessage": True,
-                "topics": list(grants.subscribe_patterns),
-            },
-            "epoch": self._epochs.last,
-        }
-
-    async def _authenticate(
-        self, conn: Connection, request: Request, client_id: str, token: str | None
-    ) -> PeerRecord:
-        """The credential ``token`` proves for ``client_id``.
-
-        Raises:
-            AuthenticationFailed: none; the refusal is counted into the next ``ws_refused``
-                row (no row of its own: anyone can try), and the connection closes (4003)
-                after the answer.
-        """
+        address, remote = _address(conn.ws), str(conn.ws.remote_address)
+        ask = joins.Ask(client_id, _rpc_id(request), address, token is not None, remote)
         record = self.credentials.verify(client_id, token)
-        if record is not None:
-            return record
-        self.refusals.count("wrong_token" if token else "no_credential", _address(conn.ws))
-        conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-        raise _WrongToken()
-
-    def _check_not_attached(self, conn: Connection, request: Request, client_id: str) -> None:
-        """Refuse a socket for a peer the bus reaches another way (its webhook).
-
-        Raises:
-            AuthenticationFailed: ``client_id`` is attached; the connection closes (4003).
-        """
-        route = self._router.route_of(client_id)
-        if route is None or isinstance(route.handle, Connection):
-            return
-        self.log.record(
-            LogEvent.AUTH_FAILED, rpc_id=_rpc_id(request), actor=client_id, status="webhook"
+        credential = None if record is None else joins.Credential(record.roles, record.token_hash)
+        actions = joins.initialize(
+            self._router,
+            conn,
+            credential,
+            ask,
+            self._rules(),
+            attached=lambda link: not isinstance(link, Connection),
+            epoch=self._epochs.last,
         )
-        conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-        raise AuthenticationFailed(
-            f"Authentication failed: {client_id} is a webhook peer, which the bus reaches at "
-            "its URL; it cannot also connect over WebSocket (re-add it without --webhook)"
+        result = self._carry(actions)
+        self._states.open(conn).joined(timestamp())
+        if self.cluster is not None:  # an older link of this clientId on another node closes
+            self.cluster.joined(client_id)
+        self._anonymous.closed(ask.address)
+        conn.authenticated(client_id)
+        return result
+
+    def _rules(self) -> joins.Rules:
+        """What a join is decided by, as configured now (a reload changes it)."""
+        return joins.Rules(
+            self.policy, self.identities, self.limits.max_connections, self.server_id, __version__
         )
-
-    def _check_capacity(self, conn: Connection, request: Request, client_id: str) -> None:
-        """Refuse one peer more than ``max_connections`` (a takeover is not one more).
-
-        Raises:
-            LimitExceeded: the bus is full; the connection closes (1013) after the answer.
-        """
-        limit = self.limits.max_connections
-        if limit is None or client_id in self._router or len(self._router) < limit:
-            return
-        self.log.record(
-            LogEvent.LIMIT_EXCEEDED,
-            rpc_id=_rpc_id(request),
-            actor=client_id,
-            status="max_connections",
-        )
-        conn.close_after_answer(CLOSE_TRY_AGAIN_LATER, "too many peers")
-        raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
-
-    def _grants_for(
-        self,
-        conn: Connection | None,
-        request: Request | None,
-        client_id: str,
-        credential_roles: Iterable[str],
-    ) -> tuple[frozenset[str], Grants]:
-        """The roles and grants the policy gives ``client_id``.
-
-        Raises:
-            AuthenticationFailed: the policy refuses these roles to this clientId (e.g. the
-                gateway role for a peer that is not a gateway member); the log says why.
-        """
-        identity = self.identities.get(client_id, PeerIdentity())
-        try:
-            roles = self.policy.roles_for(client_id, (*credential_roles, *identity.roles))
-            return roles, self.policy.grants(client_id, roles, taint=identity.taint)
-        except (PolicyError, ValueError) as exc:
-            self.log.record(
-                LogEvent.AUTH_FAILED,
-                rpc_id=_rpc_id(request) if request is not None else None,
-                actor=client_id,
-                status="policy",
-                error=str(exc),
-            )
-            if conn is not None:
-                conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
-            raise AuthenticationFailed(
-                "Authentication failed: this clientId's roles are not allowed by the policy"
-            ) from None
-
-    def _take_over(self, old: Link, client_id: str) -> None:
-        self.log.record(LogEvent.REPLACED, actor=client_id, status=str(CLOSE_REPLACED))
-        self._presence.announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
-        old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
     async def _subscribe(self, route: Route[Link], request: Request) -> Any:
-        params = parse(SubscribeParams, request.params)
-        pattern = validate_pattern(params.topic)
-        if not route.grants.may_subscribe(pattern):
-            self._refuse(route, request, "subscribe_denied", topic=pattern)
-            raise Forbidden(f"{route.client_id} may not subscribe to {pattern!r}")
-        options = PushOptions(params.debounce_ms, params.min_relevance)
-        if pattern in route.patterns and route.options.get(pattern, PLAIN) != options:
-            self._router.subscribe(route.handle, pattern, options)
-            self._log_subscribe(route, request, pattern, options)
-        elif pattern not in route.patterns:
-            limit = self.limits.max_subscriptions
-            if limit is not None and len(route.patterns) >= limit:
-                self.log.record(
-                    LogEvent.LIMIT_EXCEEDED,
-                    rpc_id=_rpc_id(request),
-                    actor=route.client_id,
-                    topic=pattern,
-                    status="max_subscriptions",
-                )
-                raise LimitExceeded(f"at most {limit} subscriptions per connection")
-            self._router.subscribe(route.handle, pattern, options)
-            self._log_subscribe(route, request, pattern, options)
-        return {"success": True}
-
-    def _log_subscribe(
-        self, route: Route[Link], request: Request, pattern: str, options: PushOptions
-    ) -> None:
-        self.log.record(
-            LogEvent.SUBSCRIBE,
-            rpc_id=_rpc_id(request),
-            actor=route.client_id,
-            topic=pattern,
-            payload=None
-            if options.plain
-            else {"debounceMs": options.debounce_ms, "minRelevance": options.min_relevance},
+        limit = self.limits.max_subscriptions
+        return self._carry(
+            requests.subscribe(
+                self._router,
+                route,
+                request.params,
+                rpc_id=_rpc_id(request),
+                max_subscriptions=limit,
+            )
         )
 
     async def _list_subscriptions(self, route: Route[Link], request: Request) -> Any:
-        subscriptions = []
-        for pattern in sorted(route.patterns):
-            options = route.options.get(pattern, PLAIN)
-            subscriptions.append(
-                {
-                    "topic": pattern,
-                    "debounceMs": options.debounce_ms,
-                    "minRelevance": options.min_relevance,
-                }
-            )
-        return {"subscriptions": subscriptions}
+        return self._carry(requests.list_subscriptions(route))
 
     async def _unsubscribe(self, route: Route[Link], request: Request) -> Any:
-        pattern = parse(UnsubscribeParams, request.params).topic
-        if not self._router.unsubscribe(route.handle, pattern):
-            raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
-        self.log.record(
-            LogEvent.UNSUBSCRIBE, rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
+        return self._carry(
+            requests.unsubscribe(self._router, route, request.params, rpc_id=_rpc_id(request))
         )
-        return {"success": True}
 
     async def _ping(self, route: Route[Link], request: Request) -> Any:
         return {"pong": True, "serverTime": timestamp()}
 
     async def _list_peers(self, route: Route[Link], request: Request) -> Any:
-        if not route.grants.admin:
-            self._refuse(route, request, "admin_denied")
-            raise Forbidden(
-                f"{route.client_id} may not call listPeers: it is for roles with `admin: true` "
-                "in the policy (the default policy's operator role, operator:*)"
-            )
+        self._carry(requests.admit_admin(route, _rpc_id(request), request.method))
         result = self.local_peers()
         if self.cluster is not None:  # and every other node's
             result = await self.cluster.list_peers(result)
@@ -830,8 +656,9 @@ class Bus:
 
     def local_peers(self) -> ListPeersResult:
         """The ``listPeers`` result of this node alone (the cluster link asks for it)."""
-        result: ListPeersResult = peer_list(self._router.routes(), self._since)
-        return result
+        since = {link: state.since for link, state in self._states.items()}
+        routes = self._router.routes()
+        return requests.peer_list(routes, since, _link_facts, now=timestamp())
 
     # Reloading
 
@@ -857,47 +684,52 @@ class Bus:
         revoked = dropped = 0
         for change in review(list(self._router.routes()), credentials, policy, self.identities):
             match change:
-                case Revoke(route=route):
-                    self._revoke(route, change.reason, change.detail)
+                case Revoke(route=route, reason=reason, detail=detail):
+                    self._carry(joins.revoke(self._router, route, reason, detail))
                     revoked += 1
                 case Regrant(route=route, grants=grants):
-                    route.grants = grants
-                    for pattern in change.dropped:
-                        self._router.unsubscribe(route.handle, pattern)
-                        self.log.record(
-                            LogEvent.UNSUBSCRIBE,
-                            actor=route.client_id,
-                            topic=pattern,
-                            status="revoked",
-                        )
+                    self._carry(joins.regrant(self._router, route, grants, change.dropped))
                     dropped += len(change.dropped)
         return revoked, dropped
 
-    def _revoke(self, route: Route[Connection], reason: str, detail: str) -> None:
-        self._router.leave(route.handle)  # from now on it receives nothing and may do nothing
-        self.log.record(LogEvent.REVOKED, actor=route.client_id, status=reason, error=detail)
-        self._presence.announce("peer_left", PeerLeft(client_id=route.client_id, reason="revoked"))
-        conn = route.handle
-        conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
-
-    def _refuse(
-        self,
-        route: Route[Link],
-        request: Request,
-        reason: str,
-        *,
-        topic: str | None = None,
-        message_id: str | None = None,
-    ) -> None:
+    def _record(self, row: Record) -> None:
         self.log.record(
-            LogEvent.REFUSED,
-            message_id=message_id,
-            rpc_id=_rpc_id(request),
-            actor=route.client_id,
-            topic=topic,
-            status=reason,
+            row.event,
+            message_id=row.message_id,
+            rpc_id=row.rpc_id,
+            actor=row.actor,
+            topic=row.topic,
+            status=row.status,
+            payload=row.payload,
+            error=row.error,
+            epoch=row.epoch,
+            trace_id=row.trace_id,
         )
-        logger.info("refused %s from %s: %s", request.method, route.client_id, reason)
+
+    def _carry(self, actions: list[Action]) -> Any:
+        """Carry out a decision's actions (:mod:`bus.core.actions`) in order; return the
+        reply's wire form, raise its error, or return None if it has neither."""
+        for action in actions:
+            match action:
+                case Record():
+                    self._record(action)
+                case Announce(kind=kind, content=content):
+                    self._presence.announce(kind, content)
+                case Close(link=link, code=code, reason=reason, after_answer=True):
+                    link.close_after_answer(code, reason)
+                case Close(link=link, code=code, reason=reason, force=True):
+                    link.spawn(link.force_close(code, reason))
+                case Close(link=link, code=code, reason=reason):
+                    link.spawn(link.close(code, reason))
+                case CountRefusal(reason=reason, address=address):
+                    self.refusals.count(reason, address)
+                case Reply(result=result):
+                    return result.model_dump(by_alias=True)
+                case Fail(error=error):
+                    raise error
+                case Commit():  # pragma: no cover - no request decision commits yet
+                    raise AssertionError("commit inside a request decision")
+        return None
 
     # Publishing
 
@@ -907,22 +739,23 @@ class Bus:
         request: Request,
         accepted: Callable[[dict[str, Any]], None] | None = None,
     ) -> Any:
-        fields = read_send_message(request.params)
-        topic = validate_topic(fields.topic)
-        self._authorize_send(route, request, fields, topic)
-        if self.cluster is not None:
-            self.cluster.check()  # cut off from the other nodes: refuse, never half-deliver
+        rpc_id = _rpc_id(request)
+        recent = self._recent
+        admission = requests.admit_send(
+            route,
+            request.params,
+            rpc_id=rpc_id,
+            recent=recent,
+            now=_clock() if recent is not None else 0.0,
+        )
+        fields, topic = admission.fields, admission.topic
+        if fields is None:
+            return self._carry(admission.actions)
         assert isinstance(request.params, dict)  # validated as an object above
         key = (route.client_id, fields.message_id)
-        if self._recent is not None and not self._recent.claim(key, _clock()):
-            self._refuse(route, request, "duplicate", topic=topic, message_id=fields.message_id)
-            raise DuplicateMessage(
-                f"Duplicate messageId: {route.client_id} already sent {fields.message_id!r} "
-                f"within the last {self._recent.window:g} s; it was accepted then, do not send "
-                "it again",
-                data={"messageId": fields.message_id},
-            )
-        message = _Message(
+        if self.cluster is not None:
+            self._check_cluster(key)
+        message = Message(
             topic,
             request.params["payload"],
             fields.message_id,
@@ -930,16 +763,17 @@ class Bus:
             trace_id=fields.trace_id,
             relevance=fields.relevance,
         )
-        rpc_id = _rpc_id(request)
         try:
-            targets = await self._accept(message, sender=route, rpc_id=rpc_id)
+            targets = await self._fanout.accept(message, sender=route, rpc_id=rpc_id)
         except BusError:
-            if self._recent is not None:
-                self._recent.release(key)  # nothing was delivered: a retry may go through
+            if recent is not None:
+                recent.release(key)  # nothing was delivered: a retry may go through
             raise
         if accepted is not None:
             accepted({"messageId": fields.message_id, "epoch": message.epoch})
-        delivered = await self._fan_out(targets, message, actor=route.client_id, rpc_id=rpc_id)
+        delivered = await self._fanout.fan_out(
+            targets, message, actor=route.client_id, rpc_id=rpc_id
+        )
         return {
             "accepted": True,
             "messageId": fields.message_id,
@@ -947,26 +781,41 @@ class Bus:
             "epoch": message.epoch,
         }
 
-    def _authorize_send(
-        self, route: Route[Link], request: Request, fields: SendFields, topic: str
-    ) -> None:
-        """Refuse (with a row) a ``from`` that is not the sender, or a type the policy denies.
+    def _check_cluster(self, key: tuple[str, str]) -> None:
+        """Refuse (-32011) a send while this node is cut off from the other nodes: never
+        half-deliver. The messageId is released, so a retry may go through."""
+        assert self.cluster is not None
+        try:
+            self.cluster.check()
+        except BusError:
+            if self._recent is not None:
+                self._recent.release(key)
+            raise
 
-        Raises:
-            Forbidden: either refusal.
-        """
-        if fields.sender != route.client_id:
-            self._refuse(route, request, "from_mismatch", topic=topic, message_id=fields.message_id)
-            raise Forbidden(
-                f"payload.from is {fields.sender!r} but this connection is {route.client_id!r}"
-            )
-        grants = route.grants
-        if not grants.may_send(fields.type, topic):
-            self._refuse(route, request, "type_denied", topic=topic, message_id=fields.message_id)
-            raise Forbidden(
-                f"{route.client_id} (roles: {', '.join(sorted(grants.roles)) or 'none'}) may not "
-                f"send {fields.type!r} to {topic!r}"
-            )
+    async def deliver_forwarded(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Route[Link] | None,
+        epoch: int,
+        trace_id: str | None = None,
+    ) -> tuple[int, int]:
+        """Deliver a message another node accepted (at ``epoch``) to this node's subscribers;
+        return how many processed it, of how many were tried (see
+        :meth:`bus.fanout.Fanout.deliver_forwarded`). :mod:`bus.transports.cluster` calls
+        this."""
+        message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
+        return await self._fanout.deliver_forwarded(message, sender=sender, epoch=epoch)
+
+    def replaced_elsewhere(self, client_id: str, node: str) -> bool:
+        """Close (4001) ``client_id``'s link here: it connected again on ``node``. Nothing is
+        announced: the newer connection's node announces it. Return whether it was here."""
+        actions = joins.replaced_elsewhere(self._router, client_id, node)
+        self._carry(actions)
+        return bool(actions)
 
     async def publish(
         self,
@@ -980,288 +829,36 @@ class Bus:
         trace_id: str | None = None,
     ) -> int:
         """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
-        answered ``processed: true``.
-
-        The message gets the next epoch. Nothing is delivered before the ``send_start`` row is
-        committed, and every row is committed before this returns.
-
-        Args:
-            sender: the sending peer's route, or None for the bus itself (presence).
-            trace_id: the trace id of the envelope's ``traceparent``, for the log rows.
+        answered ``processed: true`` (see :meth:`bus.fanout.Fanout.publish`).
 
         Raises:
             AuditUnavailable: the activity log could not commit; if it failed on the first
                 commit, nothing was delivered.
         """
-        message = _Message(topic, payload, message_id, message_type, trace_id=trace_id)
-        targets = await self._accept(message, sender=sender, rpc_id=rpc_id)
-        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        return await self._fan_out(targets, message, actor=actor, rpc_id=rpc_id)
+        return await self._fanout.publish(
+            topic,
+            payload,
+            message_id,
+            message_type,
+            sender=sender,
+            rpc_id=rpc_id,
+            trace_id=trace_id,
+        )
 
-    async def deliver_forwarded(
-        self,
-        topic: str,
-        payload: dict[str, Any],
-        message_id: str,
-        message_type: str,
-        *,
-        sender: Route[Link] | None,
-        epoch: int,
-        trace_id: str | None = None,
-    ) -> tuple[int, int]:
-        """Deliver a message another node accepted (at ``epoch``) to this node's subscribers,
-        with this node's rows and checks; return how many processed it, of how many tried.
+    @property
+    def on_delivered(self) -> Callable[[str, float], None] | None:
+        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
+        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it."""
+        return self._fanout.on_delivered
 
-        Its epoch here is above ``epoch`` (a hybrid clock: causes come before effects on every
-        node). It is not forwarded again. :mod:`bus.transports.cluster` calls this."""
-        self._epochs.last = max(self._epochs.last, epoch)
-        message = _Message(topic, payload, message_id, message_type, trace_id=trace_id)
-        message.forwarded = True
-        targets = await self._accept(message, sender=sender, rpc_id=None)
-        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        return await self._fan_out(targets, message, actor=actor, rpc_id=None), len(targets)
-
-    def replaced_elsewhere(self, client_id: str, node: str) -> bool:
-        """Close (4001) ``client_id``'s link here: it connected again on ``node``. Nothing is
-        announced: the newer connection's node announces it. Return whether it was here."""
-        route = self._router.route_of(client_id)
-        if route is None:
-            return False
-        self._router.leave(route.handle)
-        self.log.record(LogEvent.REPLACED, actor=client_id, status=str(CLOSE_REPLACED), error=node)
-        route.handle.spawn(route.handle.close(CLOSE_REPLACED, f"replaced by a link on {node}"))
-        return True
+    @on_delivered.setter
+    def on_delivered(self, hook: Callable[[str, float], None] | None) -> None:
+        self._fanout.on_delivered = hook
 
     async def _publish_own(
         self, topic: str, payload: dict[str, Any], message_id: str, message_type: str
     ) -> int:
         return await self.publish(topic, payload, message_id, message_type, sender=None)
-
-    async def _accept(
-        self, message: _Message, *, sender: Route[Link] | None, rpc_id: str | None
-    ) -> list[Route[Link]]:
-        """Give ``message`` its epoch, record it and its targets, commit the rows, and return
-        the targets.
-
-        Raises:
-            AuditUnavailable: the rows could not be committed; deliver nothing. A
-                ``send_aborted`` row follows, so that the message is never fetched either.
-        """
-        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        grants = sender.grants if sender is not None else None
-        log = self.log
-        # The epoch is given and the row recorded with no await between them, so epochs
-        # follow the order of the rows, which the log commits in order.
-        epoch = message.epoch = self._epochs.next()
-        topic, trace_id = message.topic, message.trace_id
-        log.record(
-            LogEvent.SEND_START,
-            message_id=message.message_id,
-            rpc_id=rpc_id,
-            actor=actor,
-            topic=topic,
-            status=sender_mark(grants),
-            payload_json=_content(message.payload, message.type, self.log_content),
-            epoch=epoch,
-            trace_id=trace_id,
-        )
-        targets: list[Route[Link]] = []
-        for target in self._router.targets(topic, sender=sender.handle if sender else None):
-            if grants is not None and not may_flow(grants, target.grants, message.type):
-                # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
-                level = "high" if message.type in RAW_TEXT_TYPES else grants.taint
-                log.record(
-                    LogEvent.TAINT_REFUSED,
-                    message_id=message.message_id,
-                    actor=target.client_id,
-                    topic=topic,
-                    status=f"{level}->{target.grants.taint}",
-                    epoch=epoch,
-                    trace_id=trace_id,
-                )
-                continue
-            if target.options and not self._push_now(target, message):
-                continue
-            log.record(
-                LogEvent.PROCESS_START,
-                message_id=message.message_id,
-                actor=target.client_id,
-                topic=topic,
-                epoch=epoch,
-                trace_id=trace_id,
-            )
-            targets.append(target)
-        if not targets:
-            return targets  # fan_out commits the rows (and fetch commits before it reads)
-        try:
-            # Fail closed, for every message: nothing is delivered without its audit row, so
-            # a peer that gets -32006 knows that nobody received the message and may resend it.
-            await log.commit()
-        except BusError:
-            message.aborted = True
-            # Its rows may still be written later: this one tells fetchMessages to skip it.
-            with contextlib.suppress(BusError):
-                log.record(
-                    LogEvent.SEND_ABORTED,
-                    message_id=message.message_id,
-                    actor=actor,
-                    topic=topic,
-                    epoch=epoch,
-                    trace_id=trace_id,
-                )
-            raise
-        return targets
-
-    async def _fan_out(
-        self,
-        targets: list[Route[Link]],
-        message: _Message,
-        *,
-        actor: str | None,
-        rpc_id: str | None,
-    ) -> int:
-        """Deliver to ``targets`` concurrently, record ``send_finish``, commit; return how many
-        answered ``processed: true``."""
-        log = self.log
-        params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
-        remote = None
-        if self.cluster is not None and not message.forwarded:
-            remote = asyncio.ensure_future(self.cluster.forward(message, actor or BUS_CLIENT_ID))
-        if not targets:
-            results: list[bool] = []
-        elif len(targets) == 1:
-            results = [await self._deliver(targets[0], params, message)]
-        else:
-            results = await asyncio.gather(
-                *(self._deliver(target, params, message) for target in targets)
-            )
-        delivered, reached = sum(results), len(targets)
-        if remote is not None:  # the other nodes' subscribers count as this node's do
-            elsewhere, reached_elsewhere = await remote
-            delivered, reached = delivered + elsewhere, reached + reached_elsewhere
-        log.record(
-            LogEvent.SEND_FINISH,
-            message_id=message.message_id,
-            rpc_id=rpc_id,
-            actor=actor,
-            topic=message.topic,
-            status=f"delivered {delivered}/{reached}",
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        await log.commit()
-        return delivered
-
-    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: _Message) -> bool:
-        status, error = "processed", None
-        limit = self.limits.max_write_buffer
-        target = route.handle
-        started = _clock()
-        try:
-            if limit is not None and target.write_buffer_size() > limit:
-                # A peer that does not read gets nothing more written: fail fast, hold nothing.
-                raise _SlowConsumer()
-            async with asyncio.timeout(self.limits.process_timeout):
-                if target.inflight is not None:
-                    async with target.inflight:
-                        result = await target.call("processMessage", params)
-                else:
-                    result = await target.call("processMessage", params)
-            if not (isinstance(result, dict) and result.get("processed") is True):
-                status = "not_processed"
-                error = _reply_text(result)
-        except TimeoutError:
-            status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
-        except PeerGone:
-            status, error = "disconnected", None
-        except _SlowConsumer:
-            status, error = "slow_consumer", f"more than {limit} bytes unread"
-        except BusError as exc:
-            status, error = "error", str(exc)
-        if self.on_delivered is not None:
-            self.on_delivered(status, _clock() - started)
-        self.log.record(
-            LogEvent.PROCESS_FINISH,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=message.topic,
-            status=status,
-            error=error,
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        return status == "processed"
-
-    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
-
-    def _push_now(self, route: Route[Link], message: _Message) -> bool:
-        """Whether ``route``'s subscriptions want ``message`` pushed now; if not, log why, and
-        hold it for the end of a debounce window if that is the reason."""
-        topic = message.topic
-        window = push_window(route.options_for(topic), message.relevance)
-        if window == 0:
-            return True
-        if window is not None:
-            held = self._held.get(route.handle)
-            if held is None:
-                held = self._held[route.handle] = _Held()
-            offer = held.debounce.offer(topic, message, window / 1000, _clock())
-            if offer.push:
-                return True
-            if offer.flush_at is not None:
-                loop = asyncio.get_running_loop()
-                held.timers[topic] = loop.call_at(
-                    offer.flush_at, self._flush_held, route.handle, topic
-                )
-        self.log.record(
-            LogEvent.PUSH_SKIPPED,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=topic,
-            status="min_relevance" if window is None else "debounce",
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        return False
-
-    def _flush_held(self, conn: Link, topic: str) -> None:
-        """At the end of a debounce window: push the latest message held on ``topic``."""
-        held = self._held.get(conn)
-        if held is None:
-            return
-        held.timers.pop(topic, None)
-        due = held.debounce.due(topic, _clock())
-        route = self._router.route(conn)
-        if due is None or route is None or self._closing:
-            return
-        message, skipped = due
-        # Not if its sender was told -32006, nor once no subscription of the peer matches.
-        if message.aborted or not route.options_for(topic):
-            return
-        conn.spawn(self._push_held(route, message, skipped))
-
-    async def _push_held(self, route: Route[Link], message: _Message, skipped: int) -> None:
-        log = self.log
-        log.record(
-            LogEvent.PROCESS_START,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=message.topic,
-            status=f"debounced, skipped {skipped}",
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        params: dict[str, Any] = {
-            "topic": message.topic,
-            "payload": message.payload,
-            "epoch": message.epoch,
-        }
-        if skipped:
-            params["skipped"] = skipped
-        with contextlib.suppress(BusError):  # unpushed, it stays fetchable
-            await log.commit()
-            await self._deliver(route, params, message)
-            await log.commit()
 
     # Reading back
 
@@ -1276,77 +873,17 @@ class Bus:
         rpc_id: str | None = None,
     ) -> FetchResult:
         """The messages after ``since_epoch`` on topics matching ``pattern`` that the peer with
-        ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport.
-
-        What "may receive" means is :mod:`bus.log.fetch`'s (the policy for ``pattern``, the taint
-        rule from each sender, no ``bcp:`` topic but for the declassifier, not its own). The
-        read is logged (a ``fetch`` row, committed before this returns).
-
-        Args:
-            grants: the reading peer's grants, as the policy gives them now.
-            pattern: a topic pattern (``*`` segments allowed).
-            since_epoch: the last epoch already seen; 0 for the oldest kept.
-            limit: the most messages to return; capped by ``max_fetch_messages`` (None: the cap).
-            only: further conditions on each message (type, correlation id, sender, time).
-            rpc_id: the request's id, for the log rows.
+        ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport (see
+        :meth:`bus.readback.Readback.fetch` for the arguments and errors).
 
         Raises:
-            InvalidParams: ``pattern`` is malformed.
-            Forbidden: the policy does not let this peer subscribe to ``pattern`` (logged).
-            EpochNotKept: ``since_epoch`` is outside what the log keeps.
-            ContentNotKept: the log keeps only digests (``log_content: digest``), or reached a
-                message kept as a digest by an earlier run.
-            AuditUnavailable: the log could not commit, or could not be read.
             ShuttingDown: the bus is closing.
         """
         if self._closing:
             raise ShuttingDown()
-        pattern = validate_pattern(pattern)
-        client_id = grants.client_id
-        if not grants.may_subscribe(pattern):
-            self.log.record(
-                LogEvent.REFUSED,
-                rpc_id=rpc_id,
-                actor=client_id,
-                topic=pattern,
-                status="fetch_denied",
-            )
-            raise Forbidden(f"{client_id} may not read {pattern!r}: the policy does not grant it")
-        if self.log_content == "digest":
-            raise ContentNotKept(
-                "This bus keeps only digests of messages (log_content: digest), not their "
-                "content: there is nothing to fetch"
-            )
-        cap = self.limits.max_fetch_messages
-        limit = cap if limit is None else max(1, min(limit, cap))
-        upto = self._epochs.last
-        # Every message given an epoch so far is then committed (or aborted): none can be
-        # missing below upto and turn up later.
-        await self.log.commit()
-        page = Page(grants, pattern, since=since_epoch, limit=limit, only=only)
-        try:
-            check_since(since_epoch, await self._history.oldest(), upto)
-            more = await self._history.fill(page, upto=upto, topic=_literal(pattern))
-        except sqlite3.Error as exc:
-            logger.error("fetch: reading the activity log failed: %r", exc)
-            raise AuditUnavailable(
-                "Activity log unavailable: it could not be read; retry later"
-            ) from exc
-        result = page.result(more=more, upto=upto)
-        self.log.record(
-            LogEvent.FETCH,
-            rpc_id=rpc_id,
-            actor=client_id,
-            topic=pattern,
-            status=f"{len(result.messages)} messages",
-            payload={
-                "sinceEpoch": since_epoch,
-                "nextEpoch": result.next_epoch,
-                "withheld": page.withheld,
-            },
+        return await self._readback.fetch(
+            grants, pattern, since_epoch, limit, only=only, rpc_id=rpc_id
         )
-        await self.log.commit()
-        return result
 
     async def _fetch_messages(self, route: Route[Link], request: Request) -> Any:
         params = parse(FetchMessagesParams, request.params)
@@ -1377,20 +914,15 @@ class Bus:
             await asyncio.sleep(interval)
             states = [(conn, conn.write_blocked()) for conn in self._connections]
             for conn in slow.check(states, _clock()):
-                size = conn.write_buffer_size()
-                self.log.record(
-                    LogEvent.SLOW_CONSUMER,
-                    actor=conn.name,
-                    status=str(CLOSE_SLOW_CONSUMER),
-                    error=f"{size} bytes unread, nothing written for {slow.timeout:g}s",
-                )
-                logger.info("disconnecting slow consumer %s (%d bytes unread)", conn.name, size)
-                conn.spawn(conn.force_close(CLOSE_SLOW_CONSUMER, "slow consumer"))
+                unread = conn.write_buffer_size()
+                self._carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
 
 
 class _Detached:
     """The link of a peer that sent a request over HTTP and is not online: it only sends, and
     the bus has no way to deliver to it (it is in no routing table)."""
+
+    kind = "http"
 
     def __init__(self, client_id: str) -> None:
         self.name = client_id
@@ -1409,71 +941,11 @@ class _Detached:
         return None
 
 
-class _WrongToken(AuthenticationFailed):
-    """A token that proves no peer: counted into ``ws_refused``, no ``rpc_error`` row."""
-
-
-class _SlowConsumer(Exception):
-    """A delivery refused because the target has too many unread bytes."""
-
-
-@dataclass(slots=True)
-class _Message:
-    """One message on its way through the bus: what it is, and the epoch it was given."""
-
-    topic: str
-    payload: dict[str, Any]
-    message_id: str
-    type: str
-    trace_id: str | None = None
-    relevance: float | None = None
-    epoch: int = 0
-    """Given by :meth:`Bus._accept`; 0 until then."""
-    aborted: bool = False
-    """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
-    forwarded: bool = False
-    """Another cluster node accepted it: delivered here, never forwarded again."""
-
-
-@dataclass(slots=True)
-class _Held:
-    """One connection's debounce windows, and the timers that push what they hold."""
-
-    debounce: Debounce[_Message] = field(default_factory=Debounce)
-    timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
-
-    def cancel(self) -> None:
-        for timer in self.timers.values():
-            timer.cancel()
-        self.timers.clear()
-        self.debounce.clear()
-
-
 def _bearer(ws: Socket) -> str | None:
     header = ws.request.headers.get("Authorization") if ws.request is not None else None
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
     return None
-
-
-def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> str:
-    """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
-
-    The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.core.digest.canonical_sha256(envelope)``.
-    """
-    if mode == "full":
-        return _json.dumps(payload)
-    return json.dumps(
-        {"type": message_type, "sha256": canonical_sha256(payload)},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-
-
-def _literal(pattern: str) -> str | None:
-    """``pattern`` if it is a concrete topic (read through the topic index), else None."""
-    return None if "*" in pattern else pattern
 
 
 def _address(ws: Socket) -> str:
@@ -1490,38 +962,11 @@ def _rpc_id(request: Request) -> str | None:
     return None if request.id is None else str(request.id)
 
 
-def _reply_text(result: Any) -> str:
-    if isinstance(result, dict):
-        return f"{result.get('status', '')}: {result.get('message', '')}"[:200]
-    return "malformed processMessage result"
-
-
-def peer_list(routes: Iterable[Route[Link]], since: Mapping[Link, str]) -> Any:
-    """The ``listPeers`` result: every authenticated peer, sorted by clientId.
-
-    A peer the bus reaches another way than a connection (a webhook) shows its link's name as
-    its address and no requests in flight.
-    """
-    peers = [
-        {
-            "clientId": route.client_id,
-            "roles": sorted(route.grants.roles),
-            "taint": route.grants.taint,
-            "since": since.get(route.handle) or timestamp(),
-            "address": _link_address(route.handle),
-            "subscriptions": sorted(route.patterns),
-            "inflight": _link_inflight(route.handle),
-        }
-        for route in sorted(routes, key=lambda r: r.client_id)
-    ]
-    return ListPeersResult.model_validate({"peers": peers})
-
-
-def _link_address(link: Link) -> str:
-    return _address(link.ws) if isinstance(link, Connection) else link.name
-
-
-def _link_inflight(link: Link) -> dict[str, int]:
+def _link_facts(link: Link) -> requests.LinkFacts:
+    """A link's address and load for ``listPeers``: a peer the bus reaches another way than a
+    connection (a webhook) shows its link's name and nothing in flight."""
     if isinstance(link, Connection):
-        return {"requests": link.requests_in_flight, "deliveries": link.deliveries_in_flight}
-    return {"requests": 0, "deliveries": 0}
+        return requests.LinkFacts(
+            _address(link.ws), link.requests_in_flight, link.deliveries_in_flight
+        )
+    return requests.LinkFacts(link.name)

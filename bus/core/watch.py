@@ -12,10 +12,17 @@ The bus (:mod:`bus.server`) feeds them what happened and carries out what they d
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
-__all__ = ["Anonymous", "SlowConsumers"]
+from .actions import Action, Close, Record
+from .errors import CLOSE_SLOW_CONSUMER
+from .logevents import LogEvent
+
+__all__ = ["Anonymous", "SlowConsumers", "disconnect_slow"]
+
+logger = logging.getLogger("bus.server")
 
 K = TypeVar("K", bound=Hashable)
 
@@ -89,3 +96,14 @@ class SlowConsumers(Generic[K]):
     def forget(self, key: K) -> None:
         """Stop watching ``key`` (it disconnected)."""
         self._since.pop(key, None)
+
+
+def disconnect_slow(link: K, name: str, unread: int, timeout: float) -> list[Action]:
+    """What to do with a peer :meth:`SlowConsumers.check` named: a ``slow_consumer`` row, and
+    a forced close with 4004 (its unread bytes would hold a polite close too)."""
+    logger.info("disconnecting slow consumer %s (%d bytes unread)", name, unread)
+    error = f"{unread} bytes unread, nothing written for {timeout:g}s"
+    return [
+        Record(LogEvent.SLOW_CONSUMER, actor=name, status=str(CLOSE_SLOW_CONSUMER), error=error),
+        Close(link, CLOSE_SLOW_CONSUMER, "slow consumer", force=True),
+    ]

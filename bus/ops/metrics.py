@@ -24,8 +24,8 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -37,11 +37,11 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from ..server import Bus
-from ..transports.connection import Connection, Link
-from ..transports.local import LocalSocket
+from ..core.router import Route
+from ..log.activity import ActivityLog
+from .refusals import Refusals
 
-__all__ = ["CONTENT_TYPE", "Metrics", "link_kind"]
+__all__ = ["CONTENT_TYPE", "Metrics", "Observed", "link_kind"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """The ``Content-Type`` of :meth:`Metrics.render`: the Prometheus text format, 0.0.4."""
@@ -50,12 +50,21 @@ _PROCESS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5)
 
 
-def link_kind(link: Link) -> str:
-    """How the bus reaches a peer: ``websocket``, ``local`` (in-process) or the link's own
-    ``kind`` (``webhook``)."""
-    if isinstance(link, Connection):
-        return "local" if isinstance(link.ws, LocalSocket) else "websocket"
+def link_kind(link: object) -> str:
+    """How the bus reaches a peer: its link's ``kind`` (``websocket``, ``local`` for
+    in-process, ``webhook``)."""
     return str(getattr(link, "kind", "other"))
+
+
+class Observed(Protocol):
+    """What the metrics read of a bus (:class:`bus.server.Bus`): its log and refusal counts,
+    its routing table, and the hook it tells each delivery's outcome."""
+
+    log: ActivityLog
+    refusals: Refusals
+    on_delivered: Callable[[str, float], None] | None
+
+    def routes(self) -> Iterable[Route[Any]]: ...
 
 
 class Metrics:
@@ -70,7 +79,7 @@ class Metrics:
         bus: the bus to observe; its log's and its own hooks are taken by :meth:`attach`.
     """
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Observed) -> None:
         self.bus = bus
         self.registry = CollectorRegistry(auto_describe=True)
         """The registry ``GET /metrics`` renders; register more collectors here."""
@@ -262,7 +271,7 @@ def _gauge(
 class _Online(Collector):
     """Peers online by role and by link, counted from the routing table at each scrape."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Observed) -> None:
         self.bus = bus
 
     def collect(self) -> Iterator[Metric]:

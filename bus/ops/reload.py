@@ -32,23 +32,43 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from schemas.common import BUS_CLIENT_ID
 
 from ..core.errors import BusError
-from ..core.identities import load_identities
+from ..core.identities import PeerIdentity, load_identities
 from ..core.logevents import LogEvent
 from ..core.policy import Policy
 from ..log.activity import ActivityLog
 from .credentials import Credentials
 
-if TYPE_CHECKING:
-    from ..server import Bus
 
-__all__ = ["DEFAULT_RELOAD_INTERVAL", "BusFiles", "Reloadable", "Reloader", "stamp"]
+class Reconfigurable(Protocol):
+    """What a reload changes in a bus (:class:`bus.server.Bus`): its credentials, policy and
+    identities, all at once."""
+
+    credentials: Credentials
+
+    def reconfigure(
+        self,
+        *,
+        credentials: Credentials,
+        policy: Policy,
+        identities: Mapping[str, PeerIdentity],
+    ) -> tuple[int, int]: ...
+
+
+__all__ = [
+    "DEFAULT_RELOAD_INTERVAL",
+    "BusFiles",
+    "Reconfigurable",
+    "Reloadable",
+    "Reloader",
+    "stamp",
+]
 
 logger = logging.getLogger("bus.ops.reload")
 
@@ -209,7 +229,7 @@ class BusFiles:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: Reconfigurable,
         *,
         peers_file: Path,
         policy: Path | None,

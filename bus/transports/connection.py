@@ -47,6 +47,11 @@ class Link(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def kind(self) -> str:
+        """How the bus reaches the peer: ``websocket``, ``local``, ``webhook``, ``http``."""
+        ...
+
     def write_buffer_size(self) -> int: ...
 
     async def call(self, method: str, params: Any) -> Any: ...
@@ -152,6 +157,11 @@ class Connection:
         self._request_done = asyncio.Event()
         self._request_tasks: set[asyncio.Task[None]] = set()
         self._abandon_with: BusError | None = None
+
+    @property
+    def kind(self) -> str:
+        """``local`` for an in-process link (:mod:`bus.transports.local`), else ``websocket``."""
+        return str(getattr(self.ws, "kind", "websocket"))
 
     @property
     def name(self) -> str:

@@ -74,8 +74,8 @@ from ..ops.config import HttpSettings
 from ..ops.metrics import CONTENT_TYPE, Metrics
 from ..ops.refusals import Refusals
 from ..ops.startup import StartupError
-from ..server import Bus
 from .admission import ConnectionGuard, guarded_protocol
+from .port import BusPort
 from .webhooks import Webhooks
 
 __all__ = ["BodyTimeout", "BodyTooLarge", "HttpBinding", "listen"]
@@ -113,7 +113,7 @@ class HttpBinding:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: BusPort,
         settings: HttpSettings,
         *,
         host: str = "127.0.0.1",
@@ -397,7 +397,7 @@ class HttpBinding:
 
 
 async def _read_body(
-    request: HTTPRequest, bus: Bus, body_timeout: float | None, actor: str
+    request: HTTPRequest, bus: BusPort, body_timeout: float | None, actor: str
 ) -> tuple[Any, int]:
     """The request's JSON body, read up to ``max_frame_bytes``, and its size, which is
     charged to the bus's byte budget: give it back when the request is done.
@@ -439,7 +439,7 @@ async def _read_body(
         raise ParseError("Parse error: the body is not valid JSON") from None
 
 
-def _too_large(bus: Bus, actor: str, limit: int) -> BodyTooLarge:
+def _too_large(bus: BusPort, actor: str, limit: int) -> BodyTooLarge:
     bus.log.record(LogEvent.FRAME_TOO_LARGE, actor=actor, error=f"limit {limit}")
     return BodyTooLarge(f"Request body larger than max_frame_bytes ({limit} bytes)")
 
@@ -552,7 +552,7 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _discovery(bus: Bus, settings: HttpSettings, url: str) -> Discovery:
+def _discovery(bus: BusPort, settings: HttpSettings, url: str) -> Discovery:
     """What ``GET /.well-known/bcpbus`` says about ``bus`` and its HTTP binding at ``url``."""
     return Discovery(
         version=__version__,

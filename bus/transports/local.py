@@ -61,6 +61,8 @@ class LocalSocket:
     """
 
     remote_address = LOCAL_ADDRESS
+    kind = "local"
+    """How the bus reaches a peer on this link (:attr:`bus.transports.connection.Link.kind`)."""
     request = None
     """No HTTP handshake, so no headers: a local peer authenticates in ``initialize``."""
 

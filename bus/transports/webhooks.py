@@ -66,8 +66,8 @@ from ..core.policy import may_flow
 from ..core.presence import BUS_CLIENT_ID
 from ..ops.config import HttpSettings
 from ..ops.credentials import Credentials, PeerRecord, Webhook
-from ..server import Bus
 from .egress import private_host, refusal
+from .port import BusPort
 
 __all__ = [
     "RETRY_STATUSES",
@@ -335,7 +335,7 @@ class Webhooks:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: BusPort,
         credentials: Credentials,
         settings: HttpSettings | None = None,
         *,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bus.core.watch import Anonymous, SlowConsumers
+from bus.core.actions import Close, Record
+from bus.core.errors import CLOSE_SLOW_CONSUMER
+from bus.core.logevents import LogEvent
+from bus.core.watch import Anonymous, SlowConsumers, disconnect_slow
 
 
 def test_anonymous_total_limit_refuses_one_more_from_anywhere():
@@ -50,3 +53,15 @@ def test_forgotten_peer_starts_over():
     slow.forget("a")
     slow.forget("never-seen")
     assert slow.check([("a", True)], now=5.0) == []
+
+
+def test_a_slow_consumer_gets_a_row_and_a_forced_4004():
+    """A peer named by check() is logged with its unread bytes and force-closed with 4004."""
+    row, close = disconnect_slow("c1", "agent:w1", 70000, 2.5)
+    assert row == Record(
+        LogEvent.SLOW_CONSUMER,
+        actor="agent:w1",
+        status=str(CLOSE_SLOW_CONSUMER),
+        error="70000 bytes unread, nothing written for 2.5s",
+    )
+    assert close == Close("c1", CLOSE_SLOW_CONSUMER, "slow consumer", force=True)

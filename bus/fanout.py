@@ -1,0 +1,330 @@
+"""Carrying a message out: its epoch and rows, the commit, the ``processMessage`` calls.
+
+:class:`Fanout` is the I/O half of delivery. What it records and to whom it delivers is
+decided in :mod:`bus.core.delivery` (targets, taint, relevance, debounce, outcomes); this
+module gives the epoch, writes the ``send_start`` row, commits before anything is delivered
+(fail closed: -32006 and nothing delivered when the log cannot commit), calls every target
+concurrently under its timeout, and arms the loop timers that flush debounce windows. The bus
+(:class:`bus.server.Bus`) owns one and hands it what it accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .core import _json, delivery
+from .core.actions import Record
+from .core.delivery import Message
+from .core.digest import canonical_sha256
+from .core.epochs import Epochs
+from .core.errors import BusError
+from .core.logevents import LogEvent
+from .core.presence import BUS_CLIENT_ID
+from .core.router import Route, Router
+from .core.state import PeerStates
+from .log.activity import ActivityLog
+from .log.fetch import sender_mark
+from .ops.config import Limits, LogContent
+from .transports.connection import Link, PeerGone
+
+if TYPE_CHECKING:
+    from .transports.cluster import Forwarder
+
+__all__ = ["Fanout"]
+
+
+class Fanout:
+    """Delivers accepted messages for one bus.
+
+    Args:
+        closing: tells whether the bus is closing (a window's flush then pushes nothing).
+    """
+
+    def __init__(
+        self,
+        log: ActivityLog,
+        limits: Limits,
+        router: Router[Link],
+        states: PeerStates[Link],
+        epochs: Epochs,
+        *,
+        log_content: LogContent,
+        closing: Callable[[], bool],
+    ) -> None:
+        self.log = log
+        self.limits = limits
+        self._router = router
+        self._states = states
+        self._epochs = epochs
+        self.log_content: LogContent = log_content
+        self._closing = closing
+        self.on_delivered: Callable[[str, float], None] | None = None
+        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
+        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it through the bus."""
+        self.cluster: Forwarder | None = None
+        """The other bus nodes when this bus is one node of a cluster (set through
+        :attr:`bus.server.Bus.cluster`): what this node accepts is delivered there too."""
+
+    async def publish(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Route[Link] | None,
+        rpc_id: str | None = None,
+        trace_id: str | None = None,
+    ) -> int:
+        """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
+        answered ``processed: true``.
+
+        The message gets the next epoch. Nothing is delivered before the ``send_start`` row is
+        committed, and every row is committed before this returns.
+
+        Args:
+            sender: the sending peer's route, or None for the bus itself (presence).
+            trace_id: the trace id of the envelope's ``traceparent``, for the log rows.
+
+        Raises:
+            AuditUnavailable: the activity log could not commit; if it failed on the first
+                commit, nothing was delivered.
+        """
+        message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
+        targets = await self.accept(message, sender=sender, rpc_id=rpc_id)
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        return await self.fan_out(targets, message, actor=actor, rpc_id=rpc_id)
+
+    async def deliver_forwarded(
+        self, message: Message, *, sender: Route[Link] | None, epoch: int
+    ) -> tuple[int, int]:
+        """Deliver a message another cluster node accepted (at ``epoch``) to this node's
+        subscribers, with this node's rows and checks; return how many processed it, of how
+        many were tried.
+
+        Its epoch here is above ``epoch`` (a hybrid clock: causes come before effects on every
+        node). It is marked forwarded, so it is not forwarded again."""
+        self._epochs.last = max(self._epochs.last, epoch)
+        message.forwarded = True
+        targets = await self.accept(message, sender=sender, rpc_id=None)
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        delivered = await self.fan_out(targets, message, actor=actor, rpc_id=None)
+        return delivered, len(targets)
+
+    async def accept(
+        self, message: Message, *, sender: Route[Link] | None, rpc_id: str | None
+    ) -> list[Route[Link]]:
+        """Give ``message`` its epoch, record it and its targets, commit the rows, and return
+        the targets.
+
+        Raises:
+            AuditUnavailable: the rows could not be committed; deliver nothing. A
+                ``send_aborted`` row follows, so that the message is never fetched either.
+        """
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        grants = sender.grants if sender is not None else None
+        log = self.log
+        # The epoch is given and the row recorded with no await between them, so epochs
+        # follow the order of the rows, which the log commits in order.
+        epoch = message.epoch = self._epochs.next()
+        topic, trace_id = message.topic, message.trace_id
+        log.record(
+            LogEvent.SEND_START,
+            message_id=message.message_id,
+            rpc_id=rpc_id,
+            actor=actor,
+            topic=topic,
+            status=sender_mark(grants),
+            payload_json=_content(message.payload, message.type, self.log_content),
+            epoch=epoch,
+            trace_id=trace_id,
+        )
+        picked = delivery.targets(self._router, self._states, message, sender=sender, clock=_clock)
+        for row in picked.rows:
+            self._record(row)
+        for timer in picked.timers:
+            self._set_timer(timer)
+        targets = picked.routes
+        if not targets:
+            return targets  # fan_out commits the rows (and fetch commits before it reads)
+        try:
+            # Fail closed, for every message: nothing is delivered without its audit row, so
+            # a peer that gets -32006 knows that nobody received the message and may resend it.
+            await log.commit()
+        except BusError:
+            message.aborted = True
+            # Its rows may still be written later: this one tells fetchMessages to skip it.
+            with contextlib.suppress(BusError):
+                log.record(
+                    LogEvent.SEND_ABORTED,
+                    message_id=message.message_id,
+                    actor=actor,
+                    topic=topic,
+                    epoch=epoch,
+                    trace_id=trace_id,
+                )
+            raise
+        return targets
+
+    async def fan_out(
+        self,
+        targets: list[Route[Link]],
+        message: Message,
+        *,
+        actor: str | None,
+        rpc_id: str | None,
+    ) -> int:
+        """Deliver to ``targets`` concurrently, record ``send_finish``, commit; return how many
+        answered ``processed: true``.
+
+        On a cluster node, a message accepted here is also delivered on the other nodes, at
+        the same time; their subscribers count as this node's do, in the result and the row."""
+        log = self.log
+        params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
+        remote = None
+        if self.cluster is not None and not message.forwarded:
+            sender = actor or BUS_CLIENT_ID
+            remote = asyncio.ensure_future(self.cluster.forward(message, sender))
+        if not targets:
+            results: list[bool] = []
+        elif len(targets) == 1:
+            results = [await self._deliver(targets[0], params, message)]
+        else:
+            results = await asyncio.gather(
+                *(self._deliver(target, params, message) for target in targets)
+            )
+        delivered, reached = sum(results), len(targets)
+        if remote is not None:
+            elsewhere, reached_elsewhere = await remote
+            delivered, reached = delivered + elsewhere, reached + reached_elsewhere
+        log.record(
+            LogEvent.SEND_FINISH,
+            message_id=message.message_id,
+            rpc_id=rpc_id,
+            actor=actor,
+            topic=message.topic,
+            status=f"delivered {delivered}/{reached}",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        await log.commit()
+        return delivered
+
+    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: Message) -> bool:
+        status, error = "processed", None
+        limit = self.limits.max_write_buffer
+        target = route.handle
+        started = _clock()
+        try:
+            if limit is not None and target.write_buffer_size() > limit:
+                # A peer that does not read gets nothing more written: fail fast, hold nothing.
+                raise _SlowConsumer()
+            async with asyncio.timeout(self.limits.process_timeout):
+                if target.inflight is not None:
+                    async with target.inflight:
+                        result = await target.call("processMessage", params)
+                else:
+                    result = await target.call("processMessage", params)
+            status, error = delivery.outcome(result)
+        except TimeoutError:
+            status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
+        except PeerGone:
+            status, error = "disconnected", None
+        except _SlowConsumer:
+            status, error = "slow_consumer", f"more than {limit} bytes unread"
+        except BusError as exc:
+            status, error = "error", str(exc)
+        if self.on_delivered is not None:
+            self.on_delivered(status, _clock() - started)
+        self.log.record(
+            LogEvent.PROCESS_FINISH,
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=message.topic,
+            status=status,
+            error=error,
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        return status == "processed"
+
+    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
+
+    def _set_timer(self, timer: delivery.SetTimer[Link]) -> None:
+        """Arm the timer that flushes a debounce window, kept in the link's state."""
+        state = self._states.open(timer.link)
+        loop = asyncio.get_running_loop()
+        state.timers[timer.topic] = loop.call_at(
+            timer.at, self._flush_held, timer.link, timer.topic
+        )
+
+    def _flush_held(self, conn: Link, topic: str) -> None:
+        """At the end of a debounce window: push the latest message held on ``topic``."""
+        due = delivery.flush(self._router, self._states, conn, topic, _clock())
+        if due is None or self._closing():
+            return
+        conn.spawn(self._push_held(*due))
+
+    async def _push_held(self, route: Route[Link], message: Message, skipped: int) -> None:
+        log = self.log
+        log.record(
+            LogEvent.PROCESS_START,
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=message.topic,
+            status=f"debounced, skipped {skipped}",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        params: dict[str, Any] = {
+            "topic": message.topic,
+            "payload": message.payload,
+            "epoch": message.epoch,
+        }
+        if skipped:
+            params["skipped"] = skipped
+        with contextlib.suppress(BusError):  # unpushed, it stays fetchable
+            await log.commit()
+            await self._deliver(route, params, message)
+            await log.commit()
+
+    def _record(self, row: Record) -> None:
+        self.log.record(
+            row.event,
+            message_id=row.message_id,
+            rpc_id=row.rpc_id,
+            actor=row.actor,
+            topic=row.topic,
+            status=row.status,
+            payload=row.payload,
+            error=row.error,
+            epoch=row.epoch,
+            trace_id=row.trace_id,
+        )
+
+
+class _SlowConsumer(Exception):
+    """A delivery refused because the target has too many unread bytes."""
+
+
+def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> str:
+    """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
+
+    The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
+    holds the message can recompute it: ``bus.core.digest.canonical_sha256(envelope)``.
+    """
+    if mode == "full":
+        return _json.dumps(payload)
+    return json.dumps(
+        {"type": message_type, "sha256": canonical_sha256(payload)},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def _clock() -> float:
+    return asyncio.get_running_loop().time()
