@@ -25,6 +25,7 @@ from bus.core.joins import (
     join,
     leave,
     regrant,
+    replaced_elsewhere,
     revoke,
 )
 from bus.core.logevents import LogEvent
@@ -190,6 +191,25 @@ def test_revoke_takes_the_peer_out_at_once_and_closes_it_with_4005():
     assert actions[1].content.reason == "revoked"
     assert actions[2] == Close("c1", CLOSE_REVOKED, "revoked: rotated")
     assert router.route("c1") is None and router.targets("agent:w1") == []
+
+
+def test_replaced_elsewhere_closes_the_link_here_with_4001_and_announces_nothing():
+    """A login on another node takes the peer out here, with its row naming that node."""
+    router: Router[str] = Router()
+    init(router, "c1", "agent:w1")
+    actions = replaced_elsewhere(router, "agent:w1", "node-b")
+    assert actions == [
+        Record(LogEvent.REPLACED, actor="agent:w1", status=str(CLOSE_REPLACED), error="node-b"),
+        Close("c1", CLOSE_REPLACED, "replaced by a link on node-b"),
+    ]
+    assert router.route("c1") is None and router.targets("agent:w1") == []
+    assert leave(router, "c1", "1000") == []  # its close later logs no disconnect
+
+
+def test_replaced_elsewhere_does_nothing_for_a_peer_not_on_this_node():
+    """A clientId with no link here gives no actions: the caller reports it was not here."""
+    router: Router[str] = Router()
+    assert replaced_elsewhere(router, "agent:w1", "node-b") == []
 
 
 def test_regrant_drops_the_patterns_the_new_grants_refuse():

@@ -25,6 +25,7 @@ from bus.core.requests import (
     admit_send,
     list_peers,
     list_subscriptions,
+    peer_list,
     subscribe,
     unsubscribe,
 )
@@ -288,3 +289,14 @@ def test_list_peers_shows_every_peer_sorted_with_its_link():
     assert peers[0]["inflight"] == {"requests": 0, "deliveries": 0}
     assert peers[1]["inflight"] == {"requests": 2, "deliveries": 1}
     assert peers[1]["since"].startswith("2026-11-21T20:22:35")
+
+
+def test_peer_list_is_the_result_list_peers_replies_with():
+    """peer_list gives the same peers as listPeers's reply, as a model a node extends."""
+    router, _ = joined("tg:42")
+    facts = {"conn": LinkFacts("10.0.0.1")}
+    args = (list(router.routes()), {"conn": None}, facts.__getitem__)
+    result = peer_list(*args, now="2026-11-21T20:22:35.000Z")
+    (reply,) = list_peers(*args, now="2026-11-21T20:22:35.000Z")
+    assert isinstance(reply, Reply) and reply.result == result
+    assert [p.client_id for p in result.peers] == ["tg:42"]
