@@ -1,0 +1,104 @@
+"""What a bus node asks of its cluster link, on a real bus with a stand-in for the other nodes."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+
+from bus.core.errors import ClusterUnavailable
+from bus.core.policy import Policy
+from bus.core.presence import BUS_CLIENT_ID
+from bus.transports.cluster import Accepted
+from peers.errors import ClusterUnavailable as ClusterUnavailableError
+from peers.testing import Inbox, running_bus
+from schemas.bus import ListPeersResult
+from tests.cluster.conftest import POLICY
+
+
+class OtherNodes:
+    """The other nodes as the bus sees them (:class:`bus.transports.cluster.Forwarder`):
+    cut off while ``cut`` is set; otherwise each message reaches ``answers`` of them."""
+
+    def __init__(self, answers: tuple[int, int]) -> None:
+        self.cut = False
+        self.answers = answers
+        self.forwarded: list[tuple[str, str]] = []
+        """(messageId, sender) of each message forwarded but the bus's own (presence)."""
+        self.logins: list[str] = []
+
+    def check(self) -> None:
+        if self.cut:
+            raise ClusterUnavailable()
+
+    def joined(self, client_id: str) -> None:
+        self.logins.append(client_id)
+
+    async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
+        if sender != BUS_CLIENT_ID:
+            self.forwarded.append((message.message_id, sender))
+        return self.answers
+
+    async def list_peers(self, local: ListPeersResult) -> ListPeersResult:
+        return local
+
+
+async def test_a_cut_off_node_refuses_a_send_and_takes_the_same_message_once_back(tmp_path):
+    """While cut off, sendMessage is -32011 and nothing is forwarded; once back, the same
+    messageId is not a duplicate: it is delivered, forwarded once, and the other nodes'
+    answers count in deliveredTo and in the send_finish row."""
+    others = OtherNodes(answers=(2, 3))
+    async with AsyncExitStack() as stack:
+        harness = await stack.enter_async_context(
+            running_bus(tmp_path, policy=Policy.from_yaml(POLICY))
+        )
+        harness.bus.cluster = others
+        speaker = await stack.enter_async_context(harness.peer("w:0"))
+        listener = Inbox(reply=True)
+        hearer = harness.peer("w:1")
+        hearer.handle(None, listener)
+        await stack.enter_async_context(hearer)
+        await hearer.subscribe("room:x")
+        others.cut = True
+        with pytest.raises(ClusterUnavailableError):
+            await speaker.send("room:x", "note", {"text": "hi"}, message_id="m-1")
+        assert others.forwarded == [] and listener.empty()
+        others.cut = False
+        result = await speaker.send("room:x", "note", {"text": "hi"}, message_id="m-1")
+        await harness.log.commit()
+        finish = harness.rows(event="send_finish", message_id="m-1")
+    assert result.delivered_to == 1 + 2
+    assert others.forwarded == [("m-1", "w:0")]
+    assert others.logins == ["w:0", "w:1"]
+    assert [row["status"] for row in finish] == ["delivered 3/4"]
+
+
+async def test_a_message_from_another_node_is_delivered_here_and_not_forwarded_again(tmp_path):
+    """deliver_forwarded gives the message an epoch above the sender node's, delivers it to
+    the subscribers here, and never hands it back to the other nodes."""
+    others = OtherNodes(answers=(5, 5))
+    async with AsyncExitStack() as stack:
+        harness = await stack.enter_async_context(
+            running_bus(tmp_path, policy=Policy.from_yaml(POLICY))
+        )
+        harness.bus.cluster = others
+        listener = Inbox(reply=True)
+        hearer = harness.peer("w:1")
+        hearer.handle(None, listener)
+        await stack.enter_async_context(hearer)
+        await hearer.subscribe("room:x")
+        far = harness.bus.latest_epoch + 10**9
+        envelope = {
+            "messageId": "m-9",
+            "type": "note",
+            "from": "w:0",
+            "timestamp": "2026-11-27T00:00:00+00:00",
+            "content": {"text": "from b"},
+        }
+        answer = await harness.bus.deliver_forwarded(
+            "room:x", envelope, "m-9", "note", sender=None, epoch=far
+        )
+        heard = await listener.get()
+    assert answer == (1, 1) and heard.content == {"text": "from b"}
+    assert others.forwarded == []
+    assert harness.bus.latest_epoch > far
