@@ -54,7 +54,7 @@ async def _blast(
                 misses += 1
                 continue
             latencies.append(time.perf_counter() - start)
-            if not result.get("deliveredTo"):
+            if not result.delivered_to:
                 misses += 1
 
     async with asyncio.TaskGroup() as group:

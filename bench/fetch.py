@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bus.core.epochs import Epochs
+from bus.core.logevents import LogEvent
 from bus.core.policy import Grants, Policy
 from bus.log.activity import ActivityLog
 from bus.ops.credentials import Credentials
@@ -72,19 +73,27 @@ async def _fill(path: Path, messages: int) -> None:
             }
             epoch, common = epochs.next(), {"message_id": f"m{n}", "topic": topic}
             log.record(
-                "send_start",
+                LogEvent.SEND_START,
                 actor="tg:bench",
                 status="taint:none",
                 payload_json=json.dumps(envelope),
                 epoch=epoch,
                 **common,
             )
-            log.record("process_start", actor="agent:bench", epoch=epoch, **common)
+            log.record(LogEvent.PROCESS_START, actor="agent:bench", epoch=epoch, **common)
             log.record(
-                "process_finish", actor="agent:bench", status="processed", epoch=epoch, **common
+                LogEvent.PROCESS_FINISH,
+                actor="agent:bench",
+                status="processed",
+                epoch=epoch,
+                **common,
             )
             log.record(
-                "send_finish", actor="tg:bench", status="delivered 1/1", epoch=epoch, **common
+                LogEvent.SEND_FINISH,
+                actor="tg:bench",
+                status="delivered 1/1",
+                epoch=epoch,
+                **common,
             )
             if n % 5000 == 4999:
                 await log.commit()

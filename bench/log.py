@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 
 from .common import emit, percentile, spawn_worker, spread, summarize, table
@@ -51,23 +52,23 @@ def options(quick: bool, loop: str) -> Options:
 def _send_rows(log: ActivityLog, n: int) -> None:
     message_id, topic = f"m-{n}", "agent:bench"
     log.record(
-        "send_start",
+        LogEvent.SEND_START,
         message_id=message_id,
         rpc_id=n,
         actor="tg:bench",
         topic=topic,
         payload={"type": "tg_message"},
     )
-    log.record("process_start", message_id=message_id, actor="agent:bench", topic=topic)
+    log.record(LogEvent.PROCESS_START, message_id=message_id, actor="agent:bench", topic=topic)
     log.record(
-        "process_finish",
+        LogEvent.PROCESS_FINISH,
         message_id=message_id,
         actor="agent:bench",
         topic=topic,
         status="processed",
     )
     log.record(
-        "send_finish",
+        LogEvent.SEND_FINISH,
         message_id=message_id,
         rpc_id=n,
         actor="tg:bench",

@@ -152,7 +152,7 @@ async def soakers(params: dict[str, Any]) -> None:
                     return
                 else:
                     stats["answered"] += 1
-                    stats["delivered"] += bool(result.get("deliveredTo"))
+                    stats["delivered"] += bool(result.delivered_to)
                     latencies.append(time.perf_counter() - start)
 
         seed = random.Random(params["seed"])
@@ -359,7 +359,7 @@ async def _flood(url: str, token: str, tally: _Tally, size: int, rate: float) ->
         except (TimeoutError, ConnectionError) as exc:
             tally.codes[type(exc).__name__] += 1
         else:
-            tally.counts["delivered" if result.get("deliveredTo") else "not delivered"] += 1
+            tally.counts["delivered" if result.delivered_to else "not delivered"] += 1
         finally:
             window.release()
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 
 from .common import spread, summarize, table
@@ -63,10 +64,14 @@ async def build(path: Path, rows: int) -> float:
         for n in range(rows // 4):
             message_id = f"m-{n}"
             common = {"message_id": message_id, "topic": "agent:bench"}
-            log.record("send_start", **common, rpc_id=n, actor="tg:bench", payload_json=ENVELOPE)
-            log.record("process_start", **common, actor="agent:bench")
-            log.record("process_finish", **common, actor="agent:bench", status="processed")
-            log.record("send_finish", **common, rpc_id=n, actor="tg:bench", status="delivered 1/1")
+            log.record(
+                LogEvent.SEND_START, **common, rpc_id=n, actor="tg:bench", payload_json=ENVELOPE
+            )
+            log.record(LogEvent.PROCESS_START, **common, actor="agent:bench")
+            log.record(LogEvent.PROCESS_FINISH, **common, actor="agent:bench", status="processed")
+            log.record(
+                LogEvent.SEND_FINISH, **common, rpc_id=n, actor="tg:bench", status="delivered 1/1"
+            )
             if n % 250 == 249:
                 await log.commit()
     return rows / (time.perf_counter() - started)

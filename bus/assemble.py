@@ -66,9 +66,8 @@ async def running(
         accept_broken_log: start on a log whose chain shows a change, recording it.
         ssl: serve ``wss://`` with this context (see :func:`bus.ops.tls.server_context`), and
             ``https://`` on the HTTP port with the same one.
-        http: the HTTP binding (:mod:`bus.transports.http`), served when its ``port`` is set; the
-        bus's
-            :attr:`~bus.server.Bus.http_url` is then its URL.
+        http: the HTTP binding (:mod:`bus.transports.http`), served when its ``port`` is set;
+            the bus's :attr:`~bus.server.Bus.http_url` is then its URL.
 
     Raises:
         ChainBroken: the log's chain or triggers show a change (a ``ValueError`` naming the
@@ -80,21 +79,7 @@ async def running(
         ValueError: the signing key is missing, not a key, or readable by others
             (:class:`~bus.log.checkpoints.KeyExposed`).
     """
-    audit = audit or AuditSettings()
-    checkpoints = None
-    if audit.sign and audit.signing_key is not None:
-        target = audit.checkpoints or default_checkpoints_path(db)
-        key = _signing_key(audit.signing_key, db)
-        checkpoints = Checkpointer(key, target, syslog=audit.syslog)
-    log = ActivityLog(
-        db,
-        key_file=audit.key_file,
-        accept_broken=accept_broken_log,
-        head=audit.head,
-        head_every_rows=audit.head_every_rows,
-        head_every_seconds=audit.head_every_seconds,
-        checkpoints=checkpoints,
-    )
+    log = _activity_log(db, audit or AuditSettings(), accept_broken_log)
     async with log:
         async with Bus(
             policy=policy or Policy.default(),
@@ -115,6 +100,27 @@ async def running(
                     yield bus
                 finally:
                     bus.http_url, bus.http_mount = None, None
+
+
+def _activity_log(
+    db: str | os.PathLike[str], audit: AuditSettings, accept_broken: bool
+) -> ActivityLog:
+    """The activity log at ``db``, not opened yet, with its checkpoints signed if ``audit``
+    names a signing key."""
+    checkpoints = None
+    if audit.sign and audit.signing_key is not None:
+        target = audit.checkpoints or default_checkpoints_path(db)
+        key = _signing_key(audit.signing_key, db)
+        checkpoints = Checkpointer(key, target, syslog=audit.syslog)
+    return ActivityLog(
+        db,
+        key_file=audit.key_file,
+        accept_broken=accept_broken,
+        head=audit.head,
+        head_every_rows=audit.head_every_rows,
+        head_every_seconds=audit.head_every_seconds,
+        checkpoints=checkpoints,
+    )
 
 
 @contextlib.asynccontextmanager

@@ -197,6 +197,27 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         type=Path,
         help="agent definitions (default ./agents, else the packaged reference agents)",
     )
+    _add_audit_options(serve)
+    serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
+    serve.add_argument(
+        "--certfile",
+        type=Path,
+        help="TLS certificate chain (PEM): serve wss:// instead of ws:// (with --keyfile)",
+    )
+    serve.add_argument(
+        "--keyfile", type=Path, help="the TLS certificate's private key (PEM; with --certfile)"
+    )
+    serve.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop: uvloop when installed (auto, the default), or one of them",
+    )
+    serve.set_defaults(command=_serve, beside=beside)
+
+
+def _add_audit_options(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s options for what the activity log keeps and how it is chained and signed."""
     serve.add_argument(
         "--log-content",
         choices=("full", "digest"),
@@ -243,22 +264,6 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         help="start even if the log's chain or triggers show a change: record it in a row and "
         "start a new chain segment",
     )
-    serve.add_argument("--no-gateway", action="store_true", help="do not start the BCP gateway")
-    serve.add_argument(
-        "--certfile",
-        type=Path,
-        help="TLS certificate chain (PEM): serve wss:// instead of ws:// (with --keyfile)",
-    )
-    serve.add_argument(
-        "--keyfile", type=Path, help="the TLS certificate's private key (PEM; with --certfile)"
-    )
-    serve.add_argument(
-        "--loop",
-        choices=("auto", "asyncio", "uvloop"),
-        default="auto",
-        help="event loop: uvloop when installed (auto, the default), or one of them",
-    )
-    serve.set_defaults(command=_serve, beside=beside)
 
 
 def _add_init(sub: Any) -> None:
@@ -287,6 +292,23 @@ def _add_peers(sub: Any) -> None:
         help="the peers file (default ./bcpbus-peers.yaml)",
     )
     peers_sub = peers.add_subparsers(title="actions", metavar="ACTION", required=True)
+    _add_peers_add(peers_sub)
+    rotate = peers_sub.add_parser(
+        "rotate", help="give CLIENT_ID a new token, print it once; the old one stops working"
+    )
+    rotate.add_argument("client_id", metavar="CLIENT_ID", help="an existing clientId")
+    rotate.set_defaults(command=_peers_rotate)
+    lst = peers_sub.add_parser("list", help="list clientIds and roles (never tokens)")
+    lst.set_defaults(command=_peers_list)
+    rm = peers_sub.add_parser(
+        "remove", help="delete CLIENT_ID's credential (its connection is closed, 4005)"
+    )
+    rm.add_argument("client_id", metavar="CLIENT_ID", help="an existing clientId")
+    rm.set_defaults(command=_peers_remove)
+
+
+def _add_peers_add(peers_sub: Any) -> None:
+    """``bcpbus peers add``: a new clientId's token, its roles, a webhook peer's URL."""
     add = peers_sub.add_parser(
         "add", help="create a token for a new CLIENT_ID, print it once (--rotate: replace one)"
     )
@@ -318,18 +340,6 @@ def _add_peers(sub: Any) -> None:
         "also needs http.allow_private_webhooks: true to call it)",
     )
     add.set_defaults(command=_peers_add)
-    rotate = peers_sub.add_parser(
-        "rotate", help="give CLIENT_ID a new token, print it once; the old one stops working"
-    )
-    rotate.add_argument("client_id", metavar="CLIENT_ID", help="an existing clientId")
-    rotate.set_defaults(command=_peers_rotate)
-    lst = peers_sub.add_parser("list", help="list clientIds and roles (never tokens)")
-    lst.set_defaults(command=_peers_list)
-    rm = peers_sub.add_parser(
-        "remove", help="delete CLIENT_ID's credential (its connection is closed, 4005)"
-    )
-    rm.add_argument("client_id", metavar="CLIENT_ID", help="an existing clientId")
-    rm.set_defaults(command=_peers_remove)
 
 
 def _role_options(parser: argparse.ArgumentParser) -> None:
@@ -376,7 +386,11 @@ def _add_audit(sub: Any) -> None:
     )
     aud.add_argument("--json", action="store_true", help="same as --format json")
     aud.set_defaults(command=_audit)
-    actions = aud.add_subparsers(title="checking the log", metavar="ACTION")
+    _add_audit_checks(aud.add_subparsers(title="checking the log", metavar="ACTION"))
+
+
+def _add_audit_checks(actions: Any) -> None:
+    """``bcpbus audit verify``, ``keygen`` and ``head``: checking the log rather than reading it."""
     verify = actions.add_parser(
         "verify", help="check the hash chain: exit 0 if intact, 1 naming the first bad row"
     )
@@ -449,6 +463,22 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    config = _config_of(args)
+    beside: Beside | None = args.beside
+    if args.no_gateway:
+        # What runs beside still runs (the console, with --http-port); the gateway does not.
+        config = replace(config, gateway={**config.gateway, "enabled": False})
+    elif beside is None:
+        print(
+            "bcpbus: note: this command line serves the bus alone, without the BCP gateway; "
+            "`bcpbus serve` runs both",
+            file=sys.stderr,
+        )
+    return _run(serve(config, beside=beside), args.loop)
+
+
+def _config_of(args: argparse.Namespace) -> ServeConfig:
+    """The config file's settings (``--config``), overridden by the options given."""
     config = ServeConfig.load(args.config) if args.config else ServeConfig()
     overrides = {
         key: value
@@ -487,17 +517,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if args.http_port is not None:
         config = replace(config, http=replace(config.http, port=args.http_port))
-    beside: Beside | None = args.beside
-    if args.no_gateway:
-        # What runs beside still runs (the console, with --http-port); the gateway does not.
-        config = replace(config, gateway={**config.gateway, "enabled": False})
-    elif beside is None:
-        print(
-            "bcpbus: note: this command line serves the bus alone, without the BCP gateway; "
-            "`bcpbus serve` runs both",
-            file=sys.stderr,
-        )
-    return _run(serve(config, beside=beside), args.loop)
+    return config
 
 
 def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
@@ -559,13 +579,7 @@ async def serve(
     policy = Policy.load(config.policy) if config.policy else Policy.default()
     credentials = Credentials.load(config.peers_file)
     agents = load_agents(agents_dir) if agents_dir is not None and agents_dir.is_dir() else {}
-    hooks = [r.client_id for r in credentials.records() if r.webhook is not None]
-    if hooks and config.http.port is None:
-        print(
-            f"bcpbus: note: {len(hooks)} webhook peer(s) ({', '.join(hooks[:3])}) stay offline: "
-            "the bus reaches webhooks only with the HTTP binding on (--http-port)",
-            file=sys.stderr,
-        )
+    _note_offline_webhooks(credentials, config)
     identities = load_identities(agents_dir) if agents_dir is not None else {}
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -581,28 +595,54 @@ async def serve(
             await stack.enter_async_context(run_beside(bus, reloader))
         loop.add_signal_handler(signal.SIGHUP, reloader.trigger)
         await stack.enter_async_context(reloader)
-        for line in summary(
-            policy=str(config.policy or "built in (bus/default_policy.yaml)"),
-            roles=len(policy.roles),
-            peers_file=config.peers_file,
-            peers=len(Credentials.load(config.peers_file)),
-            agents_dir=agents_dir,
-            agents=agents,
-            gateway=run_beside is not None and config.gateway.get("enabled", True) is not False,
-            db=config.db,
-            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-            checkpoints=_checkpoints_line(config),
-        ):
-            say(f"bcpbus: {line}")
-        # Printed once the gateway is subscribed too: "listening" means ready for BCP.
-        print(f"listening on {bus.url}", flush=True)
-        if bus.http_url is not None:
-            print(f"http on {bus.http_url}", flush=True)
-        bus.log.release_heads()  # heads on stdout (--audit-head -) come after those lines
+        _say_ready(bus, config, policy, agents, gateway=run_beside is not None, say=say)
         if ready is not None:
             ready(bus)
         await stop.wait()
     return 0
+
+
+def _note_offline_webhooks(credentials: Credentials, config: ServeConfig) -> None:
+    """Say on stderr that webhook peers stay offline when the HTTP binding is off."""
+    hooks = [r.client_id for r in credentials.records() if r.webhook is not None]
+    if hooks and config.http.port is None:
+        print(
+            f"bcpbus: note: {len(hooks)} webhook peer(s) ({', '.join(hooks[:3])}) stay offline: "
+            "the bus reaches webhooks only with the HTTP binding on (--http-port)",
+            file=sys.stderr,
+        )
+
+
+def _say_ready(
+    bus: Bus,
+    config: ServeConfig,
+    policy: Policy,
+    agents: Mapping[str, Any],
+    *,
+    gateway: bool,
+    say: Callable[[str], None],
+) -> None:
+    """The start-up summary through ``say``, then ``listening on`` (and ``http on``) on
+    stdout: the lines that tell a caller the bus, and what runs beside it, are ready."""
+    agents_dir = config.agents_dir
+    for line in summary(
+        policy=str(config.policy or "built in (bus/default_policy.yaml)"),
+        roles=len(policy.roles),
+        peers_file=config.peers_file,
+        peers=len(Credentials.load(config.peers_file)),
+        agents_dir=agents_dir,
+        agents=agents,
+        gateway=gateway and config.gateway.get("enabled", True) is not False,
+        db=config.db,
+        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+        checkpoints=_checkpoints_line(config),
+    ):
+        say(f"bcpbus: {line}")
+    # Printed once the gateway is subscribed too: "listening" means ready for BCP.
+    print(f"listening on {bus.url}", flush=True)
+    if bus.http_url is not None:
+        print(f"http on {bus.http_url}", flush=True)
+    bus.log.release_heads()  # heads on stdout (--audit-head -) come after those lines
 
 
 async def _start(

@@ -42,6 +42,7 @@ from schemas.common import timestamp
 
 from . import __version__
 from .core import _json
+from .core.digest import canonical_sha256
 from .core.epochs import Epochs
 from .core.errors import (
     CLOSE_AUTH_FAILED,
@@ -66,6 +67,7 @@ from .core.errors import (
     SubscriptionNotFound,
 )
 from .core.identities import PeerIdentity
+from .core.logevents import LogEvent
 from .core.params import SendFields, parse, read_send_message
 from .core.policy import RAW_TEXT_TYPES, Grants, Policy, PolicyError, may_flow
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
@@ -75,7 +77,7 @@ from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.topics import validate_pattern, validate_topic
 from .core.watch import Anonymous, SlowConsumers
-from .log.activity import ActivityLog, canonical_sha256
+from .log.activity import ActivityLog
 from .log.fetch import FetchFilter, FetchResult, Page, check_since, sender_mark
 from .log.history import History
 from .ops.config import Limits, LogContent
@@ -132,7 +134,7 @@ class Bus:
             total=self.limits.max_anonymous_connections,
             per_address=self.limits.max_anonymous_per_address,
         )
-        self.refusals = Refusals(log, self.limits.refusal_log_interval, event="ws_refused")
+        self.refusals = Refusals(log, self.limits.refusal_log_interval, event=LogEvent.WS_REFUSED)
         """What sockets that never initialized were refused, one ``ws_refused`` row per
         interval: an anonymous client cannot write rows of its own (:mod:`bus.ops.refusals`)."""
         self._refusals_task: asyncio.Task[None] | None = None
@@ -203,7 +205,7 @@ class Bus:
             ssl=ssl,
         )
         self.log.record(
-            "bus_start",
+            LogEvent.BUS_START,
             actor=BUS_CLIENT_ID,
             payload={"server_id": self.server_id, "url": self.url, "log_content": self.log_content},
         )
@@ -289,7 +291,7 @@ class Bus:
         await self._history.close()
         with contextlib.suppress(BusError):  # a log that failed or closed first
             self.refusals.flush()
-            self.log.record("shutdown", actor=BUS_CLIENT_ID)
+            self.log.record(LogEvent.SHUTDOWN, actor=BUS_CLIENT_ID)
             await self.log.commit()  # the disconnect and shutdown rows, before close() returns
         logger.info("closed")
 
@@ -363,7 +365,7 @@ class Bus:
         record = self.credentials.identify(token)
         if record is None:
             self.log.record(
-                "auth_failed",
+                LogEvent.AUTH_FAILED,
                 rpc_id=_rpc_id(request),
                 actor=address,
                 status="refused",
@@ -442,7 +444,7 @@ class Bus:
         assert route is not None
         self._since[link] = timestamp()
         self.log.record(
-            "initialize",
+            LogEvent.INITIALIZE,
             actor=client_id,
             status="ok",
             payload={"roles": sorted(roles), "taint": grants.taint, "link": link.name},
@@ -462,7 +464,7 @@ class Bus:
         self._since.pop(link, None)
         if route is None:
             return
-        self.log.record("disconnect", actor=route.client_id, status=reason)
+        self.log.record(LogEvent.DISCONNECT, actor=route.client_id, status=reason)
         self._presence.announce(
             "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
         )
@@ -508,7 +510,9 @@ class Bus:
                     self.refusals.count("frame_too_large", address)
                 else:
                     limit = self.limits.max_frame_bytes
-                    self.log.record("frame_too_large", actor=conn.name, error=f"limit {limit}")
+                    self.log.record(
+                        LogEvent.FRAME_TOO_LARGE, actor=conn.name, error=f"limit {limit}"
+                    )
         finally:
             watchdog.cancel()
             if conn.client_id is None:
@@ -539,7 +543,7 @@ class Bus:
         route = self._router.leave(conn)
         if route is None:
             return  # Never authenticated, or replaced: the takeover logged and announced it.
-        self.log.record("disconnect", actor=route.client_id, status=str(conn.ws.close_code))
+        self.log.record(LogEvent.DISCONNECT, actor=route.client_id, status=str(conn.ws.close_code))
         self._presence.announce(
             "peer_left", PeerLeft(client_id=route.client_id, reason="disconnected")
         )
@@ -573,7 +577,7 @@ class Bus:
         the answer. :meth:`handle` does it for what it answers; a transport calls it for the
         errors it answers on its own (a malformed HTTP body)."""
         self.log.record(
-            "rpc_error",
+            LogEvent.RPC_ERROR,
             rpc_id=_rpc_id(request),
             actor=actor,
             status=str(exc.code),
@@ -588,7 +592,7 @@ class Bus:
             self.refusals.count("rpc_error", _address(conn.ws))
         else:
             self.log.record(
-                "rpc_error", actor=conn.name, status=str(error.code), error=error.message
+                LogEvent.RPC_ERROR, actor=conn.name, status=str(error.code), error=error.message
             )
         self._count_anonymous_error(conn)
 
@@ -596,7 +600,7 @@ class Bus:
         if conn.client_id is None:
             self.refusals.count("frame_refused", _address(conn.ws))
         else:
-            self.log.record("frame_refused", actor=conn.name, status=reason)
+            self.log.record(LogEvent.FRAME_REFUSED, actor=conn.name, status=reason)
 
     def _count_anonymous_error(self, conn: Connection) -> None:
         # A connection that has not authenticated gets a few errors to learn from, then is
@@ -627,13 +631,13 @@ class Bus:
             self._take_over(replaced, client_id)
         self._anonymous.closed(_address(conn.ws))
         conn.authenticated(client_id)
-        self.log.record("connect", actor=str(conn.ws.remote_address))
+        self.log.record(LogEvent.CONNECT, actor=str(conn.ws.remote_address))
         if grants.may_subscribe(client_id):
             # As in the seed protocol, a peer is subscribed to its own address from the start,
             # so what others send it in answer to peer_joined (the gateway does) is not lost.
             self._router.subscribe(conn, client_id)
         self.log.record(
-            "initialize",
+            LogEvent.INITIALIZE,
             rpc_id=_rpc_id(request),
             actor=client_id,
             status="ok",
@@ -678,7 +682,9 @@ class Bus:
         route = self._router.route_of(client_id)
         if route is None or isinstance(route.handle, Connection):
             return
-        self.log.record("auth_failed", rpc_id=_rpc_id(request), actor=client_id, status="webhook")
+        self.log.record(
+            LogEvent.AUTH_FAILED, rpc_id=_rpc_id(request), actor=client_id, status="webhook"
+        )
         conn.close_after_answer(CLOSE_AUTH_FAILED, "authentication failed")
         raise AuthenticationFailed(
             f"Authentication failed: {client_id} is a webhook peer, which the bus reaches at "
@@ -695,7 +701,10 @@ class Bus:
         if limit is None or client_id in self._router or len(self._router) < limit:
             return
         self.log.record(
-            "limit_exceeded", rpc_id=_rpc_id(request), actor=client_id, status="max_connections"
+            LogEvent.LIMIT_EXCEEDED,
+            rpc_id=_rpc_id(request),
+            actor=client_id,
+            status="max_connections",
         )
         conn.close_after_answer(CLOSE_TRY_AGAIN_LATER, "too many peers")
         raise LimitExceeded(f"Limit exceeded: the bus already has {limit} peers; retry later")
@@ -719,7 +728,7 @@ class Bus:
             return roles, self.policy.grants(client_id, roles, taint=identity.taint)
         except (PolicyError, ValueError) as exc:
             self.log.record(
-                "auth_failed",
+                LogEvent.AUTH_FAILED,
                 rpc_id=_rpc_id(request) if request is not None else None,
                 actor=client_id,
                 status="policy",
@@ -732,7 +741,7 @@ class Bus:
             ) from None
 
     def _take_over(self, old: Link, client_id: str) -> None:
-        self.log.record("replaced", actor=client_id, status=str(CLOSE_REPLACED))
+        self.log.record(LogEvent.REPLACED, actor=client_id, status=str(CLOSE_REPLACED))
         self._presence.announce("peer_left", PeerLeft(client_id=client_id, reason="replaced"))
         old.spawn(old.close(CLOSE_REPLACED, "replaced by a newer connection"))
 
@@ -750,7 +759,7 @@ class Bus:
             limit = self.limits.max_subscriptions
             if limit is not None and len(route.patterns) >= limit:
                 self.log.record(
-                    "limit_exceeded",
+                    LogEvent.LIMIT_EXCEEDED,
                     rpc_id=_rpc_id(request),
                     actor=route.client_id,
                     topic=pattern,
@@ -765,7 +774,7 @@ class Bus:
         self, route: Route[Link], request: Request, pattern: str, options: PushOptions
     ) -> None:
         self.log.record(
-            "subscribe",
+            LogEvent.SUBSCRIBE,
             rpc_id=_rpc_id(request),
             actor=route.client_id,
             topic=pattern,
@@ -792,7 +801,7 @@ class Bus:
         if not self._router.unsubscribe(route.handle, pattern):
             raise SubscriptionNotFound(f"not subscribed to {pattern!r}")
         self.log.record(
-            "unsubscribe", rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
+            LogEvent.UNSUBSCRIBE, rpc_id=_rpc_id(request), actor=route.client_id, topic=pattern
         )
         return {"success": True}
 
@@ -840,14 +849,17 @@ class Bus:
                     for pattern in change.dropped:
                         self._router.unsubscribe(route.handle, pattern)
                         self.log.record(
-                            "unsubscribe", actor=route.client_id, topic=pattern, status="revoked"
+                            LogEvent.UNSUBSCRIBE,
+                            actor=route.client_id,
+                            topic=pattern,
+                            status="revoked",
                         )
                     dropped += len(change.dropped)
         return revoked, dropped
 
     def _revoke(self, route: Route[Connection], reason: str, detail: str) -> None:
         self._router.leave(route.handle)  # from now on it receives nothing and may do nothing
-        self.log.record("revoked", actor=route.client_id, status=reason, error=detail)
+        self.log.record(LogEvent.REVOKED, actor=route.client_id, status=reason, error=detail)
         self._presence.announce("peer_left", PeerLeft(client_id=route.client_id, reason="revoked"))
         conn = route.handle
         conn.spawn(conn.close(CLOSE_REVOKED, f"revoked: {reason}"))
@@ -862,7 +874,7 @@ class Bus:
         message_id: str | None = None,
     ) -> None:
         self.log.record(
-            "refused",
+            LogEvent.REFUSED,
             message_id=message_id,
             rpc_id=_rpc_id(request),
             actor=route.client_id,
@@ -991,7 +1003,7 @@ class Bus:
         epoch = message.epoch = self._epochs.next()
         topic, trace_id = message.topic, message.trace_id
         log.record(
-            "send_start",
+            LogEvent.SEND_START,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
@@ -1007,7 +1019,7 @@ class Bus:
                 # A reader's raw text is "high" whoever carries it (policy.RAW_TEXT_TYPES).
                 level = "high" if message.type in RAW_TEXT_TYPES else grants.taint
                 log.record(
-                    "taint_refused",
+                    LogEvent.TAINT_REFUSED,
                     message_id=message.message_id,
                     actor=target.client_id,
                     topic=topic,
@@ -1019,7 +1031,7 @@ class Bus:
             if target.options and not self._push_now(target, message):
                 continue
             log.record(
-                "process_start",
+                LogEvent.PROCESS_START,
                 message_id=message.message_id,
                 actor=target.client_id,
                 topic=topic,
@@ -1038,7 +1050,7 @@ class Bus:
             # Its rows may still be written later: this one tells fetchMessages to skip it.
             with contextlib.suppress(BusError):
                 log.record(
-                    "send_aborted",
+                    LogEvent.SEND_ABORTED,
                     message_id=message.message_id,
                     actor=actor,
                     topic=topic,
@@ -1070,7 +1082,7 @@ class Bus:
             )
         delivered = sum(results)
         log.record(
-            "send_finish",
+            LogEvent.SEND_FINISH,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
@@ -1111,7 +1123,7 @@ class Bus:
         if self.on_delivered is not None:
             self.on_delivered(status, _clock() - started)
         self.log.record(
-            "process_finish",
+            LogEvent.PROCESS_FINISH,
             message_id=message.message_id,
             actor=route.client_id,
             topic=message.topic,
@@ -1144,7 +1156,7 @@ class Bus:
                     offer.flush_at, self._flush_held, route.handle, topic
                 )
         self.log.record(
-            "push_skipped",
+            LogEvent.PUSH_SKIPPED,
             message_id=message.message_id,
             actor=route.client_id,
             topic=topic,
@@ -1173,7 +1185,7 @@ class Bus:
     async def _push_held(self, route: Route[Link], message: _Message, skipped: int) -> None:
         log = self.log
         log.record(
-            "process_start",
+            LogEvent.PROCESS_START,
             message_id=message.message_id,
             actor=route.client_id,
             topic=message.topic,
@@ -1235,7 +1247,11 @@ class Bus:
         client_id = grants.client_id
         if not grants.may_subscribe(pattern):
             self.log.record(
-                "refused", rpc_id=rpc_id, actor=client_id, topic=pattern, status="fetch_denied"
+                LogEvent.REFUSED,
+                rpc_id=rpc_id,
+                actor=client_id,
+                topic=pattern,
+                status="fetch_denied",
             )
             raise Forbidden(f"{client_id} may not read {pattern!r}: the policy does not grant it")
         if self.log_content == "digest":
@@ -1260,7 +1276,7 @@ class Bus:
             ) from exc
         result = page.result(more=more, upto=upto)
         self.log.record(
-            "fetch",
+            LogEvent.FETCH,
             rpc_id=rpc_id,
             actor=client_id,
             topic=pattern,
@@ -1305,7 +1321,7 @@ class Bus:
             for conn in slow.check(states, _clock()):
                 size = conn.write_buffer_size()
                 self.log.record(
-                    "slow_consumer",
+                    LogEvent.SLOW_CONSUMER,
                     actor=conn.name,
                     status=str(CLOSE_SLOW_CONSUMER),
                     error=f"{size} bytes unread, nothing written for {slow.timeout:g}s",
@@ -1384,7 +1400,7 @@ def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> st
     """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
 
     The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.log.activity.canonical_sha256(envelope)``.
+    holds the message can recompute it: ``bus.core.digest.canonical_sha256(envelope)``.
     """
     if mode == "full":
         return _json.dumps(payload)

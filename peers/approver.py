@@ -221,7 +221,7 @@ class Approver:
         result = await self.peer.send(
             APPROVAL_TOPIC, "bcp_approval_decision", content, message_id=message_id
         )
-        taken = int(result.get("deliveredTo", 0)) >= 1
+        taken = result.delivered_to >= 1
         logger.info(
             "%s: %s %s: %s",
             self.peer.client_id,
@@ -334,6 +334,17 @@ def render_request(
     lines = [f"== BCP APPROVAL REQUEST {approval_id} ".ljust(width, "=")]
     lines += _header(data, kind, controller, reader, now)
     lines += ["", *_spec_lines(data.get("spec"), width)]
+    lines += ["", *_untrusted_block(data, kind, controller, reader, width)]
+    lines += ["", *_anomaly_lines(data.get("anomalies"), width)]
+    lines.append("=" * width)
+    return "\n".join(lines)
+
+
+def _untrusted_block(
+    data: Mapping[str, Any], kind: Any, controller: str, reader: str, width: int
+) -> list[str]:
+    """The text to judge, framed: the untrusted-content notice, who wrote it, then each of its
+    lines behind ``|`` between BEGIN and END markers."""
     text: Any
     if kind == "escalation":
         author = f"agent {controller} (controller)"
@@ -342,8 +353,7 @@ def render_request(
         author = f"agent {reader} (reader, taint {_one_line(data.get('taint', 'high'))})"
         text = data.get("response")
     notice = data.get("notice") or UNTRUSTED_NOTICE
-    lines.append("")
-    lines += textwrap.wrap(
+    lines = textwrap.wrap(
         neutralize(str(notice)), width, initial_indent="!! ", subsequent_indent="!! "
     )
     lines += _wrap(
@@ -352,9 +362,7 @@ def render_request(
     lines.append("--- BEGIN UNTRUSTED TEXT ".ljust(width, "-"))
     lines += untrusted_lines(text, width)
     lines.append("--- END UNTRUSTED TEXT ".ljust(width, "-"))
-    lines += ["", *_anomaly_lines(data.get("anomalies"), width)]
-    lines.append("=" * width)
-    return "\n".join(lines)
+    return lines
 
 
 def _as_dict(content: Mapping[str, Any] | BcpApprovalRequest) -> dict[str, Any]:

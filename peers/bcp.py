@@ -54,6 +54,7 @@ from schemas.bcp import (
     BcpResponseDelivery,
     BcpValidationResult,
 )
+from schemas.bus import SendMessageResult
 
 from .client import Message, Peer, Reply
 from .errors import MalformedMessage, PeerTimeout, QueryFailed
@@ -244,7 +245,7 @@ class Controller(_Agent):
         query_id: str | None = None,
         task_id: str | None = None,
         escalation_justification: str | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[str, SendMessageResult]:
         """Send a ``bcp_query_request``; return the query id and the bus's send result.
 
         The answer arrives at the :meth:`on_delivery` handler, a failure as
@@ -304,7 +305,7 @@ class Controller(_Agent):
                 task_id=task_id,
                 escalation_justification=escalation_justification,
             )
-            if result.get("deliveredTo", 0) == 0 and not future.done():
+            if result.delivered_to == 0 and not future.done():
                 # The gateway answers a refusal with bcp_query_failed before it acknowledges;
                 # no failure and no acknowledgement means no gateway took the query at all.
                 raise QueryFailed(query_id, "gateway_unavailable", "no gateway took the query")

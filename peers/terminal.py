@@ -40,14 +40,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bus.core.errors import AuthenticationFailed, BusError, InvalidParams
+from bus.core.errors import BusError
 from bus.core.topics import matches, validate_pattern, validate_topic
 from bus.log import audit
-from schemas.bus import ListPeersResult
+from schemas.bus import ListPeersResult, SendMessageResult
 
 from .client import ConnectionEvent, Disconnected, GaveUp, Message, Peer, Reconnected, Reply
-from .errors import PeerClosed, PeerError
+from .errors import AuthenticationFailed, InvalidParams, PeerClosed, PeerError, RequestRefused
 from .tokens import TOKEN_ENV, find_token
+from .urls import UrlOption
 
 __all__ = ["CLIENT_ENV", "DEFAULT_URL", "URL_ENV", "add_online", "add_terminal"]
 
@@ -134,8 +135,10 @@ def _message_arguments(parser: argparse.ArgumentParser) -> None:
 def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
+        action=UrlOption,
         default=os.environ.get(URL_ENV, DEFAULT_URL),
-        help=f"the bus, ws:// or wss:// (or ${URL_ENV}; default {DEFAULT_URL})",
+        help=f"the bus, ws:// or wss:// (or ${URL_ENV}; default {DEFAULT_URL}); repeat it, or "
+        "give a comma list, to fail over between several",
     )
     parser.add_argument(
         "--as",
@@ -214,8 +217,9 @@ async def _peer(args: argparse.Namespace, *, reconnect: bool = False) -> AsyncIt
             token,
             reconnect=reconnect,
             cafile=args.cafile,
-            on_connection=partial(_say_connection, args.url),
         )
+        # Told the peer itself, so that each line names the bus it is about (of several).
+        peer.on_connection = partial(_say_connection, peer)
         await peer.connect()
     except AuthenticationFailed as exc:
         # The bus does not say whether the clientId or the token was wrong (that would tell
@@ -225,7 +229,7 @@ async def _peer(args: argparse.Namespace, *, reconnect: bool = False) -> AsyncIt
             f"a clientId the bus does not know needs `bcpbus peers add {client_id}` on the "
             "bus's host (`bcpbus peers list` shows the ones it knows)"
         ) from exc
-    except (PeerError, BusError, OSError) as exc:
+    except (PeerError, OSError) as exc:
         raise ToolError(
             f"--url {args.url}: {exc}: is `bcpbus serve` running there? (--cafile for a private CA)"
         ) from exc
@@ -235,8 +239,9 @@ async def _peer(args: argparse.Namespace, *, reconnect: bool = False) -> AsyncIt
         await peer.close()
 
 
-def _say_connection(url: str, event: ConnectionEvent) -> None:
-    """Tell the user on stderr that the connection dropped or came back."""
+def _say_connection(peer: Peer, event: ConnectionEvent) -> None:
+    """Tell the user on stderr that the connection to ``peer``'s bus dropped or came back."""
+    url = peer.url
     match event:
         case Disconnected(closed=closed, reconnecting=True):
             why = f"close code {closed.code}" if closed.code is not None else "no close frame"
@@ -267,7 +272,7 @@ def _check_message(args: argparse.Namespace) -> None:
     _content(args.content)
     try:
         validate_topic(args.topic)
-    except BusError as exc:
+    except BusError as exc:  # the bus's own check, run here before connecting
         raise ToolError(f"TOPIC {args.topic!r}: {exc.message}") from exc
 
 
@@ -276,7 +281,7 @@ def _check_sub(args: argparse.Namespace) -> None:
         raise ToolError(f"--count {args.count}: give a number of messages from 1 up")
     try:
         validate_pattern(args.pattern)
-    except BusError as exc:
+    except BusError as exc:  # the bus's own check, run here before connecting
         raise ToolError(f"PATTERN {args.pattern!r}: {exc.message}") from exc
 
 
@@ -300,7 +305,9 @@ def _line(message: Message) -> str:
     return json.dumps({"topic": message.topic, "payload": message.payload}, ensure_ascii=False)
 
 
-async def _send(args: argparse.Namespace, peer: Peer, message_id: str | None = None) -> Any:
+async def _send(
+    args: argparse.Namespace, peer: Peer, message_id: str | None = None
+) -> SendMessageResult:
     content = _content(args.content)
     try:
         return await peer.send(
@@ -310,7 +317,7 @@ async def _send(args: argparse.Namespace, peer: Peer, message_id: str | None = N
             correlation_id=args.correlation_id,
             message_id=message_id,
         )
-    except BusError as exc:
+    except RequestRefused as exc:
         # Forbidden shares -32602 with InvalidParams, so it arrives as the latter.
         hint = " (the policy decides who may send what: see docs/protocol.md)"
         text = f"{args.topic}: {exc}{hint if isinstance(exc, InvalidParams) else ''}"
@@ -322,7 +329,7 @@ async def _send(args: argparse.Namespace, peer: Peer, message_id: str | None = N
 
 async def _pub(args: argparse.Namespace, peer: Peer) -> int:
     result = await _send(args, peer)
-    print(json.dumps(result), flush=True)
+    print(json.dumps(result.model_dump(by_alias=True)), flush=True)
     return EXIT_OK
 
 
@@ -349,7 +356,7 @@ async def _sub(args: argparse.Namespace, peer: Peer) -> int:
     peer.on_connection = watch
     try:
         await peer.subscribe(pattern)
-    except BusError as exc:
+    except RequestRefused as exc:
         raise ToolError(f"PATTERN {pattern!r}: {exc}") from exc
     print(f"bcpbus: subscribed to {pattern} as {peer.client_id}", file=sys.stderr, flush=True)
     seen = 0
@@ -372,7 +379,7 @@ async def _req(args: argparse.Namespace, peer: Peer) -> int:
         return Reply(True)
 
     peer.handle(None, deliver)
-    topics = peer.server_info.get("capabilities", {}).get("topics", [])
+    topics = peer.server_info.capabilities.topics if peer.server_info is not None else []
     if not any(matches(pattern, peer.client_id) for pattern in topics):
         raise ToolError(
             f"{peer.client_id} may not subscribe to its own clientId under the policy, so no "
@@ -395,7 +402,7 @@ async def _req(args: argparse.Namespace, peer: Peer) -> int:
 async def _online(args: argparse.Namespace, peer: Peer) -> int:
     try:
         result = ListPeersResult.model_validate(await peer.request("listPeers"))
-    except BusError as exc:
+    except RequestRefused as exc:
         raise ToolError(f"{peer.client_id}: {exc}", EXIT_FAILED) from exc
     rows = [
         {

@@ -77,7 +77,7 @@ from schemas.bcp import (
     ScreenerId,
     SubscriptionId,
 )
-from schemas.common import TaintLevel
+from schemas.common import APPROVAL_TOPIC, BUS_CLIENT_ID, GATEWAY_CLIENT_ID, TaintLevel
 
 __all__ = [
     "DEFAULT_DELIVERY_QUANTUM",
@@ -119,7 +119,7 @@ MAX_SCREENERS: Final = 8
 """Screeners one channel may name: each is asked about every Cat-2 and Cat-3 answer."""
 
 RESERVED_SCREENERS: Final = frozenset(
-    {"system:gateway", "system:bus", "system:presence", "system:approval"}
+    {GATEWAY_CLIENT_ID, BUS_CLIENT_ID, "system:presence", APPROVAL_TOPIC}
 )
 """``system:`` names the bus and the gateway use themselves; none can be a screener."""
 

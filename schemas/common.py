@@ -9,6 +9,7 @@ from typing import Final, Literal, NewType
 
 __all__ = [
     "APPROVAL_TOPIC",
+    "BUS_CLIENT_ID",
     "GATEWAY_CLIENT_ID",
     "TAINT_LEVELS",
     "TRACEPARENT_FORBIDDEN",
@@ -33,6 +34,10 @@ Topic = NewType("Topic", str)
 GATEWAY_CLIENT_ID: Final = ClientId("system:gateway")
 """The BCP gateway's clientId: the default policy's ``gateway`` role, the only sender of
 approval requests an approver accepts."""
+
+BUS_CLIENT_ID: Final = ClientId("system:bus")
+"""The bus's own clientId: the sender of presence and ``delivery_status`` messages and the actor
+of the log rows no peer caused. No peer can log in under it (``system:`` names are reserved)."""
 
 APPROVAL_TOPIC: Final = Topic("system:approval")
 """Where the gateway publishes approval requests and approvers publish their decisions."""

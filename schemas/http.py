@@ -3,9 +3,9 @@
 ``POST /v1/messages`` takes a :class:`PostMessage` and answers :class:`Accepted` (202) or, with
 ``?wait=true``, the ``sendMessage`` result; every error answers :class:`ErrorBody`, the JSON-RPC
 error object the WebSocket answer would carry. ``GET /.well-known/bcpbus`` answers
-:class:`Discovery`. :func:`openapi_document` is the OpenAPI 3.1 document of all of it; the bus
-serves it at ``/openapi.json`` and ``python -m schemas.generate`` writes it to
-``schemas/json/openapi.json``.
+:class:`Discovery`. :data:`ROUTES` lists every route once, with its bodies and statuses: the
+bus routes requests by it, and :func:`openapi_document`, the OpenAPI 3.1 document of all of it,
+is built from it; the bus serves that at ``/openapi.json``.
 
 Webhook POSTs (bus -> a webhook peer) are the JSON-RPC ``processMessage`` request of
 ``jsonrpc.request.json`` with the headers :data:`SIGNATURE_HEADER` and
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import models_json_schema
@@ -40,10 +41,13 @@ __all__ = [
     "Accepted",
     "Discovery",
     "Endpoints",
+    "ERROR_STATUSES",
     "ErrorBody",
     "MessagesPage",
     "MessagesQuery",
+    "Operation",
     "PostMessage",
+    "ROUTES",
     "SubscriptionBody",
     "WebhookSigning",
     "check_traceparent",
@@ -203,7 +207,7 @@ _BODIES: Final = (
     Discovery,
 )
 
-_ERRORS: Final = {
+ERROR_STATUSES: Final = {
     "400": "Malformed body, envelope, topic or parameter (-32700, -32600, -32602)",
     "401": "No token, or a token no peer has (-32002)",
     "403": "The policy does not let this peer do it (-32602)",
@@ -216,6 +220,8 @@ _ERRORS: Final = {
     "429": "A limit is reached; retry later (-32005)",
     "503": "The activity log is unavailable or the bus is shutting down (-32006, -32007)",
 }
+"""What each error status of the HTTP binding means, with its JSON-RPC codes; each error class
+of :mod:`bus.core.errors` names its status as ``http_status``."""
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -227,7 +233,7 @@ def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
 
 
 def _errors(*codes: str) -> dict[str, Any]:
-    return {code: _json(ErrorBody, _ERRORS[code]) for code in codes}
+    return {code: _json(ErrorBody, ERROR_STATUSES[code]) for code in codes}
 
 
 def _text(description: str) -> dict[str, Any]:
@@ -251,121 +257,168 @@ def _query_parameters() -> list[dict[str, Any]]:
     return parameters
 
 
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One route of the HTTP binding, written once: the bus serves it
+    (:class:`bus.transports.http.HttpBinding` maps :attr:`operation_id` to its handler) and
+    :func:`openapi_document` describes it.
+
+    ``answers`` are ``(status, body model, description)``, the model None for ``text/plain``;
+    ``errors`` are statuses answered with :class:`ErrorBody` (:data:`ERROR_STATUSES` says when).
+    """
+
+    method: Literal["GET", "POST", "DELETE"]
+    path: str
+    operation_id: str
+    summary: str
+    answers: tuple[tuple[str, type[BaseModel] | None, str], ...]
+    errors: tuple[str, ...] = ()
+    secured: bool = False
+    """Authenticated with the peer's token (``Authorization: Bearer``)."""
+    body: type[BaseModel] | None = None
+    parameters: tuple[dict[str, Any], ...] = ()
+    documented: bool = True
+    """False for ``/openapi.json`` itself, which the document does not list."""
+
+    def openapi(self) -> dict[str, Any]:
+        """This operation as an OpenAPI 3.1 operation object."""
+        operation: dict[str, Any] = {"operationId": self.operation_id, "summary": self.summary}
+        if self.secured:
+            operation["security"] = [{"bearer": []}]
+        if self.parameters:
+            operation["parameters"] = list(self.parameters)
+        if self.body is not None:
+            content = {"application/json": {"schema": _ref(self.body)}}
+            operation["requestBody"] = {"required": True, "content": content}
+        responses = {
+            status: _text(text) if model is None else _json(model, text)
+            for status, model, text in self.answers
+        }
+        operation["responses"] = {**responses, **_errors(*self.errors)}
+        return operation
+
+
+_WAIT: Final = {
+    "name": "wait",
+    "in": "query",
+    "required": False,
+    "description": "true: answer once delivered, with the sendMessage result (200); otherwise "
+    "202 as soon as the message is accepted",
+    "schema": {"type": "boolean", "default": False},
+}
+_TRACEPARENT: Final = {
+    "name": "traceparent",
+    "in": "header",
+    "required": False,
+    "description": "W3C trace context; kept on the envelope",
+    "schema": {
+        "type": "string",
+        "pattern": TRACEPARENT_PATTERN,
+        "not": {"pattern": TRACEPARENT_FORBIDDEN},
+    },
+}
+_TOPIC: Final = {
+    "name": "topic",
+    "in": "query",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+}
+
+ROUTES: Final = (
+    Operation(
+        "POST",
+        "/v1/messages",
+        "postMessage",
+        "Publish a message as the token's peer",
+        answers=(
+            ("202", Accepted, "Accepted; delivery goes on"),
+            ("200", SendMessageResult, "Delivered (wait=true)"),
+        ),
+        errors=("400", "401", "403", "409", "413", "429", "503"),
+        secured=True,
+        body=PostMessage,
+        parameters=(_WAIT, _TRACEPARENT),
+    ),
+    Operation(
+        "GET",
+        "/v1/messages",
+        "getMessages",
+        "Page through the messages after an epoch that the token's peer may receive now "
+        "(fetchMessages), oldest first",
+        answers=(("200", MessagesPage, "A page; follow next while more is true"),),
+        errors=("400", "401", "403", "410", "503"),
+        secured=True,
+        parameters=tuple(_query_parameters()),
+    ),
+    Operation(
+        "GET",
+        "/v1/subscriptions",
+        "listSubscriptions",
+        "The token's webhook peer's subscriptions, with their options",
+        answers=(("200", ListSubscriptionsResult, "Its subscriptions"),),
+        errors=("401", "409", "503"),
+        secured=True,
+    ),
+    Operation(
+        "POST",
+        "/v1/subscriptions",
+        "subscribe",
+        "Subscribe the token's webhook peer to a pattern (until the bus restarts; the peers "
+        "file holds the lasting ones)",
+        answers=(("200", SubscribeResult, "Subscribed"),),
+        errors=("400", "401", "403", "409", "413", "429", "503"),
+        secured=True,
+        body=SubscriptionBody,
+    ),
+    Operation(
+        "DELETE",
+        "/v1/subscriptions",
+        "unsubscribe",
+        "Unsubscribe the token's webhook peer from a pattern",
+        answers=(("200", SubscribeResult, "Unsubscribed"),),
+        errors=("400", "401", "404", "409", "503"),
+        secured=True,
+        parameters=(_TOPIC,),
+    ),
+    Operation(
+        "GET",
+        "/.well-known/bcpbus",
+        "discover",
+        "Version, endpoints, methods, capabilities and limits",
+        answers=(("200", Discovery, "This bus"),),
+    ),
+    Operation(
+        "GET",
+        "/metrics",
+        "metrics",
+        "Prometheus metrics (text format 0.0.4)",
+        answers=(("200", None, "The metrics"),),
+    ),
+    Operation(
+        "GET",
+        "/healthz",
+        "health",
+        "200 while the bus serves",
+        answers=(("200", None, "ok"), ("503", None, "shutting down")),
+    ),
+    Operation(
+        "GET",
+        "/openapi.json",
+        "openapi",
+        "This document",
+        answers=(("200", None, "The OpenAPI 3.1 document"),),
+        documented=False,
+    ),
+)
+"""Every route of the HTTP binding, in the order it matches them."""
+
+
 def _paths() -> dict[str, Any]:
-    secured: list[dict[str, list[str]]] = [{"bearer": []}]
-    return {
-        "/v1/messages": {
-            "post": {
-                "operationId": "postMessage",
-                "summary": "Publish a message as the token's peer",
-                "security": secured,
-                "parameters": [
-                    {
-                        "name": "wait",
-                        "in": "query",
-                        "required": False,
-                        "description": "true: answer once delivered, with the sendMessage "
-                        "result (200); otherwise 202 as soon as the message is accepted",
-                        "schema": {"type": "boolean", "default": False},
-                    },
-                    {
-                        "name": "traceparent",
-                        "in": "header",
-                        "required": False,
-                        "description": "W3C trace context; kept on the envelope",
-                        "schema": {
-                            "type": "string",
-                            "pattern": TRACEPARENT_PATTERN,
-                            "not": {"pattern": TRACEPARENT_FORBIDDEN},
-                        },
-                    },
-                ],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref(PostMessage)}},
-                },
-                "responses": {
-                    "202": _json(Accepted, "Accepted; delivery goes on"),
-                    "200": _json(SendMessageResult, "Delivered (wait=true)"),
-                    **_errors("400", "401", "403", "409", "413", "429", "503"),
-                },
-            },
-            "get": {
-                "operationId": "getMessages",
-                "summary": "Page through the messages after an epoch that the token's peer may "
-                "receive now (fetchMessages), oldest first",
-                "security": secured,
-                "parameters": _query_parameters(),
-                "responses": {
-                    "200": _json(MessagesPage, "A page; follow next while more is true"),
-                    **_errors("400", "401", "403", "410", "503"),
-                },
-            },
-        },
-        "/v1/subscriptions": {
-            "get": {
-                "operationId": "listSubscriptions",
-                "summary": "The token's webhook peer's subscriptions, with their options",
-                "security": secured,
-                "responses": {
-                    "200": _json(ListSubscriptionsResult, "Its subscriptions"),
-                    **_errors("401", "409", "503"),
-                },
-            },
-            "post": {
-                "operationId": "subscribe",
-                "summary": "Subscribe the token's webhook peer to a pattern (until the bus "
-                "restarts; the peers file holds the lasting ones)",
-                "security": secured,
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref(SubscriptionBody)}},
-                },
-                "responses": {
-                    "200": _json(SubscribeResult, "Subscribed"),
-                    **_errors("400", "401", "403", "409", "413", "429", "503"),
-                },
-            },
-            "delete": {
-                "operationId": "unsubscribe",
-                "summary": "Unsubscribe the token's webhook peer from a pattern",
-                "security": secured,
-                "parameters": [
-                    {
-                        "name": "topic",
-                        "in": "query",
-                        "required": True,
-                        "schema": {"type": "string", "minLength": 1, "maxLength": 256},
-                    }
-                ],
-                "responses": {
-                    "200": _json(SubscribeResult, "Unsubscribed"),
-                    **_errors("400", "401", "404", "409", "503"),
-                },
-            },
-        },
-        "/.well-known/bcpbus": {
-            "get": {
-                "operationId": "discover",
-                "summary": "Version, endpoints, methods, capabilities and limits",
-                "responses": {"200": _json(Discovery, "This bus")},
-            }
-        },
-        "/metrics": {
-            "get": {
-                "operationId": "metrics",
-                "summary": "Prometheus metrics (text format 0.0.4)",
-                "responses": {"200": _text("The metrics")},
-            }
-        },
-        "/healthz": {
-            "get": {
-                "operationId": "health",
-                "summary": "200 while the bus serves",
-                "responses": {"200": _text("ok"), "503": _text("shutting down")},
-            }
-        },
-    }
+    paths: dict[str, Any] = {}
+    for operation in ROUTES:
+        if operation.documented:
+            paths.setdefault(operation.path, {})[operation.method.lower()] = operation.openapi()
+    return paths
 
 
 def openapi_document(server_url: str | None = None) -> dict[str, Any]:

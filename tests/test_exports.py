@@ -10,6 +10,28 @@ import pytest
 import bus
 import peers
 import schemas
+from bus.core import errors as bus_errors
+
+REFUSALS = (
+    "AlreadyInitialized",
+    "AuditUnavailable",
+    "AuthenticationFailed",
+    "ContentNotKept",
+    "DuplicateMessage",
+    "EpochNotKept",
+    "Forbidden",
+    "InternalError",
+    "InvalidParams",
+    "InvalidRequest",
+    "LimitExceeded",
+    "MethodNotFound",
+    "NotInitialized",
+    "ParseError",
+    "RemoteError",
+    "ShuttingDown",
+    "SubscriptionNotFound",
+)
+"""The bus's error classes, each with an SDK twin under peers.RequestRefused."""
 
 MODULES = sorted(
     info.name
@@ -37,7 +59,9 @@ def test_peers_reexports_the_sdk():
         "QueryFailed",
         "Reader",
         "Reply",
+        "RequestRefused",
         "backoff",
+        *REFUSALS,
     }
     for name in peers.__all__:
         assert getattr(peers, name) is not None
@@ -58,6 +82,27 @@ def test_the_sdk_raises_one_tree(name, builtin):
     """Each SDK exception derives from PeerError and from the builtin older code catches."""
     exception = getattr(peers, name)
     assert issubclass(exception, peers.PeerError) and issubclass(exception, builtin)
+
+
+@pytest.mark.parametrize("name", REFUSALS)
+def test_each_bus_refusal_is_a_peer_error_and_still_the_bus_class(name):
+    """peers.X is a RequestRefused (so a PeerError) and bus.core.errors.X, with X's code."""
+    exception = getattr(peers, name)
+    bus_class = getattr(bus_errors, name)
+    assert issubclass(exception, peers.RequestRefused) and issubclass(exception, peers.PeerError)
+    assert issubclass(exception, bus_class) and exception.code == bus_class.code
+
+
+def test_every_bus_error_code_has_its_refusal():
+    """No error class of the bus is left without its SDK twin."""
+    defined = {
+        name
+        for name in bus_errors.__all__
+        if isinstance(getattr(bus_errors, name), type)
+        and issubclass(getattr(bus_errors, name), bus_errors.BusError)
+        and name != "BusError"
+    }
+    assert defined == set(REFUSALS)
 
 
 def test_moved_exceptions_stay_importable_where_they_were():

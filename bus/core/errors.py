@@ -7,24 +7,27 @@ raise.
 
 .. code-block:: text
 
-    BusError (-32603, also used for anything unexpected: details go to the log only)
-    ├── ParseError              -32700  the frame is not JSON
-    ├── InvalidRequest          -32600  JSON, but not a JSON-RPC 2.0 request
-    ├── MethodNotFound          -32601
-    ├── InvalidParams           -32602  params, payload envelope, topic or pattern malformed
-    │   └── Forbidden           -32602  the policy denies this type/topic/pattern to the sender
-    ├── InternalError           -32603  a fixed text; never carries internals
-    ├── NotInitialized          -32001  a request before ``initialize``
-    ├── AuthenticationFailed    -32002  unknown clientId or wrong token
-    ├── SubscriptionNotFound    -32003  ``unsubscribe`` of a pattern not subscribed
-    ├── AlreadyInitialized      -32004  a second ``initialize`` on one connection
-    ├── LimitExceeded           -32005  a configured limit (subscriptions, in-flight) is reached
-    ├── AuditUnavailable        -32006  the activity log could not commit: fail closed
-    ├── ShuttingDown            -32007  the bus is closing and takes no new work
-    ├── DuplicateMessage        -32008  this sender already sent this messageId recently
-    ├── EpochNotKept            -32009  ``fetchMessages`` from an epoch the log does not cover
-    ├── ContentNotKept          -32010  ``fetchMessages`` from a log that keeps only digests
-    └── RemoteError             (any)   an error response a peer sent us, see ``from_error``
+    BusError (-32603, also used for anything unexpected: details go to the log only)  HTTP
+    ├── ParseError              -32700  the frame is not JSON                            400
+    ├── InvalidRequest          -32600  JSON, but not a JSON-RPC 2.0 request             400
+    ├── MethodNotFound          -32601                                                   404
+    ├── InvalidParams           -32602  params, payload envelope, topic or pattern bad   400
+    │   └── Forbidden           -32602  the policy denies this type/topic/pattern        403
+    ├── InternalError           -32603  a fixed text; never carries internals            500
+    ├── NotInitialized          -32001  a request before ``initialize``                  409
+    ├── AuthenticationFailed    -32002  unknown clientId or wrong token                  401
+    ├── SubscriptionNotFound    -32003  ``unsubscribe`` of a pattern not subscribed       404
+    ├── AlreadyInitialized      -32004  a second ``initialize`` on one connection         409
+    ├── LimitExceeded           -32005  a configured limit (subscriptions, in-flight)    429
+    ├── AuditUnavailable        -32006  the activity log could not commit: fail closed   503
+    ├── ShuttingDown            -32007  the bus is closing and takes no new work         503
+    ├── DuplicateMessage        -32008  this sender already sent this messageId          409
+    ├── EpochNotKept            -32009  ``fetchMessages`` from an epoch not kept          410
+    ├── ContentNotKept          -32010  ``fetchMessages`` from a digest-only log          410
+    └── RemoteError             (any)   an error response a peer sent us, see ``from_error``  500
+
+The last column is ``http_status``: what the HTTP binding (:mod:`bus.transports.http`) answers
+the error with, so that an HTTP client that reads only the status learns the same thing.
 
 WebSocket close codes the bus uses are listed in :data:`CLOSE_CODES`.
 """
@@ -76,6 +79,8 @@ class BusError(Exception):
 
     code: ClassVar[int] = -32603
     default_message: ClassVar[str] = "Internal error"
+    http_status: ClassVar[int] = 500
+    """The HTTP status that says what the code says, for the HTTP binding's answers."""
 
     def __init__(self, message: str | None = None, *, data: Any = None) -> None:
         self.message = message if message is not None else self.default_message
@@ -116,6 +121,7 @@ class ParseError(BusError):
 
     code = -32700
     default_message = "Parse error: the frame is not valid JSON"
+    http_status = 400
 
 
 class InvalidRequest(BusError):
@@ -123,6 +129,7 @@ class InvalidRequest(BusError):
 
     code = -32600
     default_message = "Invalid request"
+    http_status = 400
 
 
 class MethodNotFound(BusError):
@@ -130,6 +137,7 @@ class MethodNotFound(BusError):
 
     code = -32601
     default_message = "Method not found"
+    http_status = 404
 
 
 class InvalidParams(BusError):
@@ -137,6 +145,7 @@ class InvalidParams(BusError):
 
     code = -32602
     default_message = "Invalid params"
+    http_status = 400
 
 
 class Forbidden(InvalidParams):
@@ -147,6 +156,7 @@ class Forbidden(InvalidParams):
     """
 
     default_message = "Not allowed for the sender's role"
+    http_status = 403
 
 
 class InternalError(BusError):
@@ -154,6 +164,7 @@ class InternalError(BusError):
 
     code = -32603
     default_message = "Internal error"
+    http_status = 500
 
 
 class NotInitialized(BusError):
@@ -161,6 +172,7 @@ class NotInitialized(BusError):
 
     code = -32001
     default_message = "Not initialized: call initialize first"
+    http_status = 409
 
 
 class AuthenticationFailed(BusError):
@@ -168,6 +180,7 @@ class AuthenticationFailed(BusError):
 
     code = -32002
     default_message = "Authentication failed: unknown clientId or wrong token"
+    http_status = 401
 
 
 class SubscriptionNotFound(BusError):
@@ -175,6 +188,7 @@ class SubscriptionNotFound(BusError):
 
     code = -32003
     default_message = "Subscription not found"
+    http_status = 404
 
 
 class AlreadyInitialized(BusError):
@@ -182,6 +196,7 @@ class AlreadyInitialized(BusError):
 
     code = -32004
     default_message = "Already initialized"
+    http_status = 409
 
 
 class LimitExceeded(BusError):
@@ -189,6 +204,7 @@ class LimitExceeded(BusError):
 
     code = -32005
     default_message = "Limit exceeded"
+    http_status = 429
 
 
 class AuditUnavailable(BusError):
@@ -196,6 +212,7 @@ class AuditUnavailable(BusError):
 
     code = -32006
     default_message = "Activity log unavailable: the request was not carried out"
+    http_status = 503
 
 
 class ShuttingDown(BusError):
@@ -203,6 +220,7 @@ class ShuttingDown(BusError):
 
     code = -32007
     default_message = "The bus is shutting down"
+    http_status = 503
 
 
 class DuplicateMessage(BusError):
@@ -214,6 +232,7 @@ class DuplicateMessage(BusError):
 
     code = -32008
     default_message = "Duplicate messageId: a message with this id was already accepted"
+    http_status = 409
 
 
 class EpochNotKept(BusError):
@@ -227,6 +246,7 @@ class EpochNotKept(BusError):
 
     code = -32009
     default_message = "sinceEpoch is outside the epochs this bus's log keeps"
+    http_status = 410  # the messages after that epoch are gone from the log (or never were in it)
 
 
 class ContentNotKept(BusError):
@@ -235,6 +255,7 @@ class ContentNotKept(BusError):
 
     code = -32010
     default_message = "This bus keeps only digests of messages, not their content: nothing to fetch"
+    http_status = 410  # their content was never kept (log_content: digest)
 
 
 class RemoteError(BusError):

@@ -494,6 +494,23 @@ def _validate_role(role: Role, source: str) -> None:
         raise _error(
             source, f"{at}.taint", f"{role.taint!r} is not one of {', '.join(TAINT_LEVELS)}"
         )
+    _validate_members(role, source, at)
+    _validate_sends(role, source, at)
+    for i, pattern in enumerate(role.subscribe):
+        problem = _pattern_problem(pattern)
+        if problem:
+            raise _error(source, f"{at}.subscribe[{i}]", problem)
+        if not role.declassifier and pattern.split(":")[0] in _BCP_READING_HEADS:
+            raise _error(
+                source,
+                f"{at}.subscribe[{i}]",
+                f"{pattern!r} could match bcp: topics, which only the declassifier (gateway) "
+                "role may read",
+            )
+
+
+def _validate_members(role: Role, source: str, at: str) -> None:
+    """Each member is a clientId or ``prefix:*``; a declassifier's are exact clientIds."""
     for i, member in enumerate(role.members):
         prefix, _, name = member.partition(":")
         exact = _CLIENT_ID.fullmatch(member) is not None
@@ -508,6 +525,11 @@ def _validate_role(role: Role, source: str) -> None:
             raise _error(
                 source, f"{at}.members[{i}]", "a declassifier role lists exact clientIds only"
             )
+
+
+def _validate_sends(role: Role, source: str, at: str) -> None:
+    """Each send rule names types and topic patterns; gateway-only types only for the
+    declassifier."""
     for i, rule in enumerate(role.send):
         here = f"{at}.send[{i}]"
         if not rule.types:
@@ -527,17 +549,6 @@ def _validate_role(role: Role, source: str) -> None:
             problem = _pattern_problem(topic)
             if problem:
                 raise _error(source, f"{here}.topics[{j}]", problem)
-    for i, pattern in enumerate(role.subscribe):
-        problem = _pattern_problem(pattern)
-        if problem:
-            raise _error(source, f"{at}.subscribe[{i}]", problem)
-        if not role.declassifier and pattern.split(":")[0] in _BCP_READING_HEADS:
-            raise _error(
-                source,
-                f"{at}.subscribe[{i}]",
-                f"{pattern!r} could match bcp: topics, which only the declassifier (gateway) "
-                "role may read",
-            )
 
 
 def _check_declassifiers(roles: Iterable[Role], source: str) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from schemas.bus import PeerJoined, PeerLeft, PresenceType
-from schemas.common import timestamp
+from schemas.common import BUS_CLIENT_ID, timestamp
 
 from .errors import BusError
 
@@ -23,8 +23,6 @@ __all__ = ["BUS_CLIENT_ID", "PRESENCE_TOPIC", "Presence", "Publish"]
 
 logger = logging.getLogger("bus.server")
 
-BUS_CLIENT_ID = "system:bus"
-"""The ``from`` of messages the bus itself sends (presence events)."""
 PRESENCE_TOPIC = "system:presence"
 
 Publish = Callable[[str, dict[str, Any], str, str], Awaitable[int]]

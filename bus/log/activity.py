@@ -29,11 +29,11 @@ callers sharing transactions 2% more (5.5 against 5.4 µs a row); the bus, about
 message at window 1 and the same at window 64.
 
 Nothing one row holds can stop the rows after it. A batch that fails with an error that is not
-worth retrying as is (see :func:`_retry_as_is`) is split in halves until the rows that cannot be
+worth retrying as is (see :func:`retry_as_is`) is split in halves until the rows that cannot be
 stored are alone; each is replaced by a ``row_unwritable`` row that keeps its timestamp, the
-columns that are valid text, and the SHA-256 of the row (:func:`_unwritable`), and the writer
+columns that are valid text, and the SHA-256 of the row (:func:`unwritable`), and the writer
 moves on. A row is only replaced when SQLite refused it for what it holds
-(:func:`_refused_for_content`) and its replacement can be written, so a database that refuses
+(:func:`refused_for_content`) and its replacement can be written, so a database that refuses
 everything is reported as such (:class:`~bus.core.errors.AuditUnavailable`), never papered over.
 
 Before each batch's ``INSERT``, the thread checks that ``path`` still names the file it opened
@@ -96,136 +96,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
-import hashlib
-import json
 import logging
 import os
-import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from ..core.errors import AuditUnavailable
-from .chain import Chainer, Heads, HeadSink, Verifier
+from ..core.logevents import LogEvent
+from .chain import Heads, HeadSink
 from .chain_v1 import default_key_path
 from .dbthread import DatabaseThread
-from .logfile import create_file, prepare, scan
+from .rows import LogRow, encode_payload, refused_for_content, stamp, unwritable
+from .schema import max_rows_per_statement, statement_rows
+from .store import FileGone, LogStore, retry_as_is
 
 __all__ = [
-    "COLUMNS",
-    "EVENTS",
+    "CHECKPOINT_BYTES",
+    "CHECKPOINT_ROWS",
+    "HEAD_EVERY_ROWS",
+    "HEAD_EVERY_SECONDS",
     "LINGER",
-    "SCHEMA",
     "ActivityLog",
-    "canonical_json",
-    "canonical_sha256",
 ]
 
 logger = logging.getLogger("bus.log.activity")
-
-EVENTS: frozenset[str] = frozenset(
-    {
-        "bus_start",  # the bus listens; payload: server_id, url, log_content (full | digest)
-        "http_start",  # the HTTP binding listens (bus.transports.http); payload: url
-        # The bus, per message: sendMessage received (payload: the envelope, or with
-        # log_content digest its type and sha256; status: the sender's taint then, as
-        # "taint:<level>" or "declassifier"), delivery to one target started and finished
-        # (status = outcome), sendMessage answered. Each row of a message carries its epoch,
-        # and the trace id of its traceparent if it had one.
-        "send_start",
-        "process_start",
-        "process_finish",
-        "send_finish",
-        "send_aborted",  # the log failed before delivery: the message was refused (-32006)
-        "push_skipped",  # not pushed to actor; status = min_relevance | debounce
-        "fetch",  # fetchMessages; topic = the pattern, payload: sinceEpoch, nextEpoch, count
-        # The bus, per connection.
-        "connect",  # WebSocket accepted; actor = remote address
-        "disconnect",  # connection closed; status = close code
-        "initialize",  # a peer authenticated as actor
-        "auth_failed",  # initialize with an unknown clientId or a wrong token
-        "replaced",  # a newer connection took over the clientId; the old one was closed
-        "initialize_timeout",  # no initialize within the configured time
-        "frame_too_large",  # a frame above the configured maximum size
-        "frame_refused",  # a frame the bus does not take (status binary); closed with 1003
-        "slow_consumer",  # the bus could not write to actor for slow_consumer_timeout; 4004
-        # The bus, per request.
-        "refused",  # authorization/policy refusal; status = reason
-        "taint_refused",  # delivery from a tainted peer to an untainted one refused
-        "limit_exceeded",  # a configured limit was hit; status = which limit
-        "rpc_error",  # a request answered with a JSON-RPC error
-        "subscribe",  # topic = the pattern; payload: debounceMs, minRelevance if set
-        "unsubscribe",  # topic = the pattern
-        "shutdown",  # the bus is closing
-        # Webhook peers (bus.transports.webhooks): a POST that will be retried (status = why:
-        # timeout,
-        # connect_error, http_<status>; payload: attempt, final), and a delivery that failed
-        # after its last attempt (status = reason; payload: attempts, sender).
-        "webhook_retry",
-        "delivery_failed",
-        "http_refused",  # the HTTP binding: anonymous refusals per interval; payload: counts
-        "ws_refused",  # the WebSocket port's, the same way (bus.ops.refusals); payload: counts
-        # The log itself.
-        "chain_start",  # a chain segment starts; status new | migrated | broken_log_accepted
-        "row_unwritable",  # a row SQLite refused; payload: event, columns, sha256 (see below)
-        # The gateway (actor "system:gateway"). The payload carries query_id or subscription_id
-        # and channel ("bcp:<controller>:<reader>").
-        "bcp_query_accepted",
-        "bcp_query_refused",  # status = reason code
-        "bcp_bits_charged",  # payload: bits, budget_bits, budget_left
-        "bcp_validation",  # status = pass | fail; payload: reasons
-        "bcp_delivered",  # the normalized answer reached the controller
-        "bcp_query_failed",  # status = reason (budget_exhausted, timeout, ...)
-        "bcp_approval_requested",
-        "bcp_approval_decided",  # status = approve | reject | edit
-        "bcp_expired",  # a pending query timed out
-        "bcp_push_received",  # a subscription push from a reader
-        "bcp_push_refused",  # status = reason code
-        "bcp_held",  # a valid push waits for its offline controller
-        "bcp_screen_requested",  # a valid answer sent to its channel's screeners (screen_id)
-        # One screener's outcome, status pass | flag | reject | unavailable | timeout |
-        # malformed; payload: screener, findings, its detail (logged here, never passed on).
-        "bcp_screened",
-        "bcp_budget_reset",  # `bcpbus budget reset`: a channel starts a new budget session
-        # The console (peers.console, docs/console.md): actor the clientId signed in with.
-        "console_sign_in",  # status approver | auditor | refused; payload: the address
-        "console_sign_out",  # status signed_out | token_revoked | role_revoked
-    }
-)
-"""The event names bcpbus writes. :meth:`ActivityLog.record` accepts any string, so a new event
-needs no schema change; add it here so auditors know it exists.
-
-A ``row_unwritable`` row stands for a row SQLite could not store (text that is not valid
-Unicode, such as a lone surrogate). It keeps the original's ``ts`` and those of ``message_id``,
-``rpc_id``, ``actor``, ``topic`` and ``status`` that are valid text; ``error`` says why the row was
-refused; ``payload_json`` is ``{"event": ..., "columns": [...], "sha256": ...}``: the original
-event (non-text characters as ``\\uXXXX`` escapes), the columns that were not valid text, and
-the SHA-256 of ``json.dumps(list(row)).encode()``, the original row's columns in
-:data:`COLUMNS` order as a JSON array with Python's default separators and ASCII escapes."""
-
-COLUMNS: tuple[str, ...] = (
-    "ts",
-    "event",
-    "message_id",
-    "rpc_id",
-    "actor",
-    "topic",
-    "status",
-    "payload_json",
-    "error",
-    # Per message: its epoch (every row of it) and the trace id of its traceparent.
-    "epoch",
-    "trace_id",
-)
-"""The columns :meth:`ActivityLog.record` fills, in the order of each buffered row (``id`` is
-assigned by SQLite)."""
-
-_APPEND_ONLY = "activity_log is append-only"
-
 
 LINGER = 0.05
 """Seconds a recorded row may wait for a transaction when no caller commits it."""
@@ -243,61 +140,6 @@ HEAD_EVERY_ROWS = 1000
 
 HEAD_EVERY_SECONDS = 10.0
 """Most seconds a new head waits to be written (``head=``)."""
-
-BUSY_TIMEOUT = 5.0
-"""Seconds a write waits (on the database thread) for another process's lock."""
-
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS activity_log (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts TEXT NOT NULL,
-    event TEXT NOT NULL,
-    message_id TEXT,
-    rpc_id TEXT,
-    actor TEXT,
-    topic TEXT,
-    status TEXT,
-    payload_json TEXT,
-    error TEXT,
-    chain TEXT,
-    epoch INTEGER,
-    trace_id TEXT
-);
-CREATE INDEX IF NOT EXISTS idx_activity_message_id ON activity_log(message_id);
-CREATE INDEX IF NOT EXISTS idx_activity_ts ON activity_log(ts);
--- What fetchMessages reads through (bus.log.history): messages by epoch, by topic then epoch, and
--- the few refused after their epoch was given. Partial: one entry per message, not per row.
-CREATE INDEX IF NOT EXISTS idx_activity_epoch ON activity_log(epoch) WHERE event = 'send_start';
-CREATE INDEX IF NOT EXISTS idx_activity_topic_epoch ON activity_log(topic, epoch)
-WHERE event = 'send_start';
-CREATE INDEX IF NOT EXISTS idx_activity_aborted ON activity_log(epoch)
-WHERE event = 'send_aborted';
-CREATE TRIGGER IF NOT EXISTS activity_log_no_update BEFORE UPDATE ON activity_log
-BEGIN
-    SELECT RAISE(ABORT, '{_APPEND_ONLY}');
-END;
-CREATE TRIGGER IF NOT EXISTS activity_log_no_delete BEFORE DELETE ON activity_log
-BEGIN
-    SELECT RAISE(ABORT, '{_APPEND_ONLY}');
-END;
--- REPLACE deletes the old row without firing delete triggers (unless recursive_triggers is on),
--- so refuse any insert that reuses an existing id before the conflict is resolved.
-CREATE TRIGGER IF NOT EXISTS activity_log_no_replace BEFORE INSERT ON activity_log
-WHEN EXISTS (SELECT 1 FROM activity_log WHERE id = NEW.id)
-BEGIN
-    SELECT RAISE(ABORT, '{_APPEND_ONLY}');
-END;
-"""
-"""The table, its indexes and its triggers. :meth:`ActivityLog.open` creates what is missing and
-adds a column a file lacks (a new column must take NULL and have no default, so that the rows
-written before it keep their hash), but never creates a dropped trigger again without
-``accept_broken``; see :mod:`bus.log.logfile`."""
-
-_Row = tuple[str | None, ...]
-
-
-class _FileGone(Exception):
-    """The file at the log's path is not the one its connection writes (database thread)."""
 
 
 class ActivityLog:
@@ -359,34 +201,33 @@ class ActivityLog:
         self.retries = max(1, retries)
         self.retry_delay = retry_delay
         self.queue_max = queue_max
-        self.checkpoint_rows = checkpoint_rows
-        self.checkpoint_bytes = checkpoint_bytes
-        self.checkpoints = 0
-        """WAL checkpoints that completed (the WAL truncated) so far by this instance."""
         self.batches_committed = 0
         """Transactions committed so far; fewer than :meth:`commit` calls when they were grouped."""
         self.rows_committed = 0
         """Rows committed so far by this instance, ``row_unwritable`` replacements included."""
         self.rows_unwritable = 0
         """Rows replaced by a ``row_unwritable`` row so far."""
-        self.last_epoch = 0
-        """The highest message epoch in the file when it was opened (0 for none): the bus
-        gives the next message a higher one (:mod:`bus.core.epochs`)."""
-        self.key_file = Path(key_file) if key_file is not None else default_key_path(self.path)
-        """The chain's key file."""
-        self.accept_broken = accept_broken
-        self.started: str | None = None
-        """The ``status`` of the ``chain_start`` row opening wrote, or None if it wrote none."""
-        self._heads = Heads(head, head_every_rows, head_every_seconds, checkpoints)
         self.on_record: Callable[[str, str | None, str | None, Any], None] | None = None
         """Told ``(event, topic, status, payload)`` of every row recorded, as it is recorded
         (:mod:`bus.ops.metrics` counts messages, errors and bits charged this way)."""
         self.on_commit: Callable[[float], None] | None = None
         """Told how many seconds each :meth:`commit` that had to wait waited."""
+        self._store = LogStore(
+            self.path,
+            key_file=Path(key_file) if key_file is not None else default_key_path(self.path),
+            accept_broken=accept_broken,
+            checkpoint_rows=checkpoint_rows,
+            checkpoint_bytes=checkpoint_bytes,
+            heads=Heads(head, head_every_rows, head_every_seconds, checkpoints),
+        )
+        self._thread: DatabaseThread | None = None  # where every statement runs
+        self._start_writer_state()
 
+    def _start_writer_state(self) -> None:
+        """The rows waiting for the disk, their committers, and what moves them there."""
         # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
         # only once committed, so a failed batch is retried with the next one, in order.
-        self._pending: list[_Row] = []
+        self._pending: list[LogRow] = []
         self._rows_recorded = 0
         # commit() callers as (rows they wait for, future), in call order, so the targets grow.
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
@@ -404,22 +245,39 @@ class ActivityLog:
         self._hand_over_due = False  # _hand_over is scheduled
         # Why the last batch commit() handed over failed; the writer task takes it from there.
         self._handed_failure: Exception | None = None
-        self._rows_per_statement = batch_max
+        self._rows_per_statement = self.batch_max
         self._closing = False
         self._closed = asyncio.Event()
         # Why the log stopped for good (its file deleted or replaced); None while it works.
         self._unavailable: str | None = None
 
-        # The database thread and what only it touches.
-        self._thread: DatabaseThread | None = None
-        self._conn: sqlite3.Connection | None = None
-        self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
-        self._rows_since_checkpoint = 0
-        self._chainer: Chainer | None = None
-        # The INSERT parameters and head of the batch about to be written, chained on the loop.
-        self._prepared: tuple[list[_Row], list[Any], int, str] | None = None
-        self.head: tuple[int, str] | None = None
+    # What the file holds
+
+    @property
+    def head(self) -> tuple[int, str] | None:
         """The id and ``chain`` of the last row this log committed (or found on opening)."""
+        return self._store.head
+
+    @property
+    def started(self) -> str | None:
+        """The ``status`` of the ``chain_start`` row opening wrote, or None if it wrote none."""
+        return self._store.started
+
+    @property
+    def last_epoch(self) -> int:
+        """The highest message epoch in the file when it was opened (0 for none): the bus
+        gives the next message a higher one (:mod:`bus.core.epochs`)."""
+        return self._store.last_epoch
+
+    @property
+    def checkpoints(self) -> int:
+        """WAL checkpoints that completed (the WAL truncated) so far by this instance."""
+        return self._store.checkpoints
+
+    @property
+    def key_file(self) -> Path:
+        """The chain's key file (a version-1 log's; read only to check it)."""
+        return self._store.key_file
 
     # Lifecycle
 
@@ -436,22 +294,22 @@ class ActivityLog:
         """
         if self._thread is not None or self._closing:
             raise RuntimeError("the activity log was already opened")
-        thread = DatabaseThread(f"activity-db {self.path}", after=self._after_batch)
+        thread = DatabaseThread(f"activity-db {self.path}", after=self._store.after_batch)
         self._thread = thread
         try:
-            await thread.run(self._connect, _now())
+            await thread.run(self._store.connect, stamp())
         except BaseException:
-            await thread.stop(self._disconnect)
+            await thread.stop(self._store.disconnect)
             self._thread = None
             raise
         # A size _statement_rows() keeps: no batch's statement is then padded past the limit.
-        most = min(self.batch_max, _max_rows_per_statement())
-        self._rows_per_statement = _statement_rows(most, up=False)
+        most = min(self.batch_max, max_rows_per_statement())
+        self._rows_per_statement = statement_rows(most, up=False)
         self._writer = asyncio.create_task(self._run(), name=f"activity-writer {self.path}")
         self._writer.add_done_callback(self._writer_done)
-        self._heads.start(self._ship_head_later)
+        self._store.heads.start(self._ship_head_later)
         # Sign the head as found and checked: a checkpoint vouches for the log from the start.
-        await thread.run(self._ship_head)
+        await thread.run(self._store.ship_head)
         logger.info("activity log open: %s", self.path)
 
     async def close(self) -> None:
@@ -471,9 +329,9 @@ class ActivityLog:
                 # wait() rather than await: a writer that was cancelled must not cancel us.
                 await asyncio.wait({self._writer})
         finally:
-            self._heads.stop()
+            self._store.heads.stop()
             if self._thread is not None:
-                await self._thread.stop(self._disconnect)
+                await self._thread.stop(self._store.disconnect)
             self._closed.set()
         if self._pending:
             logger.error("activity log closed with %d rows unwritten", len(self._pending))
@@ -497,7 +355,7 @@ class ActivityLog:
 
         ``bcpbus serve`` calls it once it has printed its ``listening on`` line.
         """
-        self._heads.ready = True
+        self._store.heads.ready = True
 
     @property
     def closed(self) -> bool:
@@ -508,7 +366,7 @@ class ActivityLog:
 
     def record(
         self,
-        event: str,
+        event: LogEvent,
         *,
         message_id: str | None = None,
         rpc_id: str | int | None = None,
@@ -527,7 +385,7 @@ class ActivityLog:
         anything that must be audited first.
 
         Args:
-            event: what happened; see :data:`EVENTS`.
+            event: what happened; :class:`~bus.core.logevents.LogEvent` says what each row holds.
             payload: anything JSON can represent; stored as ``payload_json``. A value it can't
                 (NaN, a cycle) is stored as the JSON string of its ``repr`` rather than lost.
             rpc_id: the JSON-RPC id; stored as text.
@@ -545,15 +403,17 @@ class ActivityLog:
         if len(self._pending) >= self.queue_max:
             raise AuditUnavailable(f"activity log backlog is full ({self.queue_max} rows)")
         self._pending.append(
-            (
-                _now(),
-                event,
+            LogRow(
+                stamp(),
+                # The member's plain str: SQLite binds it without adapting a subclass, and the
+                # chain's encoding keeps to its all-text path.
+                event._value_,
                 message_id,
                 None if rpc_id is None else str(rpc_id),
                 actor,
                 topic,
                 status,
-                payload_json if payload is None else _payload_json(payload),
+                payload_json if payload is None else encode_payload(payload),
                 error,
                 # As decimal text, like rpc_id: the column's INTEGER affinity stores it as an
                 # integer, and the chain encodes an integer as this same text (bus.log.chain), so
@@ -604,7 +464,7 @@ class ActivityLog:
         finally:
             observe(loop.time() - started)
 
-    async def write(self, event: str, **fields: Any) -> None:
+    async def write(self, event: LogEvent, **fields: Any) -> None:
         """:meth:`record` one row and :meth:`commit` it; the arguments are :meth:`record`'s.
 
         Raises:
@@ -644,11 +504,11 @@ class ActivityLog:
         if writer is None or writer.done() or thread is None or not self._pending:
             return
         batch = self._pending[: self._rows_per_statement]
-        self._chain_on_loop(batch)
+        self._store.prepare(batch)
         self._inflight = asyncio.get_running_loop().create_future()
-        thread.submit(self._write_on_thread, (batch,), functools.partial(self._handed_back, batch))
+        thread.submit(self._store.write, (batch,), functools.partial(self._handed_back, batch))
 
-    def _handed_back(self, batch: list[_Row], _: object, exc: BaseException | None) -> None:
+    def _handed_back(self, batch: list[LogRow], _: object, exc: BaseException | None) -> None:
         """The thread's answer for a batch :meth:`_hand_over` started (event loop)."""
         inflight, self._inflight = self._inflight, None
         if inflight is not None and not inflight.done():
@@ -658,7 +518,7 @@ class ActivityLog:
             if self._waiters:
                 self._hand_over_soon()  # the rows recorded meanwhile: group commit
             return
-        self._prepared = None
+        self._store.forget()
         if not isinstance(exc, Exception):  # pragma: no cover - KeyboardInterrupt on the thread
             exc = AuditUnavailable(f"activity log write failed: {exc!r}")
         # The writer task retries the batch, splits it, or gives up, as for any batch.
@@ -713,7 +573,7 @@ class ActivityLog:
         there, rather than at an empty buffer, gives a busy log back to :meth:`_hand_over`."""
         attempt, delay = 1, self.retry_delay
         failed, self._handed_failure = self._handed_failure, None
-        if failed is not None and _retry_as_is(failed):  # as if the loop below had failed
+        if failed is not None and retry_as_is(failed):  # as if the loop below had failed
             batch = self._pending[: self._rows_per_statement]
             delay = await self._failed(batch, failed, attempt, delay)
             attempt += 1
@@ -729,13 +589,15 @@ class ActivityLog:
             else:
                 attempt, delay = 1, self.retry_delay
 
-    async def _failed(self, batch: list[_Row], exc: Exception, attempt: int, delay: float) -> float:
+    async def _failed(
+        self, batch: list[LogRow], exc: Exception, attempt: int, delay: float
+    ) -> float:
         """Report a failed attempt at ``batch``, wait before the next; return the delay after.
 
         Raises:
             AuditUnavailable: that was the last attempt, or the file was deleted or replaced.
         """
-        if isinstance(exc, _FileGone):
+        if isinstance(exc, FileGone):
             self._unavailable = (
                 f"activity log file was {exc}; nothing more can be logged: restart the bus"
             )
@@ -755,7 +617,7 @@ class ActivityLog:
         await asyncio.sleep(delay)
         return delay * 2
 
-    async def _write_rows(self, batch: list[_Row]) -> None:
+    async def _write_rows(self, batch: list[LogRow]) -> None:
         """Commit ``batch``, the head of the pending rows, releasing its waiters; if SQLite
         refuses it for what it holds, in halves, replacing each row it refuses alone.
 
@@ -766,19 +628,19 @@ class ActivityLog:
         try:
             await self._write_batch(batch)
         except Exception as exc:
-            if _retry_as_is(exc):
+            if retry_as_is(exc):
                 raise
             if len(batch) > 1:
                 half = len(batch) // 2
                 await self._write_rows(batch[:half])
                 await self._write_rows(batch[half:])
                 return
-            if not _refused_for_content(batch[0], exc):
+            if not refused_for_content(batch[0], exc):
                 raise
             await self._replace(batch[0], exc)
         self._committed(len(batch))
 
-    async def _replace(self, row: _Row, exc: Exception) -> None:
+    async def _replace(self, row: LogRow, exc: Exception) -> None:
         """Write a ``row_unwritable`` row instead of ``row``, which SQLite refused alone.
 
         Raises:
@@ -786,16 +648,16 @@ class ActivityLog:
                 not the row's: ``exc`` if even the smallest replacement was refused for what it
                 holds, else the error that stopped it.
         """
-        for replacement in _unwritable(row, exc):
+        for replacement in unwritable(row, exc):
             try:
                 await self._write_batch([replacement])
             except Exception as error:
-                if _retry_as_is(error):
+                if retry_as_is(error):
                     raise
                 continue
             self.rows_unwritable += 1
             logger.warning(
-                "activity log stored a %r row as row_unwritable: %s", row[1], replacement[-1]
+                "activity log stored a %r row as row_unwritable: %s", row.event, replacement.error
             )
             return
         raise exc
@@ -816,396 +678,21 @@ class ActivityLog:
             if not future.done():
                 future.set_exception(exc)
 
-    async def _write_batch(self, batch: list[_Row]) -> None:
+    async def _write_batch(self, batch: list[LogRow]) -> None:
         """Insert ``batch`` in one statement, one transaction, on the database thread.
 
         This is the one place the writer task writes rows after :meth:`open`; tests replace it
         (or :meth:`_insert`, which it runs on the thread) to simulate failures.
 
         Raises:
-            _FileGone: the rows went to a file that is no longer at ``path``.
+            FileGone: the rows went to a file that is no longer at ``path``.
             Exception: what SQLite (or binding the rows) raised; nothing was written.
         """
         assert self._thread is not None
-        self._chain_on_loop(batch)
-        await self._thread.run(self._write_on_thread, batch)
-
-    def _chain_on_loop(self, batch: list[_Row]) -> None:
-        """Chain ``batch`` after the last row committed, for :meth:`_insert` to write.
-
-        The chain is computed here, on the loop, while it holds the GIL anyway: on the database
-        thread the same work made that thread wait for the GIL of a busy loop before and after
-        it, and the bus lost a quarter of its throughput at window 64. Batches go one at a time,
-        so self.head is the previous batch's.
-        """
-        assert self._chainer is not None
-        last_id, last_chain = self.head or (0, None)
-        try:
-            self._prepared = (batch, *self._chainer.link(batch, last_id, last_chain))
-        except Exception:  # a row SQLite will refuse too: _insert raises it in its place
-            self._prepared = None
-
-    # On the database thread
-
-    def _connect(self, ts: str) -> None:
-        # Autocommit: each batch is its own BEGIN IMMEDIATE ... COMMIT (see _insert).
-        create_file(self.path)
-        conn = sqlite3.connect(self.path, isolation_level=None)
-        try:
-            conn.executescript(
-                # busy_timeout first: switching to WAL takes a lock another process may hold.
-                f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)};"
-                "PRAGMA journal_mode = WAL;"
-                # Durable across a process crash; an OS crash may lose the last commits.
-                "PRAGMA synchronous = NORMAL;"
-            )
-            opened = prepare(
-                conn,
-                self.path,
-                schema=SCHEMA,
-                columns=COLUMNS,
-                key_path=self.key_file,
-                accept_broken=self.accept_broken,
-                ts=ts,
-            )
-            [(last_epoch,)] = conn.execute(
-                "SELECT MAX(epoch) FROM activity_log WHERE event = 'send_start'"
-            )
-            if self.checkpoint_bytes is None:
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
-            else:
-                [(page_size,)] = conn.execute("PRAGMA page_size")
-                pages = max(1, self.checkpoint_bytes // page_size)
-                conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
-                conn.execute(f"PRAGMA journal_size_limit = {self.checkpoint_bytes}")
-            stat = os.stat(self.path)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn, self._identity = conn, (stat.st_dev, stat.st_ino)
-        self._chainer = Chainer(COLUMNS)
-        self.head, self.started = opened.head, opened.started
-        self.last_epoch = last_epoch or 0
-
-    def _disconnect(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):  # a failing disk: the head waits for next time
-                self._heads.ship(self.head)
-            self._conn.close()
-            self._conn = None
-        self._heads.close()
-
-    def _write_on_thread(self, batch: list[_Row]) -> None:
-        # Before the INSERT: the connection's -wal file keeps its name, so rows written after
-        # the database file was replaced would land in the new file's WAL, over its pages.
-        self._check_file()
-        self._insert(batch)
-        self._rows_since_checkpoint += len(batch)
-        self._heads.rows += len(batch)
-
-    def _insert(self, batch: list[_Row]) -> None:
-        """Insert ``batch`` chained after the last row this log wrote (database thread; tests
-        replace it to block).
-
-        The chain comes from :meth:`_write_batch` (computed here if it is missing). If another
-        process wrote a row since, the first id is taken and the ``activity_log_no_replace``
-        trigger aborts the whole statement; then the batch is chained after the rows found, in
-        a ``BEGIN IMMEDIATE`` transaction. One plain ``INSERT`` in the common case: each call
-        into SQLite takes the GIL back from the busy event loop, and a transaction of four
-        statements per batch cost the bus a third of its throughput at window 64; an ``INSERT
-        ... SELECT`` guarded by the last id, 10% of its CPU.
-        """
-        conn, chainer = self._conn, self._chainer
-        assert conn is not None and chainer is not None
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None and prepared[0] is batch:
-            _, params, head_id, head_chain = prepared
-        else:
-            last_id, last_chain = self.head or (0, None)
-            params, head_id, head_chain = chainer.link(batch, last_id, last_chain)
-        try:
-            conn.execute(*_statement(params, len(batch)))
-        except sqlite3.IntegrityError as exc:
-            if _APPEND_ONLY not in str(exc):
-                raise
-            head_id, head_chain = self._insert_after_others(batch)
-        self.head = (head_id, head_chain)
-
-    def _insert_after_others(self, batch: list[_Row]) -> tuple[int, str]:
-        conn, chainer = self._conn, self._chainer
-        assert conn is not None and chainer is not None
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            last_id, last_chain = conn.execute(_LAST_ROW).fetchone()
-            if self.head is not None and last_id > self.head[0]:
-                self._check_others(self.head)
-            params, head_id, head_chain = chainer.link(batch, last_id, last_chain)
-            conn.execute(*_statement(params, len(batch)))
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        return head_id, head_chain
-
-    def _check_others(self, head: tuple[int, str]) -> None:
-        """Verify the rows other connections wrote after ``head``; say so if one is forged.
-
-        Cheap (only the rows since this log's last batch), and it makes a row forged with a
-        plain ``INSERT`` while the bus runs visible at once on stderr, not only at the next
-        ``bcpbus audit verify``.
-        """
-        assert self._conn is not None
-        verifier = Verifier()
-        verifier.resume(head)
-        scan(self._conn, verifier, head[0] + 1)
-        for problem in verifier.problems[:1]:
-            logger.error(
-                "activity log %s: row %s, written by another connection, does not verify: %s; "
-                "run `bcpbus audit verify --db %s`",
-                self.path,
-                problem.row,
-                problem.why,
-                self.path,
-            )
-
-    def _after_batch(self) -> None:
-        """Between batches, on the database thread: the checkpoint and the head, when due."""
-        self._checkpoint_if_due()
-        if self._heads.rows >= self._heads.every_rows:
-            self._ship_head()
-
-    def _ship_head(self) -> None:
-        try:
-            self._heads.ship(self.head)
-        except OSError as exc:  # the next head will be tried; the log itself is fine
-            logger.warning("could not write the activity log's head: %s", exc)
+        self._store.prepare(batch)
+        await self._thread.run(self._store.write, batch)
 
     def _ship_head_later(self) -> None:
         """The timer's turn (event loop): write the head on the thread if it moved."""
         if self._thread is not None and not self._closing:
-            self._thread.run(self._ship_head)
-
-    def _check_file(self) -> None:
-        """Raise :class:`_FileGone` unless ``path`` is still the file the connection writes."""
-        try:
-            stat = os.stat(self.path)
-        except FileNotFoundError:
-            raise _FileGone("deleted") from None
-        except OSError as exc:  # cannot tell: fail closed rather than acknowledge blindly
-            raise _FileGone(f"not checkable ({exc.strerror})") from exc
-        if (stat.st_dev, stat.st_ino) != self._identity:
-            raise _FileGone("replaced by another file")
-
-    def _checkpoint_if_due(self) -> None:
-        """Every ``checkpoint_rows`` rows, copy the WAL into the database and truncate it."""
-        if self._rows_since_checkpoint < self.checkpoint_rows or self._conn is None:
-            return
-        self._rows_since_checkpoint = 0
-        try:
-            # busy_timeout 0: a checkpoint that would wait for a reader or another writer
-            # copies what it can (like PASSIVE) and reports busy; the next one continues.
-            self._conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                [(busy, _, _)] = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            finally:
-                self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)}")
-        # A checkpoint SQLite cannot finish reports busy; an error needs a failing disk.
-        except Exception as exc:  # pragma: no cover - a failed one loses nothing: the WAL keeps
-            logger.warning("activity log checkpoint failed: %r", exc)  # the rows
-            busy = 1
-        if not busy:
-            self.checkpoints += 1
-
-
-# Which failures are worth retrying the same batch for: the database's passing trouble. Any
-# other failure may be the rows' fault, so the batch is split (ActivityLog._write_rows) until the
-# row SQLite refuses is alone; see _refused_for_content for what happens to it then.
-_RETRY_AS_IS = frozenset(
-    {
-        sqlite3.SQLITE_BUSY,  # another connection holds the lock past busy_timeout
-        sqlite3.SQLITE_LOCKED,  # a conflict within this process's shared cache
-        sqlite3.SQLITE_IOERR,  # the disk failed the read or write
-        sqlite3.SQLITE_FULL,  # the disk or quota is full
-        sqlite3.SQLITE_PROTOCOL,  # a WAL lock race between processes
-        sqlite3.SQLITE_CANTOPEN,  # the -wal or -shm file cannot be opened (e.g. out of fds)
-    }
-)
-
-
-def _retry_as_is(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by a batch, is the database's passing trouble, not the rows'."""
-    if isinstance(exc, _FileGone | MemoryError):  # sqlite3 raises SQLITE_NOMEM as MemoryError
-        return True
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)  # absent when raised by Python code
-    return code is None or code & 0xFF in _RETRY_AS_IS  # the primary result code
-
-
-def _refused_for_content(row: _Row, exc: BaseException) -> bool:
-    """Whether SQLite refused ``row``, written alone, for what it holds, so that a
-    ``row_unwritable`` row may stand for it.
-
-    It did if a column is not valid text (binding raises :exc:`UnicodeEncodeError`), or if the
-    error is one a row can cause: a constraint or trigger (:exc:`sqlite3.IntegrityError`), a
-    value too big (:exc:`sqlite3.DataError`), a value that cannot be bound. It did not for
-    :exc:`sqlite3.OperationalError` (a read-only, locked or failing file) or a bare
-    :exc:`sqlite3.DatabaseError` (a corrupt file): a good row must not be replaced because the
-    database failed while it was alone; the batch fails and is retried instead.
-    """
-    if not all(_is_text(value) for value in row):
-        return True
-    return not isinstance(exc, sqlite3.OperationalError | sqlite3.InternalError) and (
-        type(exc) is not sqlite3.DatabaseError
-    )
-
-
-def _unwritable(row: _Row, exc: BaseException) -> list[_Row]:
-    """The ``row_unwritable`` rows that may stand for ``row``, best first (see :data:`EVENTS`):
-    one that keeps the columns that are valid text, and one that keeps only the timestamp."""
-    bad = [name for name, value in zip(COLUMNS, row, strict=True) if not _is_text(value)]
-    event = row[1]
-    payload = _ENCODER.encode(
-        {
-            "event": None if event is None else _escape(event),
-            "columns": bad,
-            "sha256": hashlib.sha256(json.dumps(list(row)).encode()).hexdigest(),
-        }
-    )
-    reason = _escape(f"{type(exc).__name__}: {exc}")[:500]
-    kept = tuple(value if _is_text(value) else None for value in row[2:7])
-    tail = tuple(value if _is_text(value) else None for value in row[9:])  # epoch, trace_id
-    return [
-        (row[0], "row_unwritable", *kept, payload, reason, *tail),
-        (row[0], "row_unwritable", None, None, None, None, None, payload, reason, None, None),
-    ]
-
-
-def _is_text(value: str | None) -> bool:
-    """Whether SQLite can store ``value``: NULL, or a str that is valid Unicode."""
-    if value is None:
-        return True
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _escape(text: str) -> str:
-    """``text`` with what is not valid Unicode (lone surrogates) as ``\\uXXXX`` escapes."""
-    return text.encode("utf-8", "backslashreplace").decode()
-
-
-class _Clock:
-    """Row timestamps: the wall clock, held while it is behind the last stamp given."""
-
-    def __init__(self) -> None:
-        self.last = 0  # microseconds since the epoch of the last stamp
-        # The formatted date and time of the last second stamped: every row needs a timestamp,
-        # and formatting only the microseconds is a third of the cost of datetime.isoformat().
-        self.second: int | None = None
-        self.prefix = ""
-
-    def now(self) -> str:
-        micros = time.time_ns() // 1000
-        if micros < self.last:
-            # The clock was stepped back: rows must stay in time order for audit --since.
-            micros = self.last
-        self.last = micros
-        return self.format(micros)
-
-    def format(self, micros: int) -> str:
-        seconds, micros = divmod(micros, 1_000_000)
-        if seconds != self.second:
-            self.second = seconds
-            self.prefix = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds))
-        return f"{self.prefix}{micros:06d}Z"
-
-
-_clock = _Clock()
-
-
-def _now() -> str:
-    """Now in UTC, ``2026-05-09T07:35:25.123456Z``: fixed width, so text order is time order;
-    never earlier than the previous stamp, so row order is time order too."""
-    return _clock.now()
-
-
-# One encoder for every row: json.dumps() with options builds a new encoder on each call.
-# allow_nan=False: NaN is not JSON, and SQLite's json functions reject the whole text.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _payload_json(payload: Any) -> str:
-    try:
-        return _ENCODER.encode(payload)
-    except (TypeError, ValueError) as exc:
-        # An audit row must not be lost for its payload's sake: keep a readable form of it.
-        logger.warning("activity payload is not JSON (%s); stored as its repr", exc)
-        return _ENCODER.encode(repr(payload))
-
-
-_LAST_ROW = "SELECT id, chain FROM activity_log ORDER BY id DESC LIMIT 1"
-_INSERTED = ("id", *COLUMNS, "chain")
-
-
-def _statement(params: list[Any], rows: int) -> tuple[str, list[Any]]:
-    """The ``INSERT`` and its parameters for ``rows`` rows of ``params``, padded with rows of
-    NULLs, which it skips, to a size of :func:`_statement_rows`."""
-    size = _statement_rows(rows)
-    return _insert_sql(size), params + [None] * (len(_INSERTED) * (size - rows))
-
-
-def _statement_rows(rows: int, *, up: bool = True) -> int:
-    """``rows`` rounded up (or down) to a number with at most 3 significant bits: 1 to 8, 10,
-    12, 14, 16, 20, ..., 768, 896.
-
-    sqlite3 keeps the last 128 statements it ran prepared, and a multi-row ``INSERT`` costs
-    about 1.6 KiB of SQLite memory per row: one statement per batch size filled that cache with
-    whatever sizes the load produced, up to 200 MiB. Padded to these sizes, batches of up to
-    896 rows use 35 statements (9 MiB in all), each under a quarter longer than needed.
-    """
-    shift = max(0, rows.bit_length() - _STATEMENT_BITS)
-    fewer = rows >> shift << shift
-    return fewer if fewer == rows or not up else fewer + (1 << shift)
-
-
-_STATEMENT_BITS = 3
-"""Significant bits of :func:`_statement_rows`' sizes: 4 sizes per doubling."""
-
-
-@functools.lru_cache(maxsize=128)
-def _insert_sql(rows: int) -> str:
-    """A multi-row ``INSERT`` for up to ``rows`` rows: rows whose ``id`` is NULL are skipped."""
-    values = "(" + ",".join("?" * len(_INSERTED)) + ")"
-    return (
-        f"INSERT INTO activity_log ({','.join(_INSERTED)}) SELECT * FROM (VALUES "
-        + ",".join([values] * rows)
-        + ") WHERE column1 IS NOT NULL"
-    )
-
-
-@functools.cache
-def _max_rows_per_statement() -> int:
-    """How many rows fit in one statement under SQLite's limit on bound parameters."""
-    # The limit is compiled into the library (999 before SQLite 3.32, 32766 since).
-    with contextlib.closing(sqlite3.connect(":memory:")) as probe:
-        limit = probe.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    return max(1, limit // len(_INSERTED))
-
-
-def canonical_json(value: Any) -> bytes:
-    """``value`` as canonical JSON: keys sorted, no spaces, UTF-8, non-ASCII kept as is.
-
-    The form digests are computed over, so that anyone holding a message can recompute them.
-    """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
-
-
-def canonical_sha256(value: Any) -> str:
-    """The hex SHA-256 of :func:`canonical_json` of ``value``."""
-    return hashlib.sha256(canonical_json(value)).hexdigest()
+            self._thread.run(self._store.ship_head)

@@ -29,7 +29,6 @@ from typing import Any
 
 from ..core.errors import InvalidParams
 from ..core.topics import matches, validate_pattern
-from .activity import SCHEMA
 from .chain import Problem, Verifier, parse_head
 from .chain_v1 import load_key
 from .checkpoints import (
@@ -41,6 +40,7 @@ from .checkpoints import (
     read_notes,
 )
 from .logfile import check_triggers, scan
+from .schema import SCHEMA
 
 __all__ = [
     "MAX_LIMIT",

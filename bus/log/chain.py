@@ -41,7 +41,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -75,7 +75,7 @@ GENESIS = bytes(32)
 CHAIN_START = "chain_start"
 
 INTEGER_COLUMNS = frozenset({"id", "epoch"})
-"""The columns ``bus.log.activity.SCHEMA`` declares ``INTEGER`` (tests/bus/test_chain.py checks)."""
+"""The columns ``bus.log.schema.SCHEMA`` declares ``INTEGER`` (tests/bus/test_chain.py checks)."""
 
 
 class ChainBroken(ValueError):
@@ -194,6 +194,10 @@ def _sha256(prev: bytes, content: bytes) -> bytes:
     return hashlib.sha256(prev + content).digest()
 
 
+_Mac = Callable[[bytes, bytes], bytes]
+"""A chain version's hash of a row's content, keyed by the hash before it."""
+
+
 class Chainer:
     """Chains rows for the writer: ``ids`` and ``chain`` for a batch after the log's last row.
 
@@ -253,6 +257,7 @@ class SegmentChecks:
     rows: int
     start: int
     problems: list[Problem]
+    segments: list[dict[str, Any]]
     _prev_id: Any
     _run: bytes
     _chained: bool
@@ -289,6 +294,64 @@ class SegmentChecks:
     def run(self) -> bytes:
         """The chain over every row so far, as the writer would have stored it."""
         return self._run
+
+    # One row, the same steps for both versions; ``mac`` is the version's hash of a row's
+    # content keyed by the hash before it.
+
+    def _index(self, names: Sequence[str]) -> None:
+        """Find the columns every version reads in rows whose columns are ``names``."""
+        self._names = list(names)
+        self._id = self._names.index("id")
+        self._chain = self._names.index("chain") if "chain" in self._names else None
+        self._event = self._names.index("event")
+
+    def _seen(self, values: Sequence[Any]) -> tuple[Any, Any]:
+        """Count a row; return its id and stored ``chain`` (None for a column that is absent)."""
+        self.rows += 1
+        return values[self._id], values[self._chain] if self._chain is not None else None
+
+    def _starts_segment(self, values: Sequence[Any], stored: Any) -> bool:
+        """Whether the row is a ``chain_start`` that was chained (so it starts a segment)."""
+        return stored is not None and values[self._event] == CHAIN_START
+
+    def _link(self, row_id: Any, stored: Any, content: bytes, mac: _Mac) -> bytes:
+        """Check a chained row against the one before it, carry the run on over it, and return
+        its hash as it should be."""
+        digest = mac(self._prev_digest, content)
+        prev_id = self._prev_id
+        if stored != digest.hex() or not self._chained or prev_id is None or row_id != prev_id + 1:
+            self._link_problem(row_id, stored, prev_id)
+        # The run goes on over the rows as they are (what a new segment's "previous" binds).
+        same = self._run == self._prev_digest
+        self._run = digest if same else mac(self._run, content)
+        return digest
+
+    def _moved_on(self, row_id: Any, stored: Any, digest: bytes | None) -> None:
+        """Make the row just checked the one the next row links to."""
+        self._prev_id, self._prev_stored = row_id, stored
+        self._prev_digest = digest if digest and stored == digest.hex() else unhex(stored)
+
+    def _open_segment(
+        self, row_id: Any, payload: dict[str, Any], stored: str, expected: bytes, wrong: str | None
+    ) -> bytes:
+        """Start the segment a ``chain_start`` row opens, and return its hash as it should be:
+        report ``wrong`` (what the version finds wrong in the payload) or a hash that does not
+        match, else check the rows before it against its ``previous``."""
+        if wrong is not None:
+            self._bad(row_id, wrong)
+        elif stored != expected.hex():
+            self._bad(row_id, "it does not match its hash: it was changed or forged")
+        elif not self._partial:
+            self._check_previous(row_id, payload.get("previous"))
+        self._chained = True
+        self._run = expected
+        return expected
+
+    def _segment_seen(self, row: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """Note a ``chain_start`` row in :attr:`segments`; return its id and payload."""
+        payload = payload_of(row.get("payload_json"))
+        self.segments.append({"id": row["id"], "ts": row.get("ts"), **payload})
+        return row["id"], payload
 
     def _check_previous(self, row_id: int, previous: Any) -> None:
         before = self.rows - 1
@@ -382,10 +445,7 @@ class Verifier(SegmentChecks):
     def columns(self, names: Sequence[str]) -> None:
         """Say which columns the rows given to :meth:`check` have, in their order."""
         self._fields = fields_of(names)
-        self._names = list(names)
-        self._id = self._names.index("id")
-        self._chain = self._names.index("chain") if "chain" in self._names else None
-        self._event = self._names.index("event")
+        self._index(names)
         self._ts = self._names.index("ts")
         self._payload = self._names.index("payload_json")
         if self._legacy is not None:
@@ -393,35 +453,21 @@ class Verifier(SegmentChecks):
 
     def check(self, values: Sequence[Any]) -> None:
         """Check one row, its ``values`` in the order :meth:`columns` gave."""
-        row_id = values[self._id]
-        stored = values[self._chain] if self._chain is not None else None
+        row_id, stored = self._seen(values)
         content = self._content(row_id, values)
-        self.rows += 1
         digest: bytes | None = None
         if not self._chained and self._before_chain(values, stored):
             self._run = _sha256(self._run, content)
-        elif stored is not None and values[self._event] == CHAIN_START:
+        elif self._starts_segment(values, stored):
             digest = self._segment(dict(zip(self._names, values, strict=True)), content, stored)
         else:
-            digest = _sha256(self._prev_digest, content)
-            prev_id = self._prev_id
-            if (
-                stored != digest.hex()
-                or not self._chained
-                or prev_id is None
-                or row_id != prev_id + 1
-            ):
-                self._link_problem(row_id, stored, prev_id)
-            # The run goes on over the rows as they are (what a new segment's "previous" binds).
-            same = self._run == self._prev_digest
-            self._run = digest if same else _sha256(self._run, content)
-        self._prev_id, self._prev_stored = row_id, stored
-        self._prev_digest = digest if digest and stored == digest.hex() else unhex(stored)
+            digest = self._link(row_id, stored, content, _sha256)
+        self._moved_on(row_id, stored, digest)
 
     def _before_chain(self, values: Sequence[Any], stored: Any) -> bool:
         """Whether a row met before any version-2 ``chain_start`` is one of the rows it binds:
         unchained, or chained by version 1 (checked by the legacy verifier when there is one)."""
-        if stored is not None and values[self._event] == CHAIN_START:
+        if self._starts_segment(values, stored):
             payload = payload_of(values[self._payload])
             if payload.get("chain") != 1:
                 return False  # a segment of this version (or an unknown one) starts
@@ -447,23 +493,14 @@ class Verifier(SegmentChecks):
             return repr(list(values)).encode("utf-8", "replace")
 
     def _segment(self, row: dict[str, Any], content: bytes, stored: str) -> bytes:
-        row_id = row["id"]
-        payload = payload_of(row.get("payload_json"))
-        self.segments.append({"id": row_id, "ts": row.get("ts"), **payload})
-        expected = _sha256(GENESIS, content)
+        row_id, payload = self._segment_seen(row)
+        wrong = None
         if payload.get("chain") != VERSION:
-            why = (
+            wrong = (
                 f"it starts a chain of version {payload.get('chain')!r} after rows of version "
                 f"{VERSION}: it was forged, or written by another program"
             )
-            self._bad(row_id, why)
-        elif stored != expected.hex():
-            self._bad(row_id, "it does not match its hash: it was changed or forged")
-        elif not self._partial:
-            self._check_previous(row_id, payload.get("previous"))
-        self._chained = True
-        self._run = expected
-        return expected
+        return self._open_segment(row_id, payload, stored, _sha256(GENESIS, content), wrong)
 
 
 def payload_of(text: Any) -> dict[str, Any]:

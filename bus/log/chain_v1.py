@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chain import CHAIN_START, GENESIS, Problem, SegmentChecks, payload_of, unhex
+from .chain import GENESIS, Problem, SegmentChecks
 
 __all__ = [
     "LEGACY_VERSION",
@@ -148,37 +148,20 @@ class LegacyVerifier(SegmentChecks):
     def columns(self, names: Sequence[str]) -> None:
         """Say which columns the rows given to :meth:`check` have, in their order."""
         self._fields = fields_of(names)
-        self._names = list(names)
-        self._id = self._names.index("id")
-        self._chain = self._names.index("chain") if "chain" in self._names else None
-        self._event = self._names.index("event")
+        self._index(names)
 
     def check(self, values: Sequence[Any]) -> None:
         """Check one row, its ``values`` in the order :meth:`columns` gave."""
-        row_id = values[self._id]
-        stored = values[self._chain] if self._chain is not None else None
+        row_id, stored = self._seen(values)
         content = self._content(row_id, values)
-        self.rows += 1
         digest: bytes | None = None
-        if stored is not None and values[self._event] == CHAIN_START:
+        if self._starts_segment(values, stored):
             digest = self._segment(dict(zip(self._names, values, strict=True)), content, stored)
         elif stored is None and not self._chained:
             self._run = self._hmac(self._run, content)  # written before the log was chained
         else:
-            digest = self._hmac(self._prev_digest, content)
-            prev_id = self._prev_id
-            if (
-                stored != digest.hex()
-                or not self._chained
-                or prev_id is None
-                or row_id != prev_id + 1
-            ):
-                self._link_problem(row_id, stored, prev_id)
-            # The run goes on over the rows as they are (what a new segment's "previous" binds).
-            same = self._run == self._prev_digest
-            self._run = digest if same else self._hmac(self._run, content)
-        self._prev_id, self._prev_stored = row_id, stored
-        self._prev_digest = digest if digest and stored == digest.hex() else unhex(stored)
+            digest = self._link(row_id, stored, content, self._hmac)
+        self._moved_on(row_id, stored, digest)
 
     def _content(self, row_id: Any, values: Sequence[Any]) -> bytes:
         text = list(values)
@@ -191,23 +174,13 @@ class LegacyVerifier(SegmentChecks):
             return repr(text).encode("utf-8", "replace")
 
     def _segment(self, row: dict[str, Any], content: bytes, stored: str) -> bytes:
-        row_id = row["id"]
-        payload = payload_of(row.get("payload_json"))
-        self.segments.append({"id": row_id, "ts": row.get("ts"), **payload})
-        expected = self._hmac(GENESIS, content)
+        row_id, payload = self._segment_seen(row)
+        wrong = None
         if payload.get("chain") != LEGACY_VERSION:
-            why = f"it starts a chain of version {payload.get('chain')!r}, not {LEGACY_VERSION}"
-            self._bad(row_id, why)
+            wrong = f"it starts a chain of version {payload.get('chain')!r}, not {LEGACY_VERSION}"
         elif payload.get("key_id") != self._key_id:
-            self._bad(
-                row_id,
+            wrong = (
                 f"its segment was chained with another key (key id {payload.get('key_id')}; the "
-                f"key given has {self._key_id}): give that key",
+                f"key given has {self._key_id}): give that key"
             )
-        elif stored != expected.hex():
-            self._bad(row_id, "it does not match its hash: it was changed or forged")
-        elif not self._partial:
-            self._check_previous(row_id, payload.get("previous"))
-        self._chained = True
-        self._run = expected
-        return expected
+        return self._open_segment(row_id, payload, stored, self._hmac(GENESIS, content), wrong)

@@ -3,7 +3,7 @@
 Every message the bus accepts has a ``send_start`` row holding its epoch, topic, sender, the
 sender's taint (``status``) and its envelope (``payload_json``); :mod:`bus.log.fetch` decides which
 of them a peer may read. This module only reads them, in epoch order, through the partial
-indexes of :data:`bus.log.activity.SCHEMA`: by epoch for a pattern, by topic then epoch for a
+indexes of :data:`bus.log.schema.SCHEMA`: by epoch for a pattern, by topic then epoch for a
 concrete topic. A message whose log failed before its delivery (a ``send_aborted`` row: its
 sender got -32006) is never read back.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .activity import BUSY_TIMEOUT
 from .dbthread import DatabaseThread
+from .schema import BUSY_TIMEOUT
 
 __all__ = ["CHUNK_ROWS", "SCAN_ROWS", "History", "Sink", "StoredMessage"]
 

@@ -205,6 +205,12 @@ class _Families(Collector):
             m.bus.refusals.total,
         )
         yield _counter("bcpbus_log_rows", "Activity-log rows recorded, by event", "event", m.rows)
+        yield from self._timings()
+        yield from self._budgets()
+
+    def _timings(self) -> Iterator[Metric]:
+        """How long deliveries and log commits took, as histograms."""
+        m = self.metrics
         yield m.process_seconds.family(
             "bcpbus_process_message_seconds",
             "Time from a processMessage call to its answer (or its failure)",
@@ -213,6 +219,10 @@ class _Families(Collector):
             "bcpbus_log_commit_seconds",
             "Time a caller waited for the activity log to commit its rows",
         )
+
+    def _budgets(self) -> Iterator[Metric]:
+        """The in-process BCP gateway's bits per channel: charged, and left."""
+        m = self.metrics
         yield _gauge(
             "bcpbus_bcp_bits_charged",
             "Bits the in-process BCP gateway charged per channel since the bus started, "

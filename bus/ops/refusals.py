@@ -18,6 +18,9 @@ import asyncio
 import collections
 import ipaddress
 
+from schemas.common import BUS_CLIENT_ID
+
+from ..core.logevents import LogEvent
 from ..log.activity import ActivityLog
 
 __all__ = ["MAX_LISTED", "Refusals", "address_key"]
@@ -54,7 +57,7 @@ class Refusals:
         interval: float,
         total: collections.Counter[str] | None = None,
         *,
-        event: str = "http_refused",
+        event: LogEvent = LogEvent.HTTP_REFUSED,
     ) -> None:
         self.log = log
         self.interval = interval
@@ -82,7 +85,7 @@ class Refusals:
         total = sum(counts.values())
         self.log.record(
             self.event,
-            actor="system:bus",
+            actor=BUS_CLIENT_ID,
             status="aggregate",
             payload={
                 "seconds": self.interval,

@@ -36,8 +36,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from schemas.common import BUS_CLIENT_ID
+
 from ..core.errors import BusError
 from ..core.identities import load_identities
+from ..core.logevents import LogEvent
 from ..core.policy import Policy
 from ..log.activity import ActivityLog
 from .credentials import Credentials
@@ -175,13 +178,15 @@ class Reloader:
                 steps = [(part.name, part.prepare()) for part in self.parts]
             except Exception as exc:  # any part's refusal keeps everything as it runs
                 reason = _one_line(exc)
-                self.log.record("reload", actor="system:bus", status="failed", error=reason)
+                self.log.record(LogEvent.RELOAD, actor=BUS_CLIENT_ID, status="failed", error=reason)
                 logger.info("reload failed: %s", reason)  # say() prints it: one line, not two
                 self.say(f"bcpbus: reload failed, the running configuration stays: {reason}")
                 return False
             done = [f"{name}: {apply()}" for name, apply in steps]
             summary = "; ".join(done)
-            self.log.record("reload", actor="system:bus", status="ok", payload={"summary": summary})
+            self.log.record(
+                LogEvent.RELOAD, actor=BUS_CLIENT_ID, status="ok", payload={"summary": summary}
+            )
             logger.info("reloaded: %s", summary)
             self.say(f"bcpbus: reloaded ({summary})")
             return True

@@ -8,22 +8,14 @@ not a second implementation of the bus: it is authenticated against the same cre
 and carried out by :meth:`bus.server.Bus.handle`, so the policy, the envelope checks, the limits
 and the log rows are the WebSocket path's own.
 
-=================================  ======================================================
-``POST /v1/messages``              ``sendMessage`` as the token's peer: 202 ``{messageId,
-                                   epoch}`` once accepted, ``?wait=true`` for the result (200)
-``GET /v1/messages``               ``fetchMessages`` (and filters) as the token's peer, online
-                                   or not: a page, and ``next``, the URL of the next one
-``GET /v1/subscriptions``          ``listSubscriptions`` of the token's webhook peer
-``POST /v1/subscriptions``         ``subscribe`` the token's webhook peer to ``{topic}``
-``DELETE /v1/subscriptions``       ``unsubscribe`` it from ``?topic=``
-``GET /.well-known/bcpbus``        version, endpoints, methods, capabilities, limits
-``GET /metrics``                   Prometheus text format (:mod:`bus.ops.metrics`)
-``GET /healthz``                   ``ok``; 503 while shutting down
-``GET /openapi.json``              the OpenAPI document (:func:`schemas.http.openapi_document`)
-=================================  ======================================================
+The routes are :data:`schemas.http.ROUTES`, written once: publish (``POST /v1/messages``) and
+read back (``GET /v1/messages``) as the token's peer, manage its webhook's subscriptions
+(``/v1/subscriptions``), discovery (``/.well-known/bcpbus``), ``/metrics``, ``/healthz`` and
+``/openapi.json``, the OpenAPI document built from the same table. :meth:`HttpBinding._routes`
+gives each its handler by ``operationId``.
 
 Errors answer the JSON-RPC error object (``{"error": {code, message, data}}``) with an HTTP
-status that says the same thing (:func:`http_status`), and every response carries
+status that says the same thing (each error class's ``http_status``), and every response carries
 ``X-Request-Id``, the ``rpc_id`` of the request's rows in the activity log. Webhook peers, whom
 the bus reaches over HTTP in the other direction, are :mod:`bus.transports.webhooks`.
 
@@ -49,11 +41,12 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 
-from schemas.common import timestamp
+from schemas.common import BUS_CLIENT_ID, timestamp
 from schemas.http import (
+    ROUTES,
     Discovery,
     Endpoints,
     MessagesQuery,
@@ -67,12 +60,12 @@ from ..core._json import loads
 from ..core.errors import (
     AuthenticationFailed,
     BusError,
-    Forbidden,
     InvalidParams,
     InvalidRequest,
     LimitExceeded,
     ParseError,
 )
+from ..core.logevents import LogEvent
 from ..core.params import parse
 from ..core.protocol import Request
 from ..core.router import Route as BusRoute
@@ -85,46 +78,21 @@ from ..server import Bus
 from .admission import ConnectionGuard, guarded_protocol
 from .webhooks import Webhooks
 
-__all__ = ["BodyTimeout", "BodyTooLarge", "HttpBinding", "http_status", "listen"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "HttpBinding", "listen"]
 
 logger = logging.getLogger("bus.transports.http")
-
-_STATUS = {
-    -32700: 400,
-    -32600: 400,
-    -32601: 404,
-    -32602: 400,
-    -32001: 409,
-    -32002: 401,
-    -32003: 404,
-    -32004: 409,
-    -32005: 429,
-    -32006: 503,
-    -32007: 503,
-    -32008: 409,
-    -32009: 410,  # the messages after that epoch are gone from the log (or never were in it)
-    -32010: 410,  # their content was never kept (log_content: digest)
-}
 
 
 class BodyTooLarge(InvalidRequest):
     """A request body larger than ``max_frame_bytes``: answered 413."""
 
+    http_status = 413
+
 
 class BodyTimeout(InvalidRequest):
     """A request body not all sent within ``body_timeout``: answered 408, connection closed."""
 
-
-def http_status(exc: BusError) -> int:
-    """The HTTP status that says what ``exc`` says: 403 for a policy refusal, 413 for a body
-    too large, 408 for one too slow, else by JSON-RPC code (one the bus does not define: 500)."""
-    if isinstance(exc, Forbidden):
-        return 403
-    if isinstance(exc, BodyTooLarge):
-        return 413
-    if isinstance(exc, BodyTimeout):
-        return 408
-    return _STATUS.get(exc.code, 500)
+    http_status = 408
 
 
 class HttpBinding:
@@ -171,26 +139,32 @@ class HttpBinding:
             header_timeout=settings.header_timeout,
         )
         """The header timeout and the per-address cap of anonymous connections."""
-        self.app = Starlette(
-            routes=[
-                Route("/v1/messages", self._guard(self._post_message), methods=["POST"]),
-                Route("/v1/messages", self._guard(self._get_messages), methods=["GET"]),
-                Route("/v1/subscriptions", self._guard(self._list), methods=["GET"]),
-                Route("/v1/subscriptions", self._guard(self._subscribe), methods=["POST"]),
-                Route("/v1/subscriptions", self._guard(self._unsubscribe), methods=["DELETE"]),
-                Route("/.well-known/bcpbus", self._discovery, methods=["GET"]),
-                Route("/metrics", self._metrics, methods=["GET"]),
-                Route("/healthz", self._health, methods=["GET"]),
-                Route("/openapi.json", self._openapi, methods=["GET"]),
-            ]
-        )
+        self.app = Starlette(routes=self._routes())
         """The ASGI application; mount it elsewhere if the bus's own server is not wanted."""
-        self._server: uvicorn.Server | None = None
-        self._ticker: asyncio.Task[None] | None = None
+        self._listener = _Listener(self.host, ssl)
         self._flusher: asyncio.Task[None] | None = None
-        self._socket: socket.socket | None = None
         self._requests: set[asyncio.Task[Any]] = set()
         self._closing = False
+
+    def _routes(self) -> list[BaseRoute]:
+        """The Starlette routes of :data:`schemas.http.ROUTES`, each to its handler by
+        ``operationId``; the authenticated ones through :meth:`_guard`."""
+        handlers: dict[str, Callable[..., Awaitable[Response]]] = {
+            "postMessage": self._post_message,
+            "getMessages": self._get_messages,
+            "listSubscriptions": self._list,
+            "subscribe": self._subscribe,
+            "unsubscribe": self._unsubscribe,
+            "discover": self._discovery,
+            "metrics": self._metrics,
+            "health": self._health,
+            "openapi": self._openapi,
+        }
+        return [
+            Route(op.path, self._guard(handler) if op.secured else handler, methods=[op.method])
+            for op in ROUTES
+            for handler in (handlers[op.operation_id],)
+        ]
 
     def mount(self, path: str, app: ASGIApp) -> None:
         """Serve ``app`` under ``path`` on this binding's port, beside its own routes.
@@ -210,48 +184,22 @@ class HttpBinding:
         """
         self.metrics.attach()
         await self.webhooks.start()
-        sock = listen(self.host, self.settings.port or 0)
-        config = uvicorn.Config(
-            self.app,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-            proxy_headers=False,
-            server_header=False,
-            limit_concurrency=self.settings.max_connections,
-            http=guarded_protocol(self.guard),
-            h11_max_incomplete_event_size=self.settings.max_header_bytes,
-            timeout_keep_alive=self.settings.keep_alive_timeout,
-            timeout_graceful_shutdown=int(self.bus.limits.shutdown_grace or 10) or 1,
+        await self._listener.start(
+            _uvicorn(self, self.bus.limits.shutdown_grace), self.settings.port or 0
         )
-        config.load()
-        # The bus's own context, so the certificate, the TLS versions and a reload of the
-        # files are the WebSocket port's (uvicorn would build one of its own from paths).
-        config.ssl = self.ssl
-        server = uvicorn.Server(config)
-        server.lifespan = config.lifespan_class(config)
-        await server.startup(sockets=[sock])
-        self._server, self._socket = server, sock
-        # uvicorn's own loop refreshes the Date header once a second; stop() ends it.
-        self._ticker = asyncio.create_task(server.main_loop())
         self._flusher = asyncio.create_task(self.refusals.run())
-        self.bus.log.record("http_start", actor="system:bus", payload={"url": self.url})
+        self.bus.log.record(LogEvent.HTTP_START, actor=BUS_CLIENT_ID, payload={"url": self.url})
         logger.info("HTTP on %s", self.url)
 
     @property
     def port(self) -> int:
-        """The port the binding listens on."""
-        if self._socket is None:
-            raise RuntimeError("the HTTP binding is not started")
-        port: int = self._socket.getsockname()[1]
-        return port
+        """The port the binding listens on (RuntimeError before :meth:`start`)."""
+        return self._listener.port
 
     @property
     def url(self) -> str:
         """``http://host:port``, or ``https://`` with TLS."""
-        host = self.host if ":" not in self.host else f"[{self.host}]"
-        scheme = "https" if self.ssl is not None else "http"
-        return f"{scheme}://{host}:{self.port}"
+        return self._listener.url
 
     async def close(self) -> None:
         """Stop listening, finish the requests in flight (``shutdown_grace``), let the
@@ -259,28 +207,14 @@ class HttpBinding:
         if self._closing:
             return
         self._closing = True
-        server = self._server
-        if server is not None:
-            server.should_exit = True
-            if self._ticker is not None:
-                await self._ticker
-            await server.shutdown(sockets=[self._socket] if self._socket else None)
+        await self._listener.stop()
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
         self.refusals.flush()
-        await self._wait_requests()
+        await _finish(self._requests, self.bus.limits.shutdown_grace)
         await self.webhooks.close()
         self.metrics.detach()
-
-    async def _wait_requests(self) -> None:
-        if not self._requests:
-            return
-        _, pending = await asyncio.wait(set(self._requests), timeout=self.bus.limits.shutdown_grace)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
 
     async def __aenter__(self) -> HttpBinding:
         await self.start()
@@ -386,30 +320,7 @@ class HttpBinding:
         return JSONResponse(await self.bus.handle(route, rpc))
 
     async def _discovery(self, request: HTTPRequest) -> Response:
-        discovery = Discovery(
-            version=__version__,
-            server_id=self.bus.server_id,
-            endpoints=Endpoints(websocket=self.bus.url, http=self.url),
-            methods=self.bus.methods,
-            capabilities={
-                "websocket": True,
-                "http": True,
-                "webhooks": True,
-                "metrics": True,
-                "traceparent": True,
-                "epochs": True,
-                "fetch": True,
-            },
-            limits={
-                **asdict(self.bus.limits),
-                "webhook_timeout": self.settings.webhook_timeout,
-                "webhook_attempts": self.settings.webhook_attempts,
-                "webhook_max_answer_bytes": self.settings.webhook_max_answer_bytes,
-                "http_header_timeout": self.settings.header_timeout,
-                "http_body_timeout": self.settings.body_timeout,
-                "http_max_anonymous_per_address": self.settings.max_anonymous_per_address,
-            },
-        )
+        discovery = _discovery(self.bus, self.settings, self.url)
         return JSONResponse(discovery.model_dump(mode="json", by_alias=True))
 
     async def _metrics(self, request: HTTPRequest) -> Response:
@@ -460,55 +371,16 @@ class HttpBinding:
         limit = self.settings.max_requests
         if limit is None or len(self._requests) < limit:
             return
-        self.bus.log.record("limit_exceeded", actor=actor, status="http_max_requests")
+        self.bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_max_requests")
         raise LimitExceeded(
             f"Limit exceeded: {limit} messages posted over HTTP are still being delivered "
             "(max_requests); retry later"
         )
 
     async def _body(self, request: HTTPRequest, actor: str) -> tuple[Any, int]:
-        """The request's JSON body, read up to ``max_frame_bytes``, and its size, which is
-        charged to the bus's byte budget: give it back when the request is done.
-
-        Raises:
-            BodyTooLarge: it is larger (logged as ``frame_too_large``).
-            BodyTimeout: it did not all come within ``body_timeout`` (a ``limit_exceeded``
-                row, status ``http_body_timeout``).
-            LimitExceeded: it does not fit in ``max_inflight_bytes`` now.
-            ParseError: it is not JSON (nothing stays charged).
-        """
-        limit = self.bus.limits.max_frame_bytes
-        declared = request.headers.get("content-length", "")
-        if limit is not None and declared.isdigit() and int(declared) > limit:
-            raise self._too_large(actor, limit)
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(self.settings.body_timeout):
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if limit is not None and size > limit:
-                        raise self._too_large(actor, limit)
-                    chunks.append(chunk)
-        except TimeoutError:
-            seconds = self.settings.body_timeout
-            self.bus.log.record("limit_exceeded", actor=actor, status="http_body_timeout")
-            raise BodyTimeout(
-                f"Request body not received within body_timeout ({seconds:g} s)"
-            ) from None
-        budget = self.bus.byte_budget
-        if not budget.take(size):
-            self.bus.log.record("limit_exceeded", actor=actor, status="max_inflight_bytes")
-            raise _budget_exceeded()
-        try:
-            return loads(b"".join(chunks).decode("utf-8")), size
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            budget.give(size)
-            raise ParseError("Parse error: the body is not valid JSON") from None
-
-    def _too_large(self, actor: str, limit: int) -> BodyTooLarge:
-        self.bus.log.record("frame_too_large", actor=actor, error=f"limit {limit}")
-        return BodyTooLarge(f"Request body larger than max_frame_bytes ({limit} bytes)")
+        """The request's JSON body and its size, charged to the bus's byte budget: give it
+        back when the request is done. Raises as :func:`_read_body`."""
+        return await _read_body(request, self.bus, self.settings.body_timeout, actor)
 
     def _own(self, coro: Awaitable[Any], charge: int) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -522,6 +394,137 @@ class HttpBinding:
         if not task.cancelled() and isinstance(task.exception(), Exception):
             # Answered already (202) or by the handler: retrieving it keeps asyncio quiet.
             logger.debug("request ended with %r", task.exception())
+
+
+async def _read_body(
+    request: HTTPRequest, bus: Bus, body_timeout: float | None, actor: str
+) -> tuple[Any, int]:
+    """The request's JSON body, read up to ``max_frame_bytes``, and its size, which is
+    charged to the bus's byte budget: give it back when the request is done.
+
+    Raises:
+        BodyTooLarge: it is larger (logged as ``frame_too_large``).
+        BodyTimeout: it did not all come within ``body_timeout`` (a ``limit_exceeded``
+            row, status ``http_body_timeout``).
+        LimitExceeded: it does not fit in ``max_inflight_bytes`` now.
+        ParseError: it is not JSON (nothing stays charged).
+    """
+    limit = bus.limits.max_frame_bytes
+    declared = request.headers.get("content-length", "")
+    if limit is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(bus, actor, limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(body_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    raise _too_large(bus, actor, limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        seconds = body_timeout
+        bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_body_timeout")
+        raise BodyTimeout(
+            f"Request body not received within body_timeout ({seconds:g} s)"
+        ) from None
+    budget = bus.byte_budget
+    if not budget.take(size):
+        bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="max_inflight_bytes")
+        raise _budget_exceeded()
+    try:
+        return loads(b"".join(chunks).decode("utf-8")), size
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        budget.give(size)
+        raise ParseError("Parse error: the body is not valid JSON") from None
+
+
+def _too_large(bus: Bus, actor: str, limit: int) -> BodyTooLarge:
+    bus.log.record(LogEvent.FRAME_TOO_LARGE, actor=actor, error=f"limit {limit}")
+    return BodyTooLarge(f"Request body larger than max_frame_bytes ({limit} bytes)")
+
+
+async def _finish(requests: set[asyncio.Task[Any]], grace: float | None) -> None:
+    """Wait up to ``grace`` seconds for ``requests`` to end, then cancel the rest."""
+    if not requests:
+        return
+    _, pending = await asyncio.wait(set(requests), timeout=grace)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending)
+
+
+class _Listener:
+    """The listening socket and the uvicorn server of one binding: start, where, stop."""
+
+    def __init__(self, host: str, ssl: _ssl.SSLContext | None) -> None:
+        self.host = host
+        self.ssl = ssl
+        self._server: uvicorn.Server | None = None
+        self._socket: socket.socket | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def start(self, server: uvicorn.Server, port: int) -> None:
+        """Listen on ``port`` (0: a free one) and serve with ``server``.
+
+        Raises:
+            OSError: the port cannot be listened on.
+        """
+        sock = listen(self.host, port)
+        await server.startup(sockets=[sock])
+        self._server, self._socket = server, sock
+        # uvicorn's own loop refreshes the Date header once a second; stop() ends it.
+        self._ticker = asyncio.create_task(server.main_loop())
+
+    @property
+    def port(self) -> int:
+        if self._socket is None:
+            raise RuntimeError("the HTTP binding is not started")
+        port: int = self._socket.getsockname()[1]
+        return port
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        scheme = "https" if self.ssl is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        """Stop accepting, and let uvicorn finish the requests in flight (its graceful
+        shutdown timeout); nothing to do if never started."""
+        server = self._server
+        if server is None:
+            return
+        server.should_exit = True
+        if self._ticker is not None:
+            await self._ticker
+        await server.shutdown(sockets=[self._socket] if self._socket else None)
+
+
+def _uvicorn(binding: HttpBinding, shutdown_grace: float | None) -> uvicorn.Server:
+    """A uvicorn server for ``binding``'s app, with its limits and TLS; not started yet."""
+    settings = binding.settings
+    config = uvicorn.Config(
+        binding.app,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        limit_concurrency=settings.max_connections,
+        http=guarded_protocol(binding.guard),
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+        timeout_keep_alive=settings.keep_alive_timeout,
+        timeout_graceful_shutdown=int(shutdown_grace or 10) or 1,
+    )
+    config.load()
+    # The bus's own context, so the certificate, the TLS versions and a reload of the
+    # files are the WebSocket port's (uvicorn would build one of its own from paths).
+    config.ssl = binding.ssl
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    return server
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -547,6 +550,34 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _discovery(bus: Bus, settings: HttpSettings, url: str) -> Discovery:
+    """What ``GET /.well-known/bcpbus`` says about ``bus`` and its HTTP binding at ``url``."""
+    return Discovery(
+        version=__version__,
+        server_id=bus.server_id,
+        endpoints=Endpoints(websocket=bus.url, http=url),
+        methods=bus.methods,
+        capabilities={
+            "websocket": True,
+            "http": True,
+            "webhooks": True,
+            "metrics": True,
+            "traceparent": True,
+            "epochs": True,
+            "fetch": True,
+        },
+        limits={
+            **asdict(bus.limits),
+            "webhook_timeout": settings.webhook_timeout,
+            "webhook_attempts": settings.webhook_attempts,
+            "webhook_max_answer_bytes": settings.webhook_max_answer_bytes,
+            "http_header_timeout": settings.header_timeout,
+            "http_body_timeout": settings.body_timeout,
+            "http_max_anonymous_per_address": settings.max_anonymous_per_address,
+        },
+    )
 
 
 def _bearer(header: str | None) -> str | None:
@@ -605,7 +636,7 @@ def _budget_exceeded() -> BusError:
 
 
 def _error(exc: BusError) -> Response:
-    status = http_status(exc)
+    status = exc.http_status
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
     if status in (408, 413):
         # The rest of the body is still coming, or never will: do not wait for it.

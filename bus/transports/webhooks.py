@@ -61,6 +61,7 @@ from schemas.http import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature
 from .. import __version__
 from ..core._json import dumps, loads
 from ..core.errors import AuthenticationFailed, BusError, InternalError
+from ..core.logevents import LogEvent
 from ..core.policy import may_flow
 from ..core.presence import BUS_CLIENT_ID
 from ..ops.config import HttpSettings
@@ -102,20 +103,22 @@ class WebhookFailed(InternalError):
             ``malformed_response``, ``too_large``, ``cancelled``.
         attempts: the POSTs made.
         detail: what the last one got, for the log only: it may hold the webhook's own text.
-        http_status: the last answer's status, when there was one.
+        http_status: the last answer's status, when there was one; kept as
+            :attr:`answer_status`, since ``http_status`` is what the bus's own HTTP binding
+            would answer this error with.
     """
 
     def __init__(
         self, reason: str, attempts: int, detail: str, http_status: int | None = None
     ) -> None:
         self.reason, self.attempts, self.detail = reason, attempts, detail
-        self.http_status = http_status
+        self.answer_status = http_status
         super().__init__(f"webhook {reason} after {attempts} attempt(s): {detail}")
 
     @property
     def failure(self) -> DeliveryFailure:
         """The reason as ``delivery_status`` carries it: a code, never the webhook's text."""
-        if self.http_status is not None:
+        if self.answer_status is not None:
             return "http_error"
         return _CODES.get(self.reason, "refused")
 
@@ -215,7 +218,7 @@ class WebhookLink:
             delay = next(delays)
             final = number == settings.webhook_attempts or deadline - time.monotonic() <= delay
             self._hooks.bus.log.record(
-                "webhook_retry",
+                LogEvent.WEBHOOK_RETRY,
                 message_id=_message_id(params),
                 actor=self.client_id,
                 status=attempt.reason,
@@ -400,7 +403,9 @@ class Webhooks:
         host = private_host(url)
         if host is None or self.settings.allow_private_webhooks:
             return
-        self.bus.log.record("auth_failed", actor=client_id, status="private_webhook", error=host)
+        self.bus.log.record(
+            LogEvent.AUTH_FAILED, actor=client_id, status="private_webhook", error=host
+        )
         raise AuthenticationFailed(
             f"the webhook of {client_id} is at {host}, not a public address: set "
             "http.allow_private_webhooks: true to allow it"
@@ -430,7 +435,7 @@ class Webhooks:
         message_id, sender = payload.get("messageId"), payload.get("from")
         with contextlib.suppress(BusError):
             self.bus.log.record(
-                "delivery_failed",
+                LogEvent.DELIVERY_FAILED,
                 message_id=message_id,
                 actor=link.client_id,
                 topic=topic,
@@ -447,7 +452,7 @@ class Webhooks:
             target=link.client_id,
             reason=failure.failure,
             attempts=failure.attempts,
-            http_status=failure.http_status if self._may_tell(link, sender) else None,
+            http_status=failure.answer_status if self._may_tell(link, sender) else None,
         )
         self.spawn(self._tell(sender, status))
 

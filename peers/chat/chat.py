@@ -35,7 +35,6 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from bus.core.errors import BusError, DuplicateMessage
 from schemas.chat import (
     SPAWN_TOPIC,
     SYSTEM_CLIENT_ID,
@@ -48,7 +47,7 @@ from schemas.chat import (
 )
 
 from ..client import Message, Peer, Reply
-from ..errors import PeerError
+from ..errors import DuplicateMessage, PeerError
 from .store import ChatStore, Route
 
 __all__ = ["Chat", "Out", "RetrySettings", "SpawnFailed"]
@@ -240,10 +239,10 @@ class Chat:
             result = await self.peer.send(topic, message_type, body, message_id=message_id)
         except DuplicateMessage:
             return True  # -32008: the bus accepted this very message before
-        except (PeerError, BusError) as exc:
+        except PeerError as exc:
             self.out({"event": "send_failed", "type": message_type, "error": str(exc)})
             return False
-        return int(result.get("deliveredTo", 0)) >= 1
+        return result.delivered_to >= 1
 
     # What arrives
 

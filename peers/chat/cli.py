@@ -24,14 +24,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from bus.core.errors import BusError
 from bus.ops.credentials import validate_client_id
 from schemas.chat import MAX_TEXT
 
 from ..approver import neutralize
 from ..client import Peer
-from ..errors import PeerError
+from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
+from ..urls import UrlOption
 from .chat import Chat, Out, RetrySettings, SpawnFailed
 from .store import ChatStore
 
@@ -62,7 +62,12 @@ def add_chat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("chat", metavar="CHAT", help="this chat's clientId, tg:NAME (or NAME)")
     parser.add_argument("--agent", metavar="NAME", help="the agent definition to ask for")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the bus (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--url",
+        action=UrlOption,
+        default=DEFAULT_URL,
+        help=f"the bus (default {DEFAULT_URL}); repeat it, or give a comma list, to fail over",
+    )
     parser.add_argument("--token", help=f"the chat's token (or ${TOKEN_ENV})")
     parser.add_argument("--token-file", type=Path, metavar="FILE", help="a file with the token")
     parser.add_argument(
@@ -123,10 +128,10 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
         loop.add_signal_handler(sig, stop.set)
     try:
         await peer.connect()
-    except (PeerError, BusError) as exc:
+    except PeerError as exc:
         # ConnectFailed says "cannot connect to URL: ..."; a refusal needs the who and where.
         refused = f"the bus at {peer.url} refused {peer.client_id}: {exc}"
-        out({"event": "error", "message": refused if isinstance(exc, BusError) else str(exc)})
+        out({"event": "error", "message": refused if isinstance(exc, RequestRefused) else str(exc)})
         await peer.close()
         return 1
     _read_lines(chat, out)

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from bus.core.errors import AuthenticationFailed, BusError, Forbidden
+from bus.core.logevents import LogEvent
 from bus.core.protocol import Request as RpcRequest
 from bus.server import Bus
 from schemas.common import APPROVAL_TOPIC
@@ -164,9 +165,11 @@ class Console:
     async def _end(self, session: Session, why: str) -> None:
         self.sessions.end(session.id)
         with contextlib.suppress(BusError):  # ended either way; the log says why it could not
-            await self._log("console_sign_out", session.client_id, why)
+            await self._log(LogEvent.CONSOLE_SIGN_OUT, session.client_id, why)
 
-    async def _log(self, event: str, actor: str, status: str, address: str | None = None) -> None:
+    async def _log(
+        self, event: LogEvent, actor: str, status: str, address: str | None = None
+    ) -> None:
         """Record a sign-in or sign-out row and wait for it to be written.
 
         Raises:
@@ -220,13 +223,13 @@ class Console:
         if access is None or record is None:
             if record is not None:
                 with contextlib.suppress(BusError):  # refused either way
-                    await self._log("console_sign_in", record.client_id, "refused", address)
+                    await self._log(LogEvent.CONSOLE_SIGN_IN, record.client_id, "refused", address)
             return await self._signin_page(
                 request,
                 "Sign-in refused: give the token of an approver (human:NAME) or an auditor.",
             )
         try:
-            await self._log("console_sign_in", record.client_id, access, address)
+            await self._log(LogEvent.CONSOLE_SIGN_IN, record.client_id, access, address)
         except BusError:
             return Response("the activity log is unavailable\n", 503, media_type="text/plain")
         session = self.sessions.start(record.client_id, token)

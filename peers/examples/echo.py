@@ -33,7 +33,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bus.core.errors import BusError
 from schemas.chat import MAX_TEXT, Configure, ScheduledMessage, TgMessage, TgReply
 
 from ..client import Message, Peer, Reply
@@ -130,7 +129,7 @@ class EchoAgent:
         content = reply.model_dump(exclude_none=True)
         try:
             await self.peer.send(talkto, "tg_reply", content, correlation_id=correlation_id)
-        except (PeerError, BusError) as exc:
+        except PeerError as exc:
             # The chat retries its message and gets this reply again: nothing is lost here.
             self.out({"event": "reply_failed", "chat": talkto, "error": str(exc)})
 
@@ -170,7 +169,7 @@ async def _run(url: str, client_id: str, token: str) -> int:
     agent = EchoAgent(peer)
     try:
         await peer.connect()
-    except (PeerError, BusError) as exc:
+    except PeerError as exc:
         print(f"echo: cannot connect to {url} as {client_id}: {exc}", file=sys.stderr)
         await peer.close()
         return 1

@@ -16,6 +16,7 @@ from typing import Any
 
 from bus.core.errors import AuthenticationFailed
 from bus.core.identities import default_agents_dir
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 from bus.ops.config import AuditSettings
 from bus.ops.startup import StartupError, check_db
@@ -213,7 +214,7 @@ def _budget_reset(args: argparse.Namespace) -> int:
     async def write() -> None:
         async with ActivityLog(args.db, key_file=args.audit_key) as log:
             await log.write(
-                "bcp_budget_reset",
+                LogEvent.BCP_BUDGET_RESET,
                 actor=args.by,
                 topic=topic,
                 status="reset",

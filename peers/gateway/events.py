@@ -22,6 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from bus.core.logevents import LogEvent
+
 __all__ = [
     "Action",
     "CancelTimer",
@@ -103,7 +105,7 @@ class Record:
     """Write an activity-log row (``ActivityLog.record``); it is durable after the next
     :class:`Commit`."""
 
-    event: str
+    event: LogEvent
     actor: str
     topic: str
     status: str | None

@@ -265,7 +265,7 @@ class Gateway:
         except (BusError, ConnectionError, TimeoutError) as exc:
             logger.warning("could not send %s to %s: %s", action.type, action.topic, exc)
             return 0
-        return int(result.get("deliveredTo", 0))
+        return result.delivered_to
 
     def _set_timer(self, action: SetTimer) -> None:
         old = self._timers.pop(action.key, None)

@@ -184,7 +184,7 @@ class Bridge:
 
     async def _send_message(self, args: SendArgs) -> ToolResult:
         result = await self.peer.send(args.topic, args.type, args.content)
-        return ToolResult.of(result)
+        return ToolResult.of(result.model_dump(by_alias=True))
 
     async def _fetch_messages(self, args: FetchArgs) -> ToolResult:
         page = await self.peer.fetch(args.topic, args.since_epoch, args.limit)

@@ -27,7 +27,7 @@ from peers.bcp import render_for_prompt
 from peers.client import Message
 from schemas.bcp import UNTRUSTED_NOTICE, BcpResponseDelivery
 from schemas.bus import BUS_MESSAGE_MODELS
-from schemas.common import timestamp
+from schemas.common import BUS_CLIENT_ID, timestamp
 
 __all__ = ["DEFAULT_INBOX_SIZE", "Entry", "Inbox", "present"]
 
@@ -73,7 +73,7 @@ def present(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
         "message_id": payload.get("messageId"),
     }
     content = payload.get("content")
-    if payload.get("from") == _BUS:
+    if payload.get("from") == BUS_CLIENT_ID:
         return {**shown, **_from_bus(payload.get("type"), content)}
     if payload.get("type") != "bcp_response_delivery":
         return {**shown, "content": content}
@@ -94,9 +94,6 @@ def present(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
         shown["notice"] = UNTRUSTED_NOTICE
     shown["data"] = render_for_prompt(delivery)
     return shown
-
-
-_BUS = "system:bus"
 
 
 def _from_bus(message_type: Any, content: Any) -> dict[str, Any]:

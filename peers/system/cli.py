@@ -20,14 +20,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bus.core.errors import BusError
 from bus.core.identities import default_agents_dir
 from schemas.chat import SYSTEM_CLIENT_ID
 
 from ..approver import neutralize
 from ..client import Peer
-from ..errors import PeerError
+from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
+from ..urls import UrlOption
 from .system import Out, SystemPeer
 from .tokens import DirectoryTokens
 
@@ -45,7 +45,12 @@ def add_system(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "the agent's command: from its definition, with its token from --tokens-dir in its "
         "environment; answer spawn_result and route_assigned. Stops its agents on exit.",
     )
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the bus (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--url",
+        action=UrlOption,
+        default=DEFAULT_URL,
+        help=f"the bus (default {DEFAULT_URL}); repeat it, or give a comma list, to fail over",
+    )
     parser.add_argument("--token", help=f"{SYSTEM_CLIENT_ID}'s token (or ${TOKEN_ENV})")
     parser.add_argument("--token-file", type=Path, metavar="FILE", help="a file with the token")
     parser.add_argument(
@@ -93,11 +98,11 @@ async def _run(system: SystemPeer, out: Out) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await system.start()
-    except (PeerError, BusError) as exc:
+    except PeerError as exc:
         # ConnectFailed says "cannot connect to URL: ..."; a refusal needs the who and where.
         peer = system.peer
         refused = f"the bus at {peer.url} refused {peer.client_id}: {exc}"
-        out({"event": "error", "message": refused if isinstance(exc, BusError) else str(exc)})
+        out({"event": "error", "message": refused if isinstance(exc, RequestRefused) else str(exc)})
         await system.close()
         return 1
     try:

@@ -40,7 +40,6 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from bus.core.errors import BusError
 from schemas.agents import AgentDefinition, DefinitionError, load_agents
 from schemas.chat import (
     AGENTS_TOPIC,
@@ -126,7 +125,7 @@ class SystemPeer:
 
         Raises:
             DefinitionError: the agent definitions do not load.
-            PeerError, BusError: the bus cannot be reached or refused the peer.
+            PeerError: the bus cannot be reached or refused the peer.
         """
         load_agents(self.agents_dir)
         await self.peer.connect()
@@ -247,10 +246,10 @@ class SystemPeer:
         for delay in backoff(initial=0.2, maximum=5.0):
             try:
                 result = await self.peer.send(agent_id(due.agent), "scheduled_message", content)
-                if int(result.get("deliveredTo", 0)) >= 1:
+                if result.delivered_to >= 1:
                     self.out({"event": "scheduled", **event})
                     return
-            except (PeerError, BusError) as exc:
+            except PeerError as exc:
                 error = str(exc)
             else:
                 error = "no peer took it"
@@ -292,7 +291,7 @@ class SystemPeer:
         body = content.model_dump(mode="json", exclude_none=True)
         try:
             await self.peer.send(topic, message_type, body, correlation_id=correlation_id)
-        except (PeerError, BusError) as exc:
+        except PeerError as exc:
             # The chat asks again when it hears nothing: it owns the retries.
             self.out({"event": "send_failed", "type": message_type, "to": topic, "error": str(exc)})
 

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from bus.core.logevents import LogEvent
 from bus.log import audit
-from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
+from bus.log.schema import SCHEMA
 
 
 def make_log(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -134,7 +136,7 @@ def test_reads_a_log_the_writer_is_using(tmp_path: Path) -> None:
 
     async def scenario() -> list[dict[str, Any]]:
         async with ActivityLog(tmp_path / "live.db") as log:
-            await log.write("connect", actor="bus")
+            await log.write(LogEvent.CONNECT, actor="bus")
             return audit.query_rows(log.path)
 
     rows = asyncio.run(scenario())

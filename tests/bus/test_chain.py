@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from bus import cli
+from bus.core.logevents import LogEvent
 from bus.log import audit
-from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
 from bus.log.chain import ChainBroken
 from bus.log.chain_v1 import default_key_path, encode_row, fields_of, key_id
 from bus.log.checkpoints import Checkpointer, SigningKey
+from bus.log.schema import SCHEMA
 
 TIMEOUT = 10.0
 
@@ -38,11 +40,13 @@ async def write_log(path: Path, **options: Any) -> None:
         for batch in range(3):
             for n in range(10):
                 log.record(
-                    "send_start", message_id=f"m-{batch}-{n}", actor="tg:1", payload={"n": n}
+                    LogEvent.SEND_START, message_id=f"m-{batch}-{n}", actor="tg:1", payload={"n": n}
                 )
             await log.commit()
-        log.record("refused", actor="tg:1", status="type_denied")
-        log.record("bcp_approval_decided", actor="human:ann", status="rejected", payload={"a": 1})
+        log.record(LogEvent.REFUSED, actor="tg:1", status="type_denied")
+        log.record(
+            LogEvent.BCP_APPROVAL_DECIDED, actor="human:ann", status="rejected", payload={"a": 1}
+        )
         await log.commit()
 
 
@@ -86,10 +90,10 @@ async def test_replaced_rows_restarts_and_a_second_writer_keep_the_chain(tmp_pat
     await write_log(path)
     async with asyncio.timeout(TIMEOUT):
         async with ActivityLog(path) as first, ActivityLog(path) as second:
-            first.record("send_start", message_id="ok-1")
-            first.record("send_start", message_id="bad-\ud800")  # SQLite refuses it alone
-            second.record("subscribe", actor="gateway", topic="bcp:*")
-            first.record("send_finish", message_id="ok-1")
+            first.record(LogEvent.SEND_START, message_id="ok-1")
+            first.record(LogEvent.SEND_START, message_id="bad-\ud800")  # SQLite refuses it alone
+            second.record(LogEvent.SUBSCRIBE, actor="gateway", topic="bcp:*")
+            first.record(LogEvent.SEND_FINISH, message_id="ok-1")
             await asyncio.gather(first.commit(), second.commit())
         assert first.rows_unwritable == 1
     result = audit.verify(path)
@@ -188,9 +192,9 @@ async def test_a_row_forged_while_the_log_is_open_is_reported_at_once(
     """A plain INSERT by another connection while the bus writes: the next batch says so."""
     path = tmp_path / "bcpbus.db"
     async with asyncio.timeout(TIMEOUT), ActivityLog(path) as log:
-        await log.write("send_start", message_id="a")
+        await log.write(LogEvent.SEND_START, message_id="a")
         tamper(path, "INSERT INTO activity_log (ts, event, status) VALUES ('x', 'forged', 'ok');")
-        await log.write("send_start", message_id="b")
+        await log.write(LogEvent.SEND_START, message_id="b")
     [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "row 3, written by another connection, does not verify: it has no hash" in error
     problems = audit.verify(path).problems
@@ -209,7 +213,7 @@ async def test_opening_a_log_with_a_broken_tail_is_refused_naming_the_row(db: Pa
     assert refused.value.row == 33 and "row 33: it does not match" in str(refused.value)
     async with asyncio.timeout(TIMEOUT), ActivityLog(db, accept_broken=True) as log:
         assert log.started == "broken_log_accepted"
-        await log.write("send_start", message_id="after")
+        await log.write(LogEvent.SEND_START, message_id="after")
     start = (
         sqlite3.connect(db)
         .execute("SELECT id, payload_json FROM activity_log WHERE status = 'broken_log_accepted'")
@@ -240,7 +244,7 @@ async def test_database_wal_shm_and_checkpoints_are_created_0600(tmp_path: Path)
         path = tmp_path / "new" / "bcpbus.db"
         sink = Checkpointer(SigningKey.generate("test/bcpbus"), tmp_path / "new" / "cp")
         async with ActivityLog(path, checkpoints=sink) as log:
-            await log.write("connect", actor="x")
+            await log.write(LogEvent.CONNECT, actor="x")
             files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
             modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in files}
         modes["cp"] = stat.S_IMODE((tmp_path / "new" / "cp").stat().st_mode)
@@ -293,7 +297,7 @@ async def test_a_log_of_the_previous_version_is_migrated_and_chained(tmp_path: P
     old_log(path)
     async with asyncio.timeout(TIMEOUT), ActivityLog(path) as log:
         assert log.started == "migrated"
-        await log.write("send_start", message_id="new-1")
+        await log.write(LogEvent.SEND_START, message_id="new-1")
     rows = audit.query_rows(path)
     assert [r["event"] for r in rows[5:]] == ["chain_start", "send_start"]
     assert [r["chain"] is None for r in rows] == [True] * 5 + [False] * 2
@@ -362,7 +366,7 @@ async def test_opening_a_version_1_log_checks_it_then_chains_on_with_version_2(
     v1_log(db)
     async with asyncio.timeout(TIMEOUT), ActivityLog(db) as log:
         assert log.started == "upgraded"
-        await log.write("send_start", message_id="new")
+        await log.write(LogEvent.SEND_START, message_id="new")
     default_key_path(db).unlink()
     result = audit.verify(db)
     assert result.ok and result.rows == 7 and "chained by an earlier version" in result.notes[0]

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from bus import cli
+from bus.core.logevents import LogEvent
 from bus.log import audit
-from bus.log.activity import COLUMNS, SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
 from bus.log.chain import GENESIS, INTEGER_COLUMNS, Chainer, canonical_row
 from bus.log.chain_v1 import encode_row as encode_v1, fields_of as fields_v1
 from bus.log.checkpoints import (
@@ -31,6 +32,8 @@ from bus.log.checkpoints import (
     read_notes,
 )
 from bus.log.logfile import _expected
+from bus.log.rows import COLUMNS
+from bus.log.schema import SCHEMA
 
 from .test_chain import DROP_TRIGGERS, TRIGGERS, tamper
 
@@ -51,10 +54,10 @@ async def write_signed(db: Path, key: Path, *, rows: int = 30, every: int = 10) 
     options: dict[str, Any] = {"head_every_rows": every, "head_every_seconds": None}
     async with asyncio.timeout(TIMEOUT), ActivityLog(db, checkpoints=sink, **options) as log:
         for n in range(rows):
-            log.record("send_start", message_id=f"m-{n}", actor="tg:1", epoch=n + 1)
+            log.record(LogEvent.SEND_START, message_id=f"m-{n}", actor="tg:1", epoch=n + 1)
             if n % 5 == 4:
                 await log.commit()
-        log.record("bcp_approval_decided", actor="human:ann", status="rejected")
+        log.record(LogEvent.BCP_APPROVAL_DECIDED, actor="human:ann", status="rejected")
 
 
 @pytest.fixture
@@ -238,7 +241,7 @@ async def test_a_replaced_or_emptied_log_is_caught(
     remove(db)
     async with ActivityLog(db) as log:
         for n in range(40):
-            log.record("send_start", message_id=f"other-{n}")
+            log.record(LogEvent.SEND_START, message_id=f"other-{n}")
     assert audit.verify(db).ok
     code, line = verify(db, signer[1], capsys)
     assert code == 1 and "row 1 is not the row it signed" in line
@@ -261,7 +264,7 @@ async def test_rows_after_the_last_checkpoint_are_noted_not_failed(
     db = tmp_path / "bcpbus.db"
     await write_signed(db, signer[0], rows=10, every=1000)
     async with ActivityLog(db) as log:  # a writer that signs nothing
-        log.record("send_start", message_id="late")
+        log.record(LogEvent.SEND_START, message_id="late")
     cli.main(["audit", "verify", "--db", str(db), "--pubkey", str(signer[1])])
     out = capsys.readouterr().out
     assert "note: rows 13-13 come after the last checkpoint" in out and "ok: 13 rows" in out
@@ -306,8 +309,8 @@ async def test_a_checkpoint_file_that_cannot_be_written_does_not_stop_the_log(
             tmp_path / "bcpbus.db", checkpoints=sink, head_every_rows=1, head_every_seconds=None
         ) as log,
     ):
-        await log.write("send_start", message_id="a")
-        await log.write("send_start", message_id="b")
+        await log.write(LogEvent.SEND_START, message_id="a")
+        await log.write(LogEvent.SEND_START, message_id="b")
     assert "could not write the activity log's head" in caplog.text
     assert audit.verify(tmp_path / "bcpbus.db").rows == 3
 
@@ -332,7 +335,7 @@ async def test_checkpoints_sent_to_syslog_verify_from_the_daemons_file(
             ActivityLog(db, checkpoints=sink, head_every_rows=2, head_every_seconds=None) as log,
         ):
             for n in range(4):
-                await log.write("send_start", message_id=f"m-{n}")
+                await log.write(LogEvent.SEND_START, message_id=f"m-{n}")
         lines = ["Nov 26 20:00:00 host sshd[1]: unrelated"]
         while True:
             try:

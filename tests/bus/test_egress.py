@@ -78,7 +78,7 @@ async def test_a_name_that_resolves_to_a_private_address_is_never_connected_to(t
                 agent.handle("delivery_status", inbox)
                 result = await agent.send("tg:42", "tg_reply", {}, message_id="m-1")
                 arrived = await inbox.get_type("delivery_status", scaled(10))
-            assert result["deliveredTo"] == 0
+            assert result.delivered_to == 0
             assert DeliveryStatus.model_validate(arrived.content).reason == "refused"
             failed = h.rows(message_id="m-1", event="delivery_failed")[0]
             assert failed["status"] == "connect_error" and "not a public address" in failed["error"]

@@ -17,10 +17,12 @@ import bus.log.history
 from bus.core.epochs import Epochs
 from bus.core.errors import AuditUnavailable, ContentNotKept, EpochNotKept, InvalidParams
 from bus.core.identities import PeerIdentity
+from bus.core.logevents import LogEvent
 from bus.core.policy import Grants, Policy
-from bus.log.activity import SCHEMA, ActivityLog
+from bus.log.activity import ActivityLog
 from bus.log.fetch import FetchFilter, Page, check_since
 from bus.log.history import StoredMessage
+from bus.log.schema import SCHEMA
 from bus.ops.config import Limits
 from bus.server import BUS_CLIENT_ID, PRESENCE_TOPIC
 from peers.testing import BusHarness, Inbox, running_bus, scaled
@@ -58,7 +60,7 @@ async def _send(h: BusHarness, sender: str, topic: str, count: int, **kwargs: An
     """Send ``count`` messages from ``sender`` to ``topic``; return their epochs."""
     kind = "spawn_request" if topic == "system:spawn" else "tg_message"
     async with h.peer(sender) as peer:
-        return [(await peer.send(topic, kind, {"n": n}, **kwargs))["epoch"] for n in range(count)]
+        return [(await peer.send(topic, kind, {"n": n}, **kwargs)).epoch for n in range(count)]
 
 
 # Epochs
@@ -80,7 +82,7 @@ async def test_every_message_gets_a_rising_epoch_in_result_push_and_log(tmp_path
         inbox = Inbox()
         async with h.peer("agent:w1") as agent:
             agent.handle(None, inbox)
-            first_seen = agent.server_info["epoch"]
+            first_seen = agent.server_info.epoch
             epochs = await _send(h, "tg:42", "agent:w1", 3)
             assert first_seen < epochs[0] < epochs[1] < epochs[2]
             assert [(await inbox.get()).epoch for _ in range(3)] == epochs
@@ -120,7 +122,7 @@ async def test_a_log_from_before_epochs_gets_the_columns(tmp_path):
         conn.execute("INSERT INTO activity_log (ts, event) VALUES ('t', 'send_start')")
     async with ActivityLog(db) as log:
         assert log.last_epoch == 0
-        await log.write("send_start", epoch=42, trace_id="ab" * 16)
+        await log.write(LogEvent.SEND_START, epoch=42, trace_id="ab" * 16)
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT epoch, typeof(epoch), trace_id FROM activity_log").fetchall()
         assert (None, "null", None) in rows and (42, "integer", "ab" * 16) in rows
@@ -138,7 +140,7 @@ async def test_fetch_pages_through_what_was_missed_oldest_first(tmp_path):
     nextEpoch and more, and the answer satisfies its schema."""
     async with running_bus(tmp_path) as h:
         async with h.peer("agent:w1") as agent:
-            since = agent.server_info["epoch"]
+            since = agent.server_info.epoch
         epochs = await _send(h, "tg:42", "agent:w1", 5)
         async with h.peer("agent:w1") as agent:
             raw = await agent.request(
@@ -239,9 +241,9 @@ async def test_a_message_refused_for_the_log_is_never_fetched(tmp_path, monkeypa
             monkeypatch.setattr(h.log, "commit", real_commit)
             sent = await tg.send("agent:w1", "tg_message", {"n": 1}, message_id="once")
             page = await agent.fetch("agent:w1", 0)
-            assert [m.epoch for m in page.messages] == [sent["epoch"]]
+            assert [m.epoch for m in page.messages] == [sent.epoch]
         (aborted,) = h.rows(event="send_aborted")
-        assert aborted["message_id"] == "once" and aborted["epoch"] < sent["epoch"]
+        assert aborted["message_id"] == "once" and aborted["epoch"] < sent.epoch
 
 
 async def test_fetch_limit_is_capped_and_a_long_scan_stops_with_more(tmp_path, monkeypatch):
@@ -272,7 +274,7 @@ async def test_fetch_reads_a_message_whose_rows_were_not_yet_committed(tmp_path,
     async with running_bus(tmp_path) as h:
         since = h.bus.latest_epoch
         release = threading.Event()
-        real_insert, real_commit = h.log._insert, h.log.commit
+        real_insert, real_commit = h.log._store.insert, h.log.commit
         commits: asyncio.Queue[None] = asyncio.Queue()
 
         def held_insert(batch: Any) -> None:
@@ -283,7 +285,7 @@ async def test_fetch_reads_a_message_whose_rows_were_not_yet_committed(tmp_path,
             commits.put_nowait(None)
             await real_commit()
 
-        monkeypatch.setattr(h.log, "_insert", held_insert)
+        monkeypatch.setattr(h.log._store, "insert", held_insert)
         monkeypatch.setattr(h.log, "commit", counted_commit)
         envelope = {"messageId": "m1", "type": "tg_message", "from": "tg:42", "content": {}}
         publishing = asyncio.ensure_future(

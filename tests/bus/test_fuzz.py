@@ -866,10 +866,10 @@ async def test_fuzzed_frames_get_spec_answers_and_the_bus_stays_up(tmp_path, jso
                 after.handle(None, inbox)
                 await after.subscribe("agent:after")
                 result = await tg.send("agent:after", "tg_message", {"n": 1}, message_id="after-1")
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
                 assert (await inbox.get()).content == {"n": 1}
                 result = await tg.send("agent:fz", "tg_message", {"n": 2}, message_id="after-2")
-                assert result["deliveredTo"] == 1, problems
+                assert result.delivered_to == 1, problems
             assert not listening.done(), problems
             assert problems == []
         finally:

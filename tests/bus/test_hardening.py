@@ -65,7 +65,7 @@ async def assert_bus_still_delivers(h: BusHarness, message_id: str) -> None:
         result = await tg.send(
             "agent:w1", "tg_message", {"text": "still here"}, message_id=message_id
         )
-        assert result["deliveredTo"] == 1
+        assert result.delivered_to == 1
         assert (await inbox.get()).content == {"text": "still here"}
     events = [row["event"] for row in h.rows(message_id=message_id)]
     assert events == ["send_start", "process_start", "process_finish", "send_finish"]
@@ -187,7 +187,7 @@ async def test_subscriber_that_stops_reading_fails_fast_then_is_disconnected(tmp
                     )
                     await asyncio.wait({closed}, timeout=0.05)
             results = await asyncio.wait_for(asyncio.gather(*sends), scaled(10))
-            assert all(result["deliveredTo"] == 0 for result in results)
+            assert all(result.delivered_to == 0 for result in results)
             stuck.transport.abort()
             assert await tg.send("agent:w1", "tg_message", {"text": "after"}, message_id="after")
             assert (await healthy.get_type("tg_message")).content == {"text": "after"}
@@ -253,7 +253,7 @@ async def test_bytes_in_flight_over_the_bus_limit_are_refused_with_32005(tmp_pat
             finally:
                 await ws.close()
             release.set()
-            assert (await first)["deliveredTo"] == 1
+            assert (await first).delivered_to == 1
 
 
 # 3. Connections: anonymous sockets cannot lock peers out.
@@ -291,7 +291,7 @@ async def test_a_peer_with_its_token_at_the_handshake_passes_a_full_anonymous_ca
             with pytest.raises(InvalidStatus):
                 await connect(h.url)  # no token: the cap holds
             async with h.peer("tg:42", auth_header=True, reconnect=False) as peer:
-                assert (await peer.ping())["pong"] is True
+                assert (await peer.ping()).pong is True
             with pytest.raises(InvalidStatus):
                 await connect(h.url, additional_headers={"Authorization": "Bearer bcpbus_no"})
         finally:
@@ -331,7 +331,7 @@ async def test_log_failure_delivers_nothing_and_a_retry_delivers_once(tmp_path, 
             assert inbox.empty()
             monkeypatch.setattr(h.log, "commit", real_commit)
             result = await tg.send("agent:w1", "tg_message", {"n": 1}, message_id="once")
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             assert (await inbox.get()).content == {"n": 1}
             assert inbox.empty()
 
@@ -419,9 +419,9 @@ async def test_duplicate_message_id_is_refused_with_32008(tmp_path):
                 assert reply["error"]["data"] == {"messageId": "dup"}
             finally:
                 await ws.close()
-            assert (await other.send("agent:w1", "tg_message", {"n": 3}, message_id="dup"))[
-                "deliveredTo"
-            ] == 1
+            assert (
+                await other.send("agent:w1", "tg_message", {"n": 3}, message_id="dup")
+            ).delivered_to == 1
         contents = [message.content for message in inbox.messages]
         assert contents == [{"n": 1}, {"n": 2}, {"n": 3}]
         assert h.rows(event="refused", status="duplicate", actor="tg:44")
@@ -445,11 +445,11 @@ async def test_deleted_database_stops_acknowledging(tmp_path):
             inbox = Inbox()
             async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
                 agent.handle(None, inbox)
-                assert (await tg.send("agent:w1", "tg_message", {"n": 1}))["deliveredTo"] == 1
+                assert (await tg.send("agent:w1", "tg_message", {"n": 1})).delivered_to == 1
                 await inbox.get()
                 for suffix in ("", "-wal", "-shm"):
                     h.db.with_name(h.db.name + suffix).unlink(missing_ok=True)
                 with pytest.raises(AuditUnavailable, match="deleted"):
                     await tg.send("agent:w1", "tg_message", {"n": 2})
                 assert inbox.empty()
-                assert (await tg.ping())["pong"] is True  # writes no rows: still answered
+                assert (await tg.ping()).pong is True  # writes no rows: still answered

@@ -9,8 +9,10 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.routing import Route
 from websockets.asyncio.client import connect
 
+from bus.core import errors as bus_errors
 from bus.core.errors import (
     AuditUnavailable,
     AuthenticationFailed,
@@ -22,15 +24,17 @@ from bus.core.errors import (
     LimitExceeded,
     NotInitialized,
     ParseError,
+    RemoteError,
     SubscriptionNotFound,
 )
 from bus.log.audit import bits_per_channel
 from bus.ops.config import HttpSettings, Limits
-from bus.transports.http import http_status
+from bus.transports.http import BodyTimeout, BodyTooLarge
 from peers import Peer
 from peers.testing import Inbox, running_bcp, running_bus, scaled
 from schemas.bcp import BcpResponseDelivery
 from schemas.bus import DeliveryStatus
+from schemas.http import ROUTES
 
 from .webhook_receiver import Receiver
 
@@ -86,7 +90,7 @@ async def test_an_http_only_peer_and_a_websocket_peer_talk_both_ways(tmp_path):
 
                 # The other way: the WebSocket peer answers; the bus POSTs it to the webhook.
                 result = await agent.send("tg:42", "tg_reply", {"text": "hello"}, message_id="r-1")
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
                 post = await asyncio.wait_for(receiver.received.get(), scaled(5))
                 assert post.signed and post.fresh
                 assert post.message["method"] == "processMessage"
@@ -116,7 +120,7 @@ async def test_a_webhook_that_fails_then_times_out_then_answers_gets_the_message
             _, receiver.secret = await h.webhook_peer("tg:42", receiver.url)
             async with h.peer("agent:w1") as agent:
                 result = await agent.send("tg:42", "tg_reply", {"text": "x"}, message_id="m-1")
-        assert result["deliveredTo"] == 1
+        assert result.delivered_to == 1
         assert len(receiver.posts) == 3
         assert all(post.signed and post.fresh for post in receiver.posts)
         assert len({post.body for post in receiver.posts}) == 1  # the same request each time
@@ -135,7 +139,7 @@ async def test_the_sender_gets_delivery_status_when_the_webhook_never_answers(tm
             async with h.peer("agent:w1") as agent:
                 agent.handle(None, inbox)
                 result = await agent.send("tg:42", "tg_reply", {"text": "x"}, message_id="m-2")
-                assert result["deliveredTo"] == 0
+                assert result.delivered_to == 0
                 status = await inbox.get_type("delivery_status")
         assert status.sender == "system:bus" and status.topic == "agent:w1"
         content = DeliveryStatus.model_validate(status.content)
@@ -160,7 +164,7 @@ async def test_a_webhook_that_cannot_be_reached_or_answers_garbage_fails_cleanly
             async with h.peer("agent:w1") as agent:
                 first = await agent.send("tg:1", "tg_reply", {}, message_id="c-1")
                 second = await agent.send("tg:2", "tg_reply", {}, message_id="c-2")
-        assert first["deliveredTo"] == second["deliveredTo"] == 0
+        assert first.delivered_to == second.delivered_to == 0
         assert len(receiver.posts) == 1  # a malformed answer is not retried
         failures = {row["message_id"]: row["status"] for row in h.rows(event="delivery_failed")}
         assert failures == {"c-1": "connect_error", "c-2": "malformed_response"}
@@ -265,16 +269,18 @@ async def test_http_errors_have_statuses_json_rpc_bodies_and_rows(tmp_path):
 
 def test_each_bus_error_has_an_http_status():
     """Policy refusals are 403, limits 429, an unavailable log 503, unknown codes 500."""
-    assert http_status(Forbidden()) == 403
-    assert http_status(InvalidParams()) == 400
-    assert http_status(ParseError()) == 400
-    assert http_status(AuthenticationFailed()) == 401
-    assert http_status(SubscriptionNotFound()) == 404
-    assert http_status(NotInitialized()) == 409
-    assert http_status(DuplicateMessage()) == 409
-    assert http_status(LimitExceeded()) == 429
-    assert http_status(AuditUnavailable()) == 503
-    assert http_status(EpochNotKept()) == http_status(ContentNotKept()) == 410
+    assert Forbidden().http_status == 403
+    assert InvalidParams().http_status == 400
+    assert ParseError().http_status == 400
+    assert AuthenticationFailed().http_status == 401
+    assert SubscriptionNotFound().http_status == 404
+    assert NotInitialized().http_status == 409
+    assert DuplicateMessage().http_status == 409
+    assert LimitExceeded().http_status == 429
+    assert AuditUnavailable().http_status == 503
+    assert EpochNotKept().http_status == ContentNotKept().http_status == 410
+    assert RemoteError(-32050, "a code this bus does not know").http_status == 500
+    assert BodyTooLarge().http_status == 413 and BodyTimeout().http_status == 408
 
 
 async def test_a_traceparent_header_is_checked_and_kept_on_the_envelope(tmp_path):
@@ -354,7 +360,7 @@ async def test_a_webhook_peer_subscribes_over_http_and_cannot_open_a_websocket(t
                 await Peer(h.url, "agent:hook", token, reconnect=False).connect()
             async with h.peer("agent:w1") as w1:
                 result = await w1.send("agent:hook", "agent_event", {}, message_id="e-1")
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
         assert [r["status"] for r in h.rows(actor="agent:hook", event="auth_failed")] == ["webhook"]
 
 
@@ -375,6 +381,38 @@ async def test_discovery_openapi_and_health_describe_this_bus(tmp_path):
     assert set(document["paths"]["/v1/messages"]) == {"get", "post"}
     assert discovery["capabilities"]["epochs"] and "fetchMessages" in discovery["methods"]
     assert health.text == "ok\n"
+
+
+async def test_the_routes_served_and_documented_are_the_one_table(tmp_path):
+    """The binding serves each route of schemas.http.ROUTES, answers each, and /openapi.json
+    documents each but itself, with the table's operationId; the error statuses each names
+    are ones some bus error answers."""
+    async with running_bus(tmp_path, http=settings()) as h:
+        served = {
+            (route.path, method)
+            for route in h.http.app.routes
+            if isinstance(route, Route)
+            for method in route.methods or ()
+            if method != "HEAD"
+        }
+        async with httpx.AsyncClient(base_url=h.http_url) as c:
+            answers = {op.operation_id: await c.request(op.method, op.path) for op in ROUTES}
+            document = (await c.get("/openapi.json")).json()
+    assert served == {(op.path, op.method) for op in ROUTES}
+    assert all(answer.status_code not in (404, 405) for answer in answers.values()), answers
+    documented = {
+        (path, method.upper()): operation["operationId"]
+        for path, methods in document["paths"].items()
+        for method, operation in methods.items()
+    }
+    assert documented == {(op.path, op.method): op.operation_id for op in ROUTES if op.documented}
+    statuses = {
+        cls.http_status
+        for cls in vars(bus_errors).values()
+        if isinstance(cls, type) and issubclass(cls, bus_errors.BusError)
+    }
+    # 413 is the binding's own BodyTooLarge, an InvalidRequest that bus.core.errors lacks.
+    assert {code for op in ROUTES for code in op.errors} <= {str(s) for s in statuses} | {"413"}
 
 
 async def test_a_websocket_bearer_header_still_works_beside_http(tmp_path):
@@ -443,12 +481,12 @@ async def test_an_http_only_peer_polls_what_it_may_read_page_by_page(tmp_path):
                 await agent.send("tg:42", "tg_reply", {"n": n}, correlation_id=f"c{n % 2}")
                 for n in range(3)
             ]
-            assert [r["deliveredTo"] for r in replies] == [0, 0, 0]  # tg:42 is not online
+            assert [r.delivered_to for r in replies] == [0, 0, 0]  # tg:42 is not online
             query = {"topic": "tg:42", "since": posted.json()["epoch"], "limit": 2}
             first = await c.get("/v1/messages", params=query, headers=bearer(token))
             assert first.status_code == 200, first.text
             page = first.json()
-            assert [m["epoch"] for m in page["messages"]] == [r["epoch"] for r in replies[:2]]
+            assert [m["epoch"] for m in page["messages"]] == [r.epoch for r in replies[:2]]
             assert page["more"] is True and page["next"].startswith("/v1/messages?")
             rest = (await c.get(page["next"], headers=bearer(token))).json()
             assert [m["payload"]["content"] for m in rest["messages"]] == [{"n": 2}]

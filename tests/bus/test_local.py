@@ -66,7 +66,7 @@ async def test_local_peer_is_authenticated_authorized_and_logged(tmp_path) -> No
         async with local, h.peer("tg:7") as tg:
             local.handle(None, inbox)
             result = await tg.send("agent:local", "tg_message", {"text": "hi"}, message_id="m-in")
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             assert (await inbox.get()).content == {"text": "hi"}
             with pytest.raises(InvalidParams, match="may not send 'bcp_query'"):
                 await local.send("agent:other", "bcp_query", {}, message_id="m-no")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bus.log.activity import canonical_json, canonical_sha256
+from bus.core.digest import canonical_json, canonical_sha256
 from peers.testing import Inbox, running_bus
 
 BCPBUS = [str(Path(sys.executable).with_name("bcpbus"))]

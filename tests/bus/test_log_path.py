@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from bus.core.errors import AuditUnavailable
+from bus.core.logevents import LogEvent
 from bus.log import audit
 from bus.log.activity import ActivityLog
+from bus.log.rows import LogRow
 from peers.testing import Inbox, running_bus, scaled
-
-_Row = tuple[str | None, ...]
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -29,16 +29,16 @@ class HeldInserts:
     ``holds(row)`` is true tells the loop (``entered``) and waits for ``release``, or fails
     with ``fail`` if it is set."""
 
-    def __init__(self, log: ActivityLog, holds: Callable[[_Row], bool]) -> None:
-        self.real = log._insert
+    def __init__(self, log: ActivityLog, holds: Callable[[LogRow], bool]) -> None:
+        self.real = log._store.insert
         self.holds = holds
         self.loop = asyncio.get_running_loop()
         self.entered = asyncio.Event()
         self.release = threading.Event()
         self.fail: Exception | None = None
-        log._insert = self  # type: ignore[method-assign]
+        log._store.insert = self  # type: ignore[method-assign]
 
-    def __call__(self, batch: list[_Row]) -> None:
+    def __call__(self, batch: list[LogRow]) -> None:
         if any(self.holds(row) for row in batch):
             self.loop.call_soon_threadsafe(self.entered.set)
             if self.fail is not None:
@@ -48,9 +48,9 @@ class HeldInserts:
         self.real(batch)
 
 
-def event_is(name: str, message_id: str | None = None) -> Callable[[_Row], bool]:
+def event_is(name: str, message_id: str | None = None) -> Callable[[LogRow], bool]:
     """Whether a row is a ``name`` row (of ``message_id``, if given)."""
-    return lambda row: row[1] == name and message_id in (None, row[2])
+    return lambda row: row.event == name and message_id in (None, row.message_id)
 
 
 async def test_nothing_is_delivered_when_send_start_cannot_be_written(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ async def test_nothing_is_delivered_when_send_start_cannot_be_written(tmp_path: 
             inserts.fail = None
             inserts.release.set()
             result = await tg.send("agent:w1", "tg_message", {"n": 1}, message_id="m-1")
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             assert (await inbox.get()).content == {"n": 1}
         events = [row["event"] for row in h.rows(message_id="m-1")]
         # The rows of the refused attempt stayed buffered and went in with the next batch.
@@ -100,7 +100,7 @@ async def test_delivery_waits_for_send_start_and_the_answer_for_the_rest(tmp_pat
             inserts.release.set()
             async with asyncio.timeout(scaled(5)):
                 result = await sending
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             events = [row["event"] for row in h.rows(message_id="m-1")]
             assert events == ["send_start", "process_start", "process_finish", "send_finish"]
 
@@ -108,15 +108,15 @@ async def test_delivery_waits_for_send_start_and_the_answer_for_the_rest(tmp_pat
 async def test_commits_of_many_callers_share_transactions(tmp_path: Path) -> None:
     """64 callers committing while a batch is on the thread go in one transaction after it."""
     async with ActivityLog(tmp_path / "a.db") as log:
-        inserts = HeldInserts(log, event_is("first"))
-        log.record("first")
+        inserts = HeldInserts(log, event_is(LogEvent.CONNECT))
+        log.record(LogEvent.CONNECT)
         first = asyncio.create_task(log.commit())
         async with asyncio.timeout(scaled(5)):
             await inserts.entered.wait()
         before = log.batches_committed
 
         async def caller(n: int) -> None:
-            log.record("send_start", message_id=f"m-{n}")
+            log.record(LogEvent.SEND_START, message_id=f"m-{n}")
             await log.commit()
 
         callers = [asyncio.create_task(caller(n)) for n in range(64)]
@@ -131,6 +131,7 @@ async def test_commits_of_many_callers_share_transactions(tmp_path: Path) -> Non
 
 _WRITER = """
 import asyncio, sys
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 
 async def main():
@@ -138,7 +139,7 @@ async def main():
         n = 0
         while True:
             for _ in range(int(sys.argv[2])):
-                log.record("send_start", message_id=f"m-{n}", payload={"n": n})
+                log.record(LogEvent.SEND_START, message_id=f"m-{n}", payload={"n": n})
                 n += 1
             await log.commit()
             print(n, flush=True)
@@ -169,7 +170,7 @@ async def test_a_writer_killed_mid_stream_leaves_a_chain_that_reopens_and_verifi
         child.send_signal(signal.SIGKILL)
         await child.wait()
     async with ActivityLog(db) as log:  # raises ChainBroken if the tail does not verify
-        await log.write("connect", actor="after the crash")
+        await log.write(LogEvent.CONNECT, actor="after the crash")
     result = audit.verify(db)
     assert result.ok, result.problems
     with sqlite3.connect(db) as conn:

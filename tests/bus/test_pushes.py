@@ -177,7 +177,7 @@ async def test_min_relevance_pushes_only_what_is_rated_high_enough(tmp_path):
             unrated = await _send(tg, None)
             assert (low["deliveredTo"], high["deliveredTo"], unrated["deliveredTo"]) == (0, 1, 1)
             assert [m.epoch for m in inbox.messages] == [high["epoch"], unrated["epoch"]]
-            fetched = await agent.fetch("agent:w1", agent.server_info["epoch"])
+            fetched = await agent.fetch("agent:w1", agent.server_info.epoch)
             assert [m.epoch for m in fetched.messages] == [
                 low["epoch"],
                 high["epoch"],
@@ -203,7 +203,7 @@ async def test_debounce_pushes_the_first_then_the_latest_with_skipped(tmp_path):
             assert (first.epoch, first.skipped) == (epochs[0], None)
             assert (last.epoch, last.skipped) == (epochs[-1], 2)
             assert sum(result["deliveredTo"] for result in results) == 1
-            fetched = await agent.fetch("agent:w1", agent.server_info["epoch"])
+            fetched = await agent.fetch("agent:w1", agent.server_info.epoch)
             assert [m.epoch for m in fetched.messages] == epochs
         statuses = [row["status"] for row in h.rows(event="push_skipped")]
         assert statuses == ["debounce"] * 3

@@ -102,7 +102,7 @@ async def test_a_peer_added_to_the_file_connects_after_the_change_is_seen(tmp_pa
         async with asyncio.timeout(scaled(5)):
             await s.reloader.reloaded.wait()
         async with Peer(s.bus.url, "agent:w1", token, reconnect=False) as peer:
-            assert (await peer.ping())["pong"] is True
+            assert (await peer.ping()).pong is True
         assert (await s.rows("reload"))[-1]["status"] == "ok"
         assert s.said[-1].startswith("bcpbus: reloaded (bus: 1 peer, 1 roles, 0 agents")
 
@@ -123,7 +123,7 @@ async def test_a_rotated_token_closes_the_connection_with_4005(tmp_path):
         with pytest.raises(AuthenticationFailed):
             await Peer(s.bus.url, "agent:w1", old, reconnect=False).connect()
         async with Peer(s.bus.url, "agent:w1", new, reconnect=False) as peer:
-            assert (await peer.ping())["pong"] is True
+            assert (await peer.ping()).pong is True
         assert watcher_token  # an unrelated peer's token is untouched by the rotation
 
 
@@ -139,7 +139,7 @@ async def test_a_removed_peer_is_closed_and_others_stay(tmp_path):
             credentials.save(s.peers_file)
             assert s.reloader.reload()
             assert await closed_with(ws_gone) == CLOSE_REVOKED
-            assert (await peer.ping())["pong"] is True
+            assert (await peer.ping()).pong is True
         assert (await s.rows("revoked"))[0]["status"] == "removed"
 
 
@@ -156,12 +156,12 @@ async def test_shrunk_rights_drop_the_subscriptions_no_longer_allowed(tmp_path):
         ):
             reader.handle(None, inbox)
             await reader.subscribe("team:*")
-            assert (await writer.send("team:x", "note", {}))["deliveredTo"] == 1
+            assert (await writer.send("team:x", "note", {})).delivered_to == 1
             await inbox.get()
             s.policy.write_text(POLICY.replace('"agent:{name}", "team:*"', '"agent:{name}"'))
             assert s.reloader.reload()
-            assert (await writer.send("team:x", "note", {}))["deliveredTo"] == 0
-            assert (await writer.send("agent:r", "note", {}))["deliveredTo"] == 1
+            assert (await writer.send("team:x", "note", {})).delivered_to == 0
+            assert (await writer.send("agent:r", "note", {})).delivered_to == 1
             assert (await inbox.get()).topic == "agent:r"
         rows = await s.rows("unsubscribe")
         assert [(r["actor"], r["topic"], r["status"]) for r in rows] == [

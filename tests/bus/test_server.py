@@ -59,20 +59,20 @@ async def test_two_peers_exchange_a_message_and_the_log_has_every_row(tmp_path):
             agent.handle(None, inbox)
             await agent.subscribe("agent:w1")
             result = await tg.send("agent:w1", "tg_message", {"text": "hello"}, message_id="m-1")
-            assert result == {
+            assert result.model_dump(by_alias=True) == {
                 "accepted": True,
                 "messageId": "m-1",
                 "deliveredTo": 1,
-                "epoch": result["epoch"],
+                "epoch": result.epoch,
             }
             message = await inbox.get()
-            assert message.epoch == result["epoch"] > 0
+            assert message.epoch == result.epoch > 0
             assert message.content == {"text": "hello"}
             assert message.sender == "tg:42" and message.topic == "agent:w1"
             # Committed before the answer: readable at once from another connection.
             events = [row["event"] for row in h.rows(message_id="m-1")]
             assert events == ["send_start", "process_start", "process_finish", "send_finish"]
-            assert {row["epoch"] for row in h.rows(message_id="m-1")} == {result["epoch"]}
+            assert {row["epoch"] for row in h.rows(message_id="m-1")} == {result.epoch}
             start = h.rows(message_id="m-1", event="send_start")[0]
             envelope = json.loads(start["payload_json"])  # the whole envelope, as sent
             assert envelope["type"] == "tg_message" and envelope["content"] == {"text": "hello"}
@@ -113,8 +113,8 @@ async def test_bearer_header_authenticates(tmp_path):
     async with running_bus(tmp_path) as h:
         peer = Peer(h.url, "agent:w1", h.token("agent:w1"), auth_header=True)
         async with peer:
-            assert peer.server_info["serverInfo"]["name"] == "bcpbus"
-            assert "agent:w1" in peer.server_info["capabilities"]["topics"]
+            assert peer.server_info.server_info.name == "bcpbus"
+            assert "agent:w1" in peer.server_info.capabilities.topics
 
 
 async def test_malformed_client_id_is_invalid_params(tmp_path):
@@ -132,7 +132,7 @@ async def test_unknown_method_and_second_initialize(tmp_path):
         with pytest.raises(Exception) as caught:
             await peer.request("initialize", {"clientId": "agent:w1", "auth": {"token": "t"}})
         assert caught.value.code == -32004  # type: ignore[attr-defined]
-        assert (await peer.ping())["pong"] is True
+        assert (await peer.ping()).pong is True
 
 
 async def test_forged_from_is_refused(tmp_path):
@@ -195,13 +195,13 @@ async def test_unsubscribe(tmp_path):
         inbox = Inbox()
         async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
             agent.handle(None, inbox)
-            assert (await tg.send("agent:w1", "tg_message", {}))["deliveredTo"] == 1
+            assert (await tg.send("agent:w1", "tg_message", {})).delivered_to == 1
             await agent.subscribe("agent:w1")  # already subscribed: still one delivery
             await agent.unsubscribe("agent:w1")
             with pytest.raises(SubscriptionNotFound):
                 await agent.unsubscribe("agent:w1")
             result = await tg.send("agent:w1", "tg_message", {})
-            assert result["deliveredTo"] == 0 and len(inbox.messages) == 1
+            assert result.delivered_to == 0 and len(inbox.messages) == 1
 
 
 async def test_second_connection_takes_over(tmp_path):
@@ -218,7 +218,7 @@ async def test_second_connection_takes_over(tmp_path):
                 await first._ws.wait_closed()  # type: ignore[union-attr]
             assert first._ws.close_code == 4001  # type: ignore[union-attr]
             # Only the new connection gets agent:w1's messages (it is subscribed to its own id).
-            assert (await tg.send("agent:w1", "tg_message", {}))["deliveredTo"] == 1
+            assert (await tg.send("agent:w1", "tg_message", {})).delivered_to == 1
             assert len(inbox.messages) == 1
         await first.close()
         assert len(h.rows(event="replaced", actor="agent:w1")) == 1
@@ -232,7 +232,7 @@ async def test_tainted_peer_cannot_write_down(tmp_path):
             main.handle(None, inbox)
             await main.subscribe("agent:main")
             result = await reader.send("agent:main", "agent_event", {"x": 1}, message_id="t-1")
-            assert result["deliveredTo"] == 0 and inbox.empty()
+            assert result.delivered_to == 0 and inbox.empty()
         [row] = h.rows(event="taint_refused", message_id="t-1")
         assert row["actor"] == "agent:main" and row["status"] == "high->none"
 
@@ -245,14 +245,14 @@ async def test_handler_may_send_while_answering(tmp_path):
 
             async def relay(message: Message) -> None:
                 result = await w1.send("agent:w2", "agent_event", {"relayed": message.content})
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
 
             w1.handle("tg_message", relay)
             w2.handle(None, got)
             await w1.subscribe("agent:w1")
             await w2.subscribe("agent:w2")
             result = await tg.send("agent:w1", "tg_message", {"n": 1})
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             assert (await got.get()).content == {"relayed": {"n": 1}}
 
 
@@ -266,7 +266,7 @@ async def test_one_delivery_per_peer_and_not_to_the_sender(tmp_path):
             for pattern in ("agent:system", "system:spawn", "system:route"):
                 await system.subscribe(pattern)
             await w1.subscribe("agent:w1")
-            assert (await w1.send("agent:system", "agent_event", {}))["deliveredTo"] == 1
+            assert (await w1.send("agent:system", "agent_event", {})).delivered_to == 1
             await inbox.get()
             assert inbox.empty() and own.empty()
 
@@ -288,7 +288,7 @@ async def test_slow_peer_does_not_stall_the_others(tmp_path):
             # agent_event is not routed to tg:*; use spawn_result, which the system sends to tg:*.
             r1 = await system.send("tg:1", "spawn_result", {}, message_id="slow")
             r2 = await system.send("tg:2", "spawn_result", {}, message_id="fast")
-            assert (r1["deliveredTo"], r2["deliveredTo"]) == (0, 1)
+            assert (r1.delivered_to, r2.delivered_to) == (0, 1)
             never.set()
         [row] = h.rows(event="process_finish", message_id="slow")
         assert row["status"] == "timeout"
@@ -300,9 +300,7 @@ async def test_not_processed_is_not_counted(tmp_path):
         async with h.peer("agent:w1") as w1, h.peer("tg:1") as tg:
             w1.handle(None, Inbox(reply=Reply(False, "busy", "try later")))
             await w1.subscribe("agent:w1")
-            assert (await tg.send("agent:w1", "tg_message", {}, message_id="nb"))[
-                "deliveredTo"
-            ] == 0
+            assert (await tg.send("agent:w1", "tg_message", {}, message_id="nb")).delivered_to == 0
         [row] = h.rows(event="process_finish", message_id="nb")
         assert row["status"] == "not_processed" and "busy" in row["error"]
 
@@ -403,7 +401,7 @@ async def test_peer_limit_refuses_initialize_with_32005_and_1013(tmp_path):
                         await ws.recv()
                 assert caught.value.rcvd is not None and caught.value.rcvd.code == 1013
             async with h.peer("tg:1") as again:  # replaces the first tg:1, not one more
-                assert (await again.ping())["pong"] is True
+                assert (await again.ping()).pong is True
             await h.log.commit()
             assert h.rows(event="limit_exceeded", status="max_connections")
 
@@ -499,7 +497,7 @@ async def test_sdk_reconnects_and_resubscribes(tmp_path):
                 async with asyncio.timeout(scaled(5)):
                     await peer.connected.wait()
                 result = await tg.send("agent:w1", "tg_message", {"again": True})
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
                 assert (await inbox.get()).content == {"again": True}
 
 
@@ -540,8 +538,8 @@ async def test_inflight_limit_makes_a_second_delivery_wait_for_the_slot(tmp_path
                 async with asyncio.timeout(0.3):
                     await queued_arrived.wait()
             release.set()
-            assert (await held)["deliveredTo"] == 1
-            assert (await second)["deliveredTo"] == 1
+            assert (await held).delivered_to == 1
+            assert (await second).delivered_to == 1
             assert queued_arrived.is_set()
         [row] = h.rows(event="process_finish", message_id="queued")
         assert row["status"] == "processed"

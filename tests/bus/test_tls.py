@@ -47,7 +47,7 @@ async def test_the_sdk_connects_over_wss_with_the_ca_file_and_refuses_without(tm
     async with running(tmp_path / "a.db", credentials=credentials, ssl=tls) as bus:
         assert bus.url.startswith("wss://127.0.0.1:")
         async with Peer(bus.url, "agent:w1", token, reconnect=False, cafile=pki["ca"]) as peer:
-            assert (await peer.ping())["pong"] is True
+            assert (await peer.ping()).pong is True
         with pytest.raises(ConnectFailed, match="certificate verify failed"):
             await Peer(bus.url, "agent:w1", token, reconnect=False).connect()
         plain = bus.url.replace("wss://", "ws://")

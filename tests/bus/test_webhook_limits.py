@@ -39,7 +39,7 @@ async def test_an_answer_past_the_cap_fails_the_delivery_and_is_not_read(tmp_pat
                 first = await agent.send("tg:1", "tg_reply", {}, message_id="big-1")
                 second = await agent.send("tg:2", "tg_reply", {}, message_id="big-2")
                 statuses = [await inbox.get_type("delivery_status", scaled(10)) for _ in "12"]
-        assert first["deliveredTo"] == second["deliveredTo"] == 0
+        assert first.delivered_to == second.delivered_to == 0
         assert big.sent < BIG // 2  # the bus hung up; the kernel's buffers took the rest
     reasons = {DeliveryStatus.model_validate(s.content).reason for s in statuses}
     assert reasons == {"too_large"}
@@ -64,5 +64,5 @@ async def test_an_answer_trickled_byte_by_byte_times_out_as_a_whole(tmp_path):
             await h.webhook_peer("tg:1", slow.url)
             async with h.peer("agent:w1") as agent:
                 result = await agent.send("tg:1", "tg_reply", {}, message_id="slow-1")
-    assert result["deliveredTo"] == 0
+    assert result.delivered_to == 0
     assert h.rows(message_id="slow-1", event="delivery_failed")[0]["status"] == "timeout"

@@ -55,7 +55,7 @@ async def test_a_tainted_webhook_s_reason_phrase_never_reaches_the_controller(tm
                 result = await main.send(
                     "agent:researcher", "agent_event", {"n": 1}, message_id="q-1"
                 )
-                assert result["deliveredTo"] == 0
+                assert result.delivered_to == 0
                 await asyncio.wait_for(kept.wait(), scaled(10))  # the bridge keeps it
                 arrived = list(bridge.inbox)[0]
                 page = await main.fetch("agent:main", 0)

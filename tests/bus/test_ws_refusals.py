@@ -69,7 +69,7 @@ async def test_300_anonymous_sockets_write_a_bounded_number_of_rows(tmp_path):
         )
         assert codes == [4003] * 150 + [4002] * 150
         async with h.peer("agent:w1") as peer:
-            assert (await peer.ping())["pong"] is True
+            assert (await peer.ping()).pong is True
         await h.bus.close()
         elapsed = loop.time() - started
         reasons = await h.refused()

@@ -12,6 +12,7 @@ import stat
 
 import pytest
 
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 from peers.testing import scaled
 
@@ -21,7 +22,7 @@ from .test_cli import BCPBUS, run, serving
 async def write_rows(db, *events: str) -> None:
     async with ActivityLog(db) as log:
         for n, event in enumerate(events):
-            log.record(event, actor=f"tg:{n}", topic="agent:w1", message_id=f"m-{n}")
+            log.record(LogEvent(event), actor=f"tg:{n}", topic="agent:w1", message_id=f"m-{n}")
         await log.commit()
 
 

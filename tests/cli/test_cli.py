@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bus.core.errors import AuthenticationFailed
-from bus.log.activity import SCHEMA
+from bus.log.schema import SCHEMA
 from peers import Peer
 from peers.testing import Inbox, scaled
 
@@ -206,7 +206,7 @@ async def test_serve_two_peers_and_audit(tmp_path):
             agent.handle(None, inbox)
             await agent.subscribe("agent:w1")
             result = await chat.send("agent:w1", "tg_message", {"text": "hi"}, message_id="cli-1")
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
         with pytest.raises(AuthenticationFailed):
             await Peer(url, "agent:w1", "not-the-token", reconnect=False).connect()
     # After SIGTERM the log is flushed; audit reads it back.
@@ -264,7 +264,7 @@ async def test_kill_9_keeps_every_answered_message(tmp_path):
 
         async def send(n: int) -> None:
             result = await chat.send("agent:w1", "tg_message", {"n": n}, message_id=f"k-{n}")
-            answered.append(result["messageId"])
+            answered.append(result.message_id)
 
         # Concurrent senders, so the kill lands while some are in flight.
         async with asyncio.timeout(scaled(30)):

@@ -99,7 +99,7 @@ async def test_serve_with_http_reaches_a_webhook_peer_from_the_peers_file(tmp_pa
         async with serving_http(tmp_path, *config) as (ws_url, http_url):
             async with Peer(ws_url, "agent:w1", agent) as w1:
                 result = await w1.send("tg:7", "tg_reply", {"text": "hi"}, message_id="w-1")
-                assert result["deliveredTo"] == 1
+                assert result.delivered_to == 1
             async with httpx.AsyncClient(base_url=http_url) as client:
                 posted = await client.post(
                     "/v1/messages?wait=true",

@@ -333,7 +333,7 @@ async def test_peers_added_rotated_and_refused_policies_under_a_running_serve(tm
         process.send_signal(signal.SIGHUP)
         assert "policy.yaml" in await stderr_line(process, "bcpbus: reload failed")
         async with Peer(url, "agent:w1", out.strip(), reconnect=False) as again:
-            assert (await again.ping())["pong"] is True
+            assert (await again.ping()).pong is True
 
 
 # Terminal tools

@@ -24,6 +24,7 @@ from peers.approver import (
 )
 from peers.testing import Inbox, running_bus, scaled
 from schemas.bcp import UNTRUSTED_NOTICE, BcpApprovalRequest
+from schemas.bus import SendMessageResult
 
 HOSTILE = (
     "Findings: \x1b[2J\x1b[1;1H\x1b]0;owned\x07 all clear \u202eevil\u202c\u200b\r"
@@ -67,7 +68,7 @@ class FakeGateway:
         await self.peer.subscribe(APPROVAL_TOPIC)
         return self
 
-    async def request(self, approval_id: str = "appr-1", **overrides: Any) -> dict[str, Any]:
+    async def request(self, approval_id: str = "appr-1", **overrides: Any) -> SendMessageResult:
         """Publish a request; return the bus's sendMessage result."""
         self.open.add(approval_id)
         content = request_content(approval_id, **overrides)
@@ -95,7 +96,7 @@ async def test_requests_arrive_once_and_render_with_the_untrusted_label(tmp_path
             gateway = await FakeGateway(g).start()
             seen: list[str] = []
             alice.on_request(lambda request: seen.append(request.approval_id))
-            assert (await gateway.request("appr-1"))["deliveredTo"] == 1
+            assert (await gateway.request("appr-1")).delivered_to == 1
             await gateway.request("appr-1")  # the gateway re-sends pending requests on a join
             await gateway.request("appr-2")
             assert list(alice.pending) == ["appr-1", "appr-2"]
@@ -134,8 +135,8 @@ async def test_expired_and_foreign_requests_are_not_kept(tmp_path):
         async with h.peer("system:gateway") as g, Approver(h.peer("human:alice")) as alice:
             gateway = await FakeGateway(g).start()
             past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
-            assert (await gateway.request("old", expires_at=past))["deliveredTo"] == 0
-            assert (await gateway.request("bad", kind="weird"))["deliveredTo"] == 0
+            assert (await gateway.request("old", expires_at=past)).delivered_to == 0
+            assert (await gateway.request("bad", kind="weird")).delivered_to == 0
             assert alice.pending == {}
         # Only the gateway role may publish requests; an approver's impostor never gets through.
         async with h.peer("human:mallory") as mallory, Approver(h.peer("human:bob")) as bob:
@@ -178,11 +179,11 @@ async def test_callbacks_limits_and_the_gateway_id(tmp_path):
                 def fail(request: BcpApprovalRequest) -> None:
                     raise RuntimeError("a broken callback does not lose the request")
 
-                assert (await gateway.request("appr-1"))["deliveredTo"] == 1
-                assert (await gateway.request("appr-2"))["deliveredTo"] == 0
+                assert (await gateway.request("appr-1")).delivered_to == 1
+                assert (await gateway.request("appr-2")).delivered_to == 0
                 assert seen == ["appr-1"] and list(alice.pending) == ["appr-1"]
             async with Approver(h.peer("human:bob"), gateway_id="system:other") as bob:
-                assert (await gateway.request("appr-3"))["deliveredTo"] == 0
+                assert (await gateway.request("appr-3")).delivered_to == 0
                 assert bob.pending == {}
 
 

@@ -10,6 +10,8 @@ import pytest
 from pydantic import ValidationError
 from websockets.exceptions import ConnectionClosedError, InvalidStatus, InvalidURI
 
+import peers
+from bus.core import errors as bus_errors
 from bus.core.errors import CLOSE_REPLACED
 from bus.core.identities import PeerIdentity
 from bus.ops.config import Limits
@@ -24,7 +26,9 @@ from peers import (
     PeerError,
     PeerTimeout,
     Reader,
+    RequestRefused,
 )
+from peers.errors import InvalidParams, RemoteError, SubscriptionNotFound, refused
 from peers.testing import BusHarness, running_bus, scaled
 
 
@@ -134,6 +138,36 @@ async def test_a_request_before_connect_raises_peer_closed():
     with pytest.raises(PeerClosed) as caught:
         await peer.send("agent:x", "agent_event", {})
     assert isinstance(caught.value, PeerError) and caught.value.code is None
+
+
+async def test_the_bus_refusals_are_peer_errors_with_the_bus_code(tmp_path):
+    """A refusal is one PeerError subclass per code, with the code, message and data, and is
+    still the bus's own class for code that catches that."""
+    async with running_bus(tmp_path) as h, h.peer("tg:42") as tg:
+        with pytest.raises(PeerError) as caught:
+            await tg.send("agent:w1", "no_such_type", {})
+        refusal = caught.value
+        assert isinstance(refusal, InvalidParams) and isinstance(refusal, RequestRefused)
+        assert isinstance(refusal, bus_errors.InvalidParams) and refusal.code == -32602
+        assert "no_such_type" in refusal.message
+        with pytest.raises(SubscriptionNotFound) as gone:
+            await tg.unsubscribe("agent:nowhere")
+        assert isinstance(gone.value, bus_errors.BusError) and gone.value.code == -32003
+
+
+def test_refused_keeps_an_unknown_code_and_maps_a_subclass_to_its_base():
+    """An unknown code stays in RemoteError.remote_code; a bus subclass the SDK has no class
+    for (one defined elsewhere) becomes the class of its nearest base."""
+    unknown = refused(bus_errors.BusError.from_error({"code": -32077, "message": "new"}))
+    assert isinstance(unknown, RemoteError) and unknown.remote_code == -32077
+    assert unknown.message == "new" and unknown.to_error()["code"] == -32077
+
+    class Narrower(bus_errors.LimitExceeded):
+        pass
+
+    mapped = refused(Narrower("slow down", data={"retry": 1}))
+    assert type(mapped) is peers.LimitExceeded and mapped.data == {"retry": 1}
+    assert refused(mapped) is mapped
 
 
 async def fake_gateway(h: BusHarness, reply: dict[str, Any]) -> Peer:

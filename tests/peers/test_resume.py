@@ -9,7 +9,7 @@ from websockets.asyncio.client import connect
 
 from bus.core.pushes import PushOptions
 from peers import Message, Peer
-from peers.client import _missed
+from peers.catchup import missed as _missed
 from peers.testing import BusHarness, Inbox, running_bus, scaled
 from schemas.bus import SubscriptionInfo
 
@@ -72,12 +72,12 @@ async def test_a_killed_peer_gets_what_it_missed_in_order_once(tmp_path):
         peer._process = process  # type: ignore[method-assign]
         async with peer, h.peer("tg:42") as tg:
             before = await tg.send("agent:w1", "tg_message", {"n": 0})
-            assert (await inbox.get()).epoch == before["epoch"]
+            assert (await inbox.get()).epoch == before.epoch
             await arrived.get()
             gate.open.clear()
             await _kill(h, "agent:w1")
             away = [await tg.send("agent:w1", "tg_message", {"n": n}) for n in (1, 2, 3)]
-            assert [r["deliveredTo"] for r in away] == [0, 0, 0]
+            assert [r.delivered_to for r in away] == [0, 0, 0]
             gate.open.set()
             async with asyncio.timeout(scaled(10)):
                 await fetching.wait()
@@ -91,12 +91,12 @@ async def test_a_killed_peer_gets_what_it_missed_in_order_once(tmp_path):
             go_on.set()
             sent = [*away, *[await result for result in both]]
             got = [(await inbox.get()).epoch for _ in range(5)]
-            assert got == [result["epoch"] for result in sent]
+            assert got == [result.epoch for result in sent]
             assert [m.content["n"] for m in inbox.messages] == [0, 1, 2, 3, 4, 5]
             await peer.ping()
             assert inbox.empty() and gate.connects == 2
-            assert peer.last_epoch == sent[-1]["epoch"]
-            assert [r["deliveredTo"] for r in sent[3:]] == [1, 1]  # pushed, answered as duplicates
+            assert peer.last_epoch == sent[-1].epoch
+            assert [r.delivered_to for r in sent[3:]] == [1, 1]  # pushed, answered as duplicates
 
 
 async def test_a_peer_without_resume_misses_what_was_sent_while_away(tmp_path):

@@ -22,10 +22,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from bus.core.logevents import LogEvent
 from bus.ops.config import LogContent
 from schemas.agents import Channel
 from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
-from schemas.common import agent_id
+from schemas.common import BUS_CLIENT_ID, agent_id
 
 from ..events import (
     Action,
@@ -158,7 +159,7 @@ class GatewayCore:
             ctx.state.decided.remember(approval_id, decided)
             actions.append(
                 ctx.record(
-                    "bcp_approval_decided",
+                    LogEvent.BCP_APPROVAL_DECIDED,
                     channel,
                     ApprovalStatus.EXPIRED,
                     approval_id=approval_id,
@@ -232,7 +233,7 @@ class GatewayCore:
         return self.answers.receive(event, channel, response.query_id, response.response)
 
     def _joined(self, event: PeerJoined) -> list[Action]:
-        if event.sender != "system:bus":
+        if event.sender != BUS_CLIENT_ID:
             return [Respond(False, "ignored", "presence comes from the bus only")]
         prefix, _, name = event.client_id.partition(":")
         work: list[Action] = []

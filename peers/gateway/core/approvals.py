@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from bus.core.logevents import LogEvent
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
     UNTRUSTED_NOTICE,
@@ -121,7 +122,7 @@ class Approvals:
         content = wire(request)
         ctx.approvals[approval_id] = Approval(approval_id, kind, channel, spec, content, **details)
         row = ctx.record(
-            "bcp_approval_requested",
+            LogEvent.BCP_APPROVAL_REQUESTED,
             channel,
             "pending",
             approval_id=approval_id,
@@ -199,7 +200,7 @@ class Approvals:
         decided = Decided(status, decided_by, iso(ctx.clock()), note)
         ctx.state.decided.remember(approval.approval_id, decided)
         row = Record(
-            "bcp_approval_decided",
+            LogEvent.BCP_APPROVAL_DECIDED,
             actor=decided_by,
             topic=channel.topic,
             status=status,

@@ -15,7 +15,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from bus.log.activity import canonical_sha256
+from bus.core.digest import canonical_sha256
+from bus.core.logevents import LogEvent
 from bus.ops.config import LogContent
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
@@ -195,7 +196,7 @@ class Context:
         return then(event.delivered_to) if then is not None else []
 
     def record(
-        self, event: str, channel: Channel, status: str | None = None, **payload: Any
+        self, event: LogEvent, channel: Channel, status: str | None = None, **payload: Any
     ) -> Record:
         """Return the gateway's row about ``channel``; ``message_id`` goes in its column too."""
         return Record(
@@ -217,7 +218,7 @@ class Context:
     def charged(self, channel: Channel, bits: float, **ref: Any) -> Record:
         """Return the ``bcp_bits_charged`` row for a charge (or a refund) just made."""
         return self.record(
-            "bcp_bits_charged",
+            LogEvent.BCP_BITS_CHARGED,
             channel,
             "charged",
             bits=bits,
@@ -229,7 +230,7 @@ class Context:
     def delivered(self, channel: Channel, content: Mapping[str, Any], **extra: Any) -> Record:
         """Return the ``bcp_delivered`` row for a delivery the controller got."""
         return self.record(
-            "bcp_delivered",
+            LogEvent.BCP_DELIVERED,
             channel,
             "delivered",
             query_id=content.get("query_id"),
@@ -246,7 +247,7 @@ class Context:
     ) -> Record:
         """Return the ``bcp_validation`` row for a reader's answer or push, ``raw`` as it came."""
         return self.record(
-            "bcp_validation",
+            LogEvent.BCP_VALIDATION,
             channel,
             "pass" if result.accepted else "fail",
             message_id=message_id,
@@ -278,7 +279,7 @@ class Context:
             payload = {**wire(verdict), "channel": event.topic}
             actions.append(
                 Record(
-                    "bcp_validation",
+                    LogEvent.BCP_VALIDATION,
                     GATEWAY_CLIENT_ID,
                     event.topic,
                     "fail",

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bus.core.logevents import LogEvent
 from schemas.agents import Channel
 from schemas.bcp import BcpValidationResult, ReasonCode
 from schemas.common import agent_id
@@ -113,7 +114,7 @@ class Outbox:
             reader=channel.reader,
         )
         row = self.ctx.record(
-            "bcp_held",
+            LogEvent.BCP_HELD,
             channel,
             "held",
             hold_id=held.hold_id,
@@ -142,7 +143,7 @@ class Outbox:
             return []
         inner = held.content["content"]
         row = self.ctx.record(
-            "bcp_expired",
+            LogEvent.BCP_EXPIRED,
             channel,
             ReasonCode.CONTROLLER_UNAVAILABLE,
             hold_id=held.hold_id,

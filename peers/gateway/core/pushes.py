@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bus.core.logevents import LogEvent
 from schemas.agents import Channel, Subscription
 from schemas.bcp import BcpResponse, DeliveryBits, QuerySpec, ReasonCode
 from schemas.common import agent_id
@@ -90,7 +91,7 @@ class Pushes:
         # A subscription that does not exist is the whole story; a limit says which.
         unknown = refusal.reason == ReasonCode.SUBSCRIPTION_NOT_FOUND
         extra = {} if unknown else {"detail": refusal.detail}
-        row = ctx.record("bcp_push_refused", channel, refusal.reason, **extra, **ref)
+        row = ctx.record(LogEvent.BCP_PUSH_REFUSED, channel, refusal.reason, **extra, **ref)
         return [
             row,
             *ctx.tell_reader(event, channel, ref, refusal.reason, refusal.detail),
@@ -112,7 +113,7 @@ class Pushes:
         reason = ReasonCode.VALIDATION_FAILED
         return [
             checked,
-            ctx.record("bcp_push_refused", channel, reason, **ref),
+            ctx.record(LogEvent.BCP_PUSH_REFUSED, channel, reason, **ref),
             *ctx.tell_reader(event, channel, ref, reason, result.detail(), result),
             Respond(False, reason, result.detail()),
         ]
@@ -141,7 +142,7 @@ class Pushes:
         ctx.state.ledger.charge(channel.key, total, cat2=False)
         ctx.state.rates.record((*channel.key, sid), ctx.clock())
         charged: list[Action] = [
-            ctx.record("bcp_push_received", channel, "accepted", bits=total, **ref),
+            ctx.record(LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, **ref),
             ctx.charged(
                 channel, total, subscription_id=sid, category=spec.category, split=bits.model_dump()
             ),

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bus.core.logevents import LogEvent
 from schemas.agents import Channel
 from schemas.bcp import (
     ID_PATTERN,
@@ -174,7 +175,7 @@ class Queries:
         query.state = QueryState.ASKING
         ref = {"query_id": query.query_id, "category": query.spec.category}
         accepted = ctx.record(
-            "bcp_query_accepted",
+            LogEvent.BCP_QUERY_ACCEPTED,
             channel,
             "accepted",
             **ref,
@@ -222,7 +223,12 @@ class Queries:
         failed = BcpQueryFailed.model_validate(fields)
         split = fields["bits"].model_dump() if "bits" in fields else None
         row = self.ctx.record(
-            "bcp_query_failed", channel, reason, query_id=query.query_id, detail=detail, split=split
+            LogEvent.BCP_QUERY_FAILED,
+            channel,
+            reason,
+            query_id=query.query_id,
+            detail=detail,
+            split=split,
         )
         return [
             CancelTimer(query.timer),
@@ -249,7 +255,7 @@ class Queries:
             return [SetTimer(query.timer, self.ctx.settings.screener_timeout)]
         if query is None or query.state is not QueryState.ASKING:
             return []  # Already ended, or an approval is under way and its own timeout ends it.
-        row = self.ctx.record("bcp_expired", query.channel, "timeout", query_id=query_id)
+        row = self.ctx.record(LogEvent.BCP_EXPIRED, query.channel, "timeout", query_id=query_id)
         detail = "no valid answer before the query expired"
         return [row, *self.fail(query, ReasonCode.TIMEOUT, detail)]
 
@@ -306,7 +312,7 @@ def _refuse_query(
     event: MessageReceived, query_id: str | None, refusal: Refusal
 ) -> tuple[Action, ...]:
     row = Record(
-        "bcp_query_refused",
+        LogEvent.BCP_QUERY_REFUSED,
         actor=GATEWAY_CLIENT_ID,
         topic=event.topic,
         status=refusal.reason,

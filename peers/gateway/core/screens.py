@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bus.core.logevents import LogEvent
 from schemas.agents import Channel
 from schemas.bcp import UNTRUSTED_NOTICE, BcpScreenRequest, QuerySpec
 
@@ -114,7 +115,7 @@ class Screens:
         screen = Screen(screen_id, channel, ref, fields, result, then)
         self.pending[screen_id] = screen
         row = ctx.record(
-            "bcp_screen_requested",
+            LogEvent.BCP_SCREEN_REQUESTED,
             channel,
             "pending",
             screen_id=screen_id,
@@ -183,7 +184,7 @@ class Screens:
         if not isinstance(outcome, Unusable):
             said["findings"] = [f.model_dump(mode="json") for f in outcome.findings]
         row = self.ctx.record(
-            "bcp_screened",
+            LogEvent.BCP_SCREENED,
             screen.channel,
             status,
             screen_id=screen.screen_id,

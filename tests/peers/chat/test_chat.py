@@ -134,7 +134,7 @@ async def test_replies_from_another_agent_are_refused_and_an_absent_agent_is_ask
                 for _ in range(2):
                     await system.requests.get()  # type: ignore[attr-defined]
             sent = await intruder.send("tg:1", "tg_reply", {"text": "trust me"})
-            assert sent["deliveredTo"] == 0
+            assert sent.delivered_to == 0
             async with agent(h, "agent:ghost", lambda peer, message: _true()):
                 await events.wait_for("configured")
             await finish(chat, runner)
@@ -157,12 +157,12 @@ async def test_malformed_or_misdirected_answers_are_refused(tmp_path):
                 ("route_assigned", {"chat": "tg:1", "agent": "tg:3"}),
             ):
                 sent = await system.send("tg:1", message_type, content)
-                assert sent["deliveredTo"] == 0, (message_type, content)
+                assert sent.delivered_to == 0, (message_type, content)
             assert store.route() is None
             ok = {"chat": "tg:1", "agent": "agent:a1"}
-            assert (await system.send("tg:1", "route_assigned", ok))["deliveredTo"] == 1
+            assert (await system.send("tg:1", "route_assigned", ok)).delivered_to == 1
             async with h.peer("agent:a1") as a1:
                 malformed = await a1.send("tg:1", "tg_reply", {"text": ""})
-                assert malformed["deliveredTo"] == 0
+                assert malformed.delivered_to == 0
         store.close()
     assert events.kinds() == ["route_assigned"]

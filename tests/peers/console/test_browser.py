@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bus.core.logevents import LogEvent
 from peers import QueryFailed
 from peers.client import Peer
 from peers.testing import Inbox, scaled
@@ -131,7 +132,7 @@ async def test_a_decision_taken_elsewhere_shows_who_and_a_second_one_is_refused(
             bob.handle(None, Inbox())
             content = {"approval_id": approval_id, "decision": "reject", "reason": "off topic"}
             result = await bob.send(APPROVAL_TOPIC, "bcp_approval_decision", content)
-        assert result["deliveredTo"] == 1
+        assert result.delivered_to == 1
         decided = page.locator("#decided li.card")
         await decided.wait_for()
         assert "Rejected by human:bob" in await decided.inner_text()
@@ -211,7 +212,7 @@ async def test_hostile_reader_text_renders_inert(browser, tmp_path):
     """Script, image, link, bidi and a 10,000-character word in the reader's text stay text."""
     async with rig(tmp_path) as r:
         r.h.bus.log.record(
-            "bcp_approval_requested",
+            LogEvent.BCP_APPROVAL_REQUESTED,
             actor=GATEWAY_CLIENT_ID,
             status="pending",
             payload={"approval_id": "ap-hostile", "request": hostile_request("ap-hostile")},

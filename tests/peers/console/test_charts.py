@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 from peers.console.charts import History, Step, bits_history, draw
 
@@ -17,9 +18,11 @@ async def test_bits_history_keeps_every_step_of_each_channel(tmp_path):
             ("bcp_budget_reset", {}),
         ]
         for event, payload in rows:
-            log.record(event, payload={"channel": "bcp:main:researcher", **payload})
-        log.record("bcp_bits_charged", payload={"channel": "bcp:a:b", "bits": 1, "budget_left": 9})
-        log.record("bcp_bits_charged", payload_json="not json")
+            log.record(LogEvent(event), payload={"channel": "bcp:main:researcher", **payload})
+        log.record(
+            LogEvent.BCP_BITS_CHARGED, payload={"channel": "bcp:a:b", "bits": 1, "budget_left": 9}
+        )
+        log.record(LogEvent.BCP_BITS_CHARGED, payload_json="not json")
         await log.commit()
     a, main = bits_history(db)
     assert (a.channel, main.channel) == ("bcp:a:b", "bcp:main:researcher")

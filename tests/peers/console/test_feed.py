@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
 from peers.console.feed import ApprovalFeed
 from peers.testing import scaled
@@ -11,7 +12,9 @@ from peers.testing import scaled
 
 def requested(log: ActivityLog, approval_id: str) -> None:
     request = {"approval_id": approval_id, "kind": "response", "expires_at": None}
-    log.record("bcp_approval_requested", payload={"approval_id": approval_id, "request": request})
+    log.record(
+        LogEvent.BCP_APPROVAL_REQUESTED, payload={"approval_id": approval_id, "request": request}
+    )
 
 
 async def test_the_feed_reads_requests_and_decisions_and_wakes_waiters(tmp_path):
@@ -27,9 +30,9 @@ async def test_the_feed_reads_requests_and_decisions_and_wakes_waiters(tmp_path)
             with feed.watching():  # a live stream is open: the feed reads on its own
                 version = feed.version
                 waiter = asyncio.create_task(feed.wait_changed(version, scaled(5)))
-                log.record("send_start", payload={"unrelated": True})
+                log.record(LogEvent.SEND_START, payload={"unrelated": True})
                 log.record(
-                    "bcp_approval_decided",
+                    LogEvent.BCP_APPROVAL_DECIDED,
                     actor="human:bob",
                     status="approved",
                     payload={"approval_id": "ap-1", "reason": "fine"},
@@ -44,7 +47,7 @@ async def test_the_feed_reads_requests_and_decisions_and_wakes_waiters(tmp_path)
                 requested(log, "ap-3")
                 for approval_id in ("ap-2", "ap-3"):
                     log.record(
-                        "bcp_approval_decided",
+                        LogEvent.BCP_APPROVAL_DECIDED,
                         actor="system:gateway",
                         status="expired",
                         payload={"approval_id": approval_id},
@@ -59,7 +62,7 @@ async def test_the_feed_reads_requests_and_decisions_and_wakes_waiters(tmp_path)
 async def test_a_wait_times_out_when_nothing_changes(tmp_path):
     """With nothing new, wait_changed returns the same version after its timeout."""
     async with ActivityLog(tmp_path / "log.db") as log:
-        await log.write("bus_start")
+        await log.write(LogEvent.BUS_START)
         feed = ApprovalFeed(log.path)
         await feed.refresh()
         assert await feed.wait_changed(feed.version, 0.01) == feed.version

@@ -18,10 +18,10 @@ async def test_echo_answers_configured_chats_once_per_message(tmp_path):
         async with agent_peer, h.peer("tg:1") as chat:
             chat.on("tg_reply")(replies)
             first = await chat.send("agent:echo", "tg_message", {"id": "m1", "text": "hi"})
-            assert first["deliveredTo"] == 0  # not configured yet
+            assert first.delivered_to == 0  # not configured yet
             pointed = await chat.send("agent:echo", "configure", {"talkto": "tg:2"})
-            assert pointed["deliveredTo"] == 0  # a chat may not point the agent elsewhere
-            assert (await chat.send("agent:echo", "configure", {"talkto": "tg:1"}))["deliveredTo"]
+            assert pointed.delivered_to == 0  # a chat may not point the agent elsewhere
+            assert (await chat.send("agent:echo", "configure", {"talkto": "tg:1"})).delivered_to
 
             for attempt in (1, 2):
                 sent = await chat.send(
@@ -30,14 +30,14 @@ async def test_echo_answers_configured_chats_once_per_message(tmp_path):
                     {"id": "m1", "text": "hi"},
                     message_id=f"m1.{attempt}",
                 )
-                assert sent["deliveredTo"] == 1
+                assert sent.delivered_to == 1
                 reply = await replies.get()
                 assert reply.content == {"in_reply_to": "m1", "text": "echo 1: hi"}
                 assert reply.payload["correlationId"] == f"m1.{attempt}"
             await chat.send("agent:echo", "tg_message", {"text": "no id"})
             assert (await replies.get()).content == {"text": "echo 2: no id"}
             malformed = await chat.send("agent:echo", "tg_message", {"words": "x"})
-            assert malformed["deliveredTo"] == 0
+            assert malformed.delivered_to == 0
             await agent.close()
     assert [e["event"] for e in events] == ["configured", "answered", "repeated", "answered"]
     assert agent.count == 2

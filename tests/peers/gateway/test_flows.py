@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
+from bus.core.digest import canonical_sha256
 from bus.core.errors import InvalidParams
 from bus.log import audit
-from bus.log.activity import canonical_sha256
 from peers import Peer, QueryFailed
 from peers.gateway.bits import answer_bits
 from peers.gateway.settings import GatewaySettings
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
 from schemas.bcp import BcpResponseDelivery, BcpValidationResult, QuerySpec
+from schemas.bus import SendMessageResult
 
 CAT1 = {
     "category": 1,
@@ -126,7 +127,7 @@ class Pair:
         await self.reader.close()
         await self.main.close()
 
-    async def decide(self, approval_id: str, decision: str, **extra: Any) -> dict[str, Any]:
+    async def decide(self, approval_id: str, decision: str, **extra: Any) -> SendMessageResult:
         return await self.human.send(
             "system:approval",
             "bcp_approval_decision",
@@ -340,7 +341,7 @@ async def test_cat3_summary_waits_for_a_human(tmp_path):
             content = request.content
             assert content["untrusted"] is True and content["query_id"] == query_id
             assert content["response"] == {"summary": summary["summary"]}
-            assert (await p.decide(content["approval_id"], decision, **extra))["deliveredTo"] == 1
+            assert (await p.decide(content["approval_id"], decision, **extra)).delivered_to == 1
             await task
         assert results["approve-me"].response == {"summary": summary["summary"]}
         assert results["reject-me"].reason == "approval_rejected"
@@ -358,8 +359,8 @@ async def test_an_edit_that_fails_validation_is_refused(tmp_path):
         request = (await p.approvals.get_type("bcp_approval_request")).content
         bad = {"summary": "Visit https://evil.example now"}
         result = await p.decide(request["approval_id"], "edit", edited_response=bad)
-        assert result["deliveredTo"] == 0
-        assert (await p.decide(request["approval_id"], "approve"))["deliveredTo"] == 1
+        assert result.delivered_to == 0
+        assert (await p.decide(request["approval_id"], "approve")).delivered_to == 1
         assert (await task).response == {"summary": "Fine text."}
 
 
@@ -374,15 +375,15 @@ async def test_approval_timeout_rejects(tmp_path):
         assert p.rows(event="bcp_approval_decided", status="expired")
 
 
-async def decide(peer: Peer, approval_id: str, decision: str, **extra: Any) -> dict[str, Any]:
+async def decide(peer: Peer, approval_id: str, decision: str, **extra: Any) -> SendMessageResult:
     """Send a ``bcp_approval_decision`` from ``peer``; return the bus's sendMessage result."""
     content = {"approval_id": approval_id, "decision": decision, **extra}
     return await peer.send("system:approval", "bcp_approval_decision", content)
 
 
-def refusal(p: Pair, result: dict[str, Any]) -> str:
+def refusal(p: Pair, result: SendMessageResult) -> str:
     """The gateway's refusal of a decision: the error of its process_finish row."""
-    rows = p.rows(event="process_finish", message_id=result["messageId"], actor="system:gateway")
+    rows = p.rows(event="process_finish", message_id=result.message_id, actor="system:gateway")
     [row] = rows
     assert row["status"] == "not_processed"
     return str(row["error"])
@@ -396,7 +397,7 @@ async def test_a_second_decision_is_refused_as_already_decided(tmp_path):
         p.reader.on_query(answers({"summary": "Quiet text."}))
         task = asyncio.create_task(p.main.ask("researcher", CAT3, timeout=scaled(10)))
         approval_id = (await p.approvals.get_type("bcp_approval_request")).content["approval_id"]
-        assert (await p.decide(approval_id, "reject"))["deliveredTo"] == 1
+        assert (await p.decide(approval_id, "reject")).delivered_to == 1
         with pytest.raises(QueryFailed) as failed:
             await task
         assert failed.value.reason == "approval_rejected"
@@ -440,7 +441,7 @@ async def test_already_decided_survives_a_gateway_restart(tmp_path):
         p.reader.on_query(answers({"summary": "First text."}, {"summary": "Second text."}))
         first = asyncio.create_task(p.main.ask("researcher", CAT3, timeout=scaled(10)))
         decided_id = (await p.approvals.get_type("bcp_approval_request")).content["approval_id"]
-        assert (await p.decide(decided_id, "approve"))["deliveredTo"] == 1
+        assert (await p.decide(decided_id, "approve")).delivered_to == 1
         await first
         second = asyncio.create_task(p.main.ask("researcher", CAT3, timeout=scaled(10)))
         open_id = (await p.approvals.get_type("bcp_approval_request")).content["approval_id"]
@@ -598,7 +599,7 @@ async def test_hostile_reader_cannot_reach_the_controller(tmp_path):
                     },
                 },
             )
-        assert (await peer.send("agent:main", "agent_event", {"hi": 1}))["deliveredTo"] == 0
+        assert (await peer.send("agent:main", "agent_event", {"hi": 1})).delivered_to == 0
         verdict = await p.reader.answer("main", "never-asked", {"x": 1})
         assert verdict.success is False and verdict.error == "unknown_query"
         assert inbox.empty()

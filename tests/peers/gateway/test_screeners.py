@@ -115,7 +115,7 @@ async def test_a_passing_screener_lets_a_text_answer_through(tmp_path):
             ("founded", "1998-04-01", "1998-04-01"),
         ]
         async with asyncio.timeout(scaled(10)):
-            assert (await screener.results.get())["deliveredTo"] == 1
+            assert (await screener.results.get()).delivered_to == 1
         await h.gateway.close()
         [asked] = p.rows(event="bcp_screen_requested")
         [screened] = p.rows(event="bcp_screened")
@@ -222,7 +222,7 @@ async def test_a_malformed_verdict_fails_closed_and_is_not_taken(tmp_path):
         result = await first_result(p)
         assert [r.code for r in result.reasons] == ["unscreened"]
         async with asyncio.timeout(scaled(10)):
-            assert (await screener.results.get())["deliveredTo"] == 0
+            assert (await screener.results.get()).delivered_to == 0
         [row] = p.rows(event="bcp_screened")
         assert row["status"] == "malformed" and "note" in row["payload_json"]
 
@@ -307,7 +307,7 @@ async def test_raw_text_never_reaches_an_untainted_peer(tmp_path):
             screener.handle(None, screener_inbox)
             await spy.subscribe(SCREENER)
             result = await gateway.send(SCREENER, "bcp_screen_request", {"screen_id": "sc-1"})
-            assert result["deliveredTo"] == 1
+            assert result.delivered_to == 1
             assert (await screener_inbox.get()).type == "bcp_screen_request"
             assert spy_inbox.empty()
         [refused] = h.rows(event="taint_refused")

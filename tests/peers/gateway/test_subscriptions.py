@@ -134,7 +134,7 @@ async def test_a_push_naming_another_controller_on_the_channel_is_refused(tmp_pa
         try:
             content = {"subscription_id": "alerts", "controller": "ghost", "response": {}}
             result = await researcher.peer.send("bcp:main:researcher", "bcp_response", content)
-            assert result["deliveredTo"] == 0
+            assert result.delivered_to == 0
             async with asyncio.timeout(scaled(10)):
                 verdict = await researcher.next_result()
             assert verdict.error == "subscription_not_found"

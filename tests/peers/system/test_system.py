@@ -33,9 +33,9 @@ def definitions(directory: Path) -> Path:
 async def spawn(chat: Any, replies: Inbox, agent: str) -> dict[str, Any]:
     """Ask for ``agent``; return the spawn_result's content (route_assigned checked on success)."""
     sent = await chat.send("system:spawn", "spawn_request", {"agent": agent})
-    assert sent["deliveredTo"] == 1
+    assert sent.delivered_to == 1
     result = await replies.get_type("spawn_result", seconds=30)
-    assert result.payload["correlationId"] == sent["messageId"]
+    assert result.payload["correlationId"] == sent.message_id
     if result.content["success"]:
         route = await replies.get_type("route_assigned")
         assert route.content == {"chat": chat.client_id, "agent": f"agent:{agent}"}
@@ -81,7 +81,7 @@ async def test_requests_the_system_cannot_serve_are_answered_with_a_reason(tmp_p
         "echo": "no_token",
     }
     assert no_file["error"] == "no_token" and broken["error"] == "definition_error"
-    assert malformed["deliveredTo"] == 0
+    assert malformed.delivered_to == 0
     for result in (*results.values(), no_file, broken):
         assert result["success"] is False and str(tmp_path) not in result["detail"]
     refused = events.of("spawn_refused")
