@@ -1,4 +1,4 @@
-.PHONY: default style types tests coverage bench
+.PHONY: default style types tests coverage bench compiled tests-compiled clean-compiled
 
 default: style types tests
 
@@ -11,6 +11,27 @@ types:
 
 tests:
 	pytest
+
+# The compiled build (setup.py): the modules of bus/compiled.py compiled by mypyc, in place, so
+# that Python imports them instead of their .py; `make clean-compiled` goes back to pure Python.
+compiled:
+	BCPBUS_COMPILE=1 python setup.py -q build_ext --inplace
+
+# On the compiled build: the suites of the compiled modules and the wire suites that drive them.
+COMPILED_SUITES = tests/test_compiled.py tests/bus/test_protocol.py tests/bus/test_topics.py \
+	tests/bus/test_router.py tests/bus/test_pushes.py tests/bus/test_policy.py \
+	tests/bus/test_server_fast_path.py tests/bus/test_server.py tests/bus/test_local.py \
+	tests/bus/test_fuzz.py tests/peers/gateway/test_validation.py tests/peers/gateway/test_bits.py \
+	tests/peers/gateway/test_normalize.py tests/peers/gateway/test_screening.py \
+	tests/peers/gateway/test_core.py tests/peers/gateway/test_sealed.py tests/peers/test_bcp.py \
+	tests/peers/test_client.py
+
+tests-compiled: compiled
+	BCPBUS_EXPECT_COMPILED=1 pytest $(COMPILED_SUITES)
+
+clean-compiled:
+	rm -rf build
+	rm -f *__mypyc.*.so bus/*.so bus/*/*.so peers/*.so peers/*/*.so
 
 coverage:
 	pytest --cov --cov-report=term-missing

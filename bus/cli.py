@@ -34,6 +34,7 @@ from schemas.agents import load_agents
 
 from . import __version__
 from .assemble import HttpListenFailed, running
+from .compiled import VersionAction
 from .core.errors import BusError
 from .core.identities import PeerIdentity, default_agents_dir, load_identities
 from .core.policy import Policy, PolicyError
@@ -144,7 +145,7 @@ def _parser(extend: Commands | None, beside: Beside | None) -> argparse.Argument
         description="A JSON-RPC 2.0 message bus over WebSocket for the Bandwidth-Constrained "
         "Protocol.",
     )
-    parser.add_argument("--version", action="version", version=f"bcpbus {__version__}")
+    parser.add_argument("--version", action=VersionAction, version=f"bcpbus {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     parser.add_argument("--info", action="store_true", help="info logging on stderr")
 

@@ -152,7 +152,8 @@ class _Forwarded(_Content):
     .. versionadded:: 0.4
     """
 
-    untrusted: StrictBool = False
+    untrusted: StrictBool | None = None
+    """``true`` on a message the gateway forwarded; absent on any other."""
     notice: Annotated[StrictStr, Field(max_length=MAX_TEXT)] | None = None
     provenance: dict[str, StrictStr] | None = None
     """``{"channel": "bcp:<c>:<r>", "reader": ...}``: where the sealed text came from."""

@@ -78,12 +78,16 @@ class Offer(NamedTuple):
     """When held and no flush is due yet: the time to call :meth:`Debounce.due` at."""
 
 
-@dataclass(slots=True)
 class _Window(Generic[T]):
-    until: float
-    seconds: float
-    latest: T | None = None
-    held: int = 0
+    # A plain class rather than a dataclass: mypyc cannot compile a generic dataclass
+    # (mypyc/mypyc#827), and the compiled build (setup.py) compiles this module.
+    __slots__ = ("held", "latest", "seconds", "until")
+
+    def __init__(self, until: float, seconds: float) -> None:
+        self.until = until
+        self.seconds = seconds
+        self.latest: T | None = None
+        self.held = 0
 
 
 class Debounce(Generic[T]):

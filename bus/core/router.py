@@ -18,7 +18,6 @@ A handle is anything hashable that stands for one connection (the bus uses its
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from .policy import Grants
@@ -30,24 +29,41 @@ __all__ = ["Route", "Router"]
 K = TypeVar("K", bound=Hashable)
 
 
-@dataclass(eq=False, slots=True)
 class Route(Generic[K]):
-    """One authenticated peer: its connection, clientId, grants and subscription patterns."""
+    """One authenticated peer: its connection, clientId, grants and subscription patterns.
 
-    handle: K
-    client_id: str
-    grants: Grants
-    patterns: set[str] = field(default_factory=set)
-    options: dict[str, PushOptions] = field(default_factory=dict)
-    """The push options of the patterns that have any (``debounceMs``, ``minRelevance``);
-    empty for a peer that wants every message, so delivery checks nothing more for it."""
+    Equal only to itself, as a connection's handle is.
+    """
+
+    # A plain class rather than a dataclass: mypyc cannot compile a generic dataclass
+    # (mypyc/mypyc#827), and the compiled build (setup.py) compiles this module.
+    __slots__ = ("client_id", "credential", "grants", "handle", "options", "patterns")
+
+    def __init__(
+        self,
+        handle: K,
+        client_id: str,
+        grants: Grants,
+        patterns: set[str] | None = None,
+        options: dict[str, PushOptions] | None = None,
+        credential: str | None = None,
+    ) -> None:
+        self.handle = handle
+        self.client_id = client_id
+        self.grants = grants
+        self.patterns: set[str] = set() if patterns is None else patterns
+        self.options: dict[str, PushOptions] = {} if options is None else options
+        """The push options of the patterns that have any (``debounceMs``, ``minRelevance``);
+        empty for a peer that wants every message, so delivery checks nothing more for it."""
+        self.credential = credential
+        """The token hash it authenticated with: a reload that changes it closes the peer."""
+
+    def __repr__(self) -> str:
+        return f"Route(handle={self.handle!r}, client_id={self.client_id!r})"
 
     def options_for(self, topic: str) -> list[PushOptions]:
         """The options of each of this peer's patterns that match ``topic``."""
         return [self.options.get(p, PLAIN) for p in self.patterns if matches(p, topic)]
-
-    credential: str | None = None
-    """The token hash it authenticated with: a reload that changes it closes the peer."""
 
 
 class Router(Generic[K]):
