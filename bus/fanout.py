@@ -34,7 +34,7 @@ from .transports.connection import Link, PeerGone
 if TYPE_CHECKING:
     from .transports.cluster import Forwarder
 
-__all__ = ["Fanout"]
+__all__ = ["Fanout", "record_row"]
 
 
 class Fanout:
@@ -145,7 +145,7 @@ class Fanout:
         )
         picked = delivery.targets(self._router, self._states, message, sender=sender, clock=_clock)
         for row in picked.rows:
-            self._record(row)
+            record_row(self.log, row)
         for timer in picked.timers:
             self._set_timer(timer)
         targets = picked.routes
@@ -292,19 +292,21 @@ class Fanout:
             await self._deliver(route, params, message)
             await log.commit()
 
-    def _record(self, row: Record) -> None:
-        self.log.record(
-            row.event,
-            message_id=row.message_id,
-            rpc_id=row.rpc_id,
-            actor=row.actor,
-            topic=row.topic,
-            status=row.status,
-            payload=row.payload,
-            error=row.error,
-            epoch=row.epoch,
-            trace_id=row.trace_id,
-        )
+
+def record_row(log: ActivityLog, row: Record) -> None:
+    """Write a :class:`~bus.core.actions.Record` the core decided on into ``log``."""
+    log.record(
+        row.event,
+        message_id=row.message_id,
+        rpc_id=row.rpc_id,
+        actor=row.actor,
+        topic=row.topic,
+        status=row.status,
+        payload=row.payload,
+        error=row.error,
+        epoch=row.epoch,
+        trace_id=row.trace_id,
+    )
 
 
 class _SlowConsumer(Exception):

@@ -58,7 +58,7 @@ from .core.recent import RecentIds
 from .core.router import Route, Router
 from .core.state import PeerStates
 from .core.watch import Anonymous, SlowConsumers, disconnect_slow
-from .fanout import Fanout
+from .fanout import Fanout, record_row
 from .log.activity import ActivityLog
 from .log.fetch import FetchFilter, FetchResult
 from .log.history import History
@@ -692,27 +692,13 @@ class Bus:
                     dropped += len(change.dropped)
         return revoked, dropped
 
-    def _record(self, row: Record) -> None:
-        self.log.record(
-            row.event,
-            message_id=row.message_id,
-            rpc_id=row.rpc_id,
-            actor=row.actor,
-            topic=row.topic,
-            status=row.status,
-            payload=row.payload,
-            error=row.error,
-            epoch=row.epoch,
-            trace_id=row.trace_id,
-        )
-
     def _carry(self, actions: list[Action]) -> Any:
         """Carry out a decision's actions (:mod:`bus.core.actions`) in order; return the
         reply's wire form, raise its error, or return None if it has neither."""
         for action in actions:
             match action:
                 case Record():
-                    self._record(action)
+                    record_row(self.log, action)
                 case Announce(kind=kind, content=content):
                     self._presence.announce(kind, content)
                 case Close(link=link, code=code, reason=reason, after_answer=True):
