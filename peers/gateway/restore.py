@@ -123,6 +123,11 @@ class _Replay:
             state.ledger.reset(key)
         elif event == "bcp_bits_charged":
             self._charged(key, ts, payload)
+            if (key[0], query_id) in self.open_queries:
+                charged = self.state.orphans.charged
+                charged[key[0], query_id] = charged.get((key[0], query_id), 0.0) + float(
+                    payload.get("bits", 0)
+                )
         elif event == "bcp_query_accepted":
             state.tasks.record(key, payload.get("task_id"), int(payload.get("category", 1)))
             state.used_query_ids.add((key[0], query_id))
@@ -160,6 +165,7 @@ class _Replay:
         """Return the state, with what was in flight as its orphans and the outbox in order."""
         state, orphans = self.state, self.state.orphans
         orphans.queries = [(c, r, q) for (c, q), r in self.open_queries.items()]
+        orphans.charged = {k: v for k, v in orphans.charged.items() if k in self.open_queries}
         for approval_id, pair in self.open_approvals.items():
             controller, reader = pair.split(":", 1)
             orphans.approvals.append((controller, reader, approval_id))

@@ -336,6 +336,9 @@ class Orphans:
     """``(controller, reader, query_id)`` accepted but never answered, failed or expired."""
     approvals: list[tuple[str, str, str]] = field(default_factory=list)
     """``(controller, reader, approval_id)`` requested but never decided."""
+    charged: dict[tuple[str, str], float] = field(default_factory=dict)
+    """``(controller, query_id)`` -> the bits an orphaned query was charged (its reserve):
+    settling it gives back all but what a failure costs."""
 
 
 @dataclass

@@ -173,6 +173,8 @@ class GatewayCore:
         for controller, reader, query_id in orphans.queries:
             query = self.queries.orphan(self.channels[(controller, reader)], query_id)
             actions += self.queries.fail(query, ReasonCode.TIMEOUT, detail)
+            charged = orphans.charged.get((controller, query_id), 0.0)
+            actions += self.queries.refund_orphan(query, charged)
         return [*actions, Commit()]
 
     def handle(self, event: Event) -> list[Action]:

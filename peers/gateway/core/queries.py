@@ -313,6 +313,12 @@ class Queries:
         """Return a stand-in for a query that was in flight when the gateway stopped."""
         return Query(channel, query_id, QuerySpec.model_construct(category=1), 0.0, 0, None)
 
+    def refund_orphan(self, query: Query, charged: float) -> list[Action]:
+        """Give back what a restart's stand-in was ``charged`` (its reserve) beyond what a
+        failure costs: without it, a restart would keep a whole Cat-3 reserve spent."""
+        query.charged = charged
+        return self._settle(query, min(FAILED, charged), ReasonCode.TIMEOUT)
+
 
 def _refuse_query(
     event: MessageReceived, query_id: str | None, refusal: Refusal

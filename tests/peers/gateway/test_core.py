@@ -908,6 +908,19 @@ def test_settle_expires_orphaned_approvals_and_fails_orphaned_queries(tmp_path):
     assert core.state.decided.get("ap-1").note == "the gateway restarted"
 
 
+def test_settle_gives_back_an_orphaned_querys_reserve_beyond_a_failure(tmp_path):
+    """A query the restart ended keeps only what a failure costs of the reserve it had taken:
+    a Cat-3 reserve is most of a budget, and a restart must not spend it."""
+    core, shell, _ = make(tmp_path)
+    core.state.ledger.charge(KEY, 440.0)
+    orphans = Orphans(queries=[("main", "researcher", "q7")], charged={("main", "q7"): 440.0})
+    assert show(shell.run(core.settle(orphans)))[-2:] == [
+        "record bcp_bits_charged charged",
+        "commit",
+    ]
+    assert core.state.ledger.used(KEY) == pytest.approx(FAILED)
+
+
 # Anomalies
 
 

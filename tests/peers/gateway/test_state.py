@@ -165,3 +165,33 @@ def test_a_settled_query_still_counts_as_a_cat2_query_after_a_restart(tmp_path):
     state = load_state({CHANNEL}, db)
     assert state.ledger.used(CHANNEL) == pytest.approx(3.585)
     assert state.ledger.cat2_used(CHANNEL) == 1
+
+
+def test_a_restart_knows_what_each_orphaned_query_was_charged(tmp_path):
+    """An accepted query with no outcome in the log is an orphan, with the bits it was charged."""
+    import json
+    import sqlite3
+
+    db = tmp_path / "log.db"
+    ref = {"channel": "bcp:main:researcher", "category": 3}
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TABLE activity_log (id INTEGER PRIMARY KEY, ts TEXT, event TEXT, status TEXT,"
+            " actor TEXT, payload_json TEXT)"
+        )
+        for event, payload in [
+            ("bcp_query_accepted", {**ref, "query_id": "q1"}),
+            ("bcp_bits_charged", {**ref, "query_id": "q1", "bits": 440.0}),
+            ("bcp_query_accepted", {**ref, "query_id": "q2"}),
+            ("bcp_bits_charged", {**ref, "query_id": "q2", "bits": 440.0}),
+            ("bcp_delivered", {**ref, "query_id": "q2"}),
+        ]:
+            conn.execute(
+                "INSERT INTO activity_log (ts, event, status, actor, payload_json) VALUES"
+                " ('2026-11-23T07:00:00Z', ?, 'x', 'system:gateway', ?)",
+                (event, json.dumps(payload)),
+            )
+    conn.close()
+    orphans = load_state({CHANNEL}, db).orphans
+    assert orphans.queries == [("main", "researcher", "q1")]
+    assert orphans.charged == {("main", "q1"): 440.0}
