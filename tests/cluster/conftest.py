@@ -141,11 +141,15 @@ class Node:
 
 @dataclass
 class Cluster:
-    """Nodes on one NATS server, sharing the peers file and policy in ``root``."""
+    """Nodes on one NATS server, sharing the peers file and policy in ``root``.
+
+    With ``policy`` False the nodes run the built-in policy and the reference agents (BCP).
+    """
 
     root: Path
     nats: NatsServer
     nodes: list[Node] = field(default_factory=list)
+    policy: bool = True
 
     def token(self, client_id: str) -> str:
         """A credential for ``client_id`` in the shared peers file (nodes read it on start)."""
@@ -171,7 +175,8 @@ class Cluster:
         return await asyncio.create_subprocess_exec(
             BCPBUS,
             *("--info", "serve", "--port", str(port), "--no-gateway", "--no-checkpoints"),
-            *("--db", f"{name}.db", "--policy", "policy.yaml"),
+            *("--db", f"{name}.db"),
+            *(("--policy", "policy.yaml") if self.policy else ()),
             *("--cluster", self.nats.url, "--node", name),
             cwd=self.root,
             stdout=subprocess.PIPE,
