@@ -623,15 +623,22 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
         bus = await _start(stack, config, credentials, policy, identities, tls)
+        link = None
         if config.cluster.url is not None:
-            await stack.enter_async_context(joined(bus, config.cluster.url, config.cluster.node))
+            link = await stack.enter_async_context(
+                joined(bus, url=config.cluster.url, node=config.cluster.node)
+            )
         reloader = Reloader(bus.log, say=say)
         reloader.add(
             BusFiles(bus, peers_file=config.peers_file, policy=config.policy, agents_dir=agents_dir)
         )
         if run_beside is not None:
             await stack.enter_async_context(run_beside(bus, reloader))
-        loop.add_signal_handler(signal.SIGHUP, reloader.trigger)
+        hup = reloader.trigger
+        if link is not None:  # a SIGHUP here reloads every node, and theirs reload this one
+            link.follow(reloader)
+            hup = link.reload_everywhere
+        loop.add_signal_handler(signal.SIGHUP, hup)
         await stack.enter_async_context(reloader)
         _say_ready(bus, config, policy, agents, gateway=run_beside is not None, say=say)
         if ready is not None:
