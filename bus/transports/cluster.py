@@ -14,6 +14,7 @@ NATS carries (subjects under ``bcpbus.``, JSON bodies, models below):
   in a segment escaped as ``%2E``, with a reply subject for the :class:`Answer` of each node;
 - ``bcpbus.node.hello``: each node says it is alive every :data:`HEARTBEAT` seconds (and
   ``bye`` when it closes), so a sender knows whose answers to wait for;
+- ``bcpbus.node.reload``: a node reloaded on SIGHUP asks the others to read their files again;
 - the JetStream key-value bucket :data:`PRESENCE_BUCKET`: which node each clientId is connected
   to. The later registration (the higher revision) wins: the node holding the older link closes
   it with 4001, as a takeover on one node does.
@@ -73,6 +74,7 @@ __all__ = [
     "Forwarder",
     "Hello",
     "Node",
+    "Reload",
     "joined",
     "presence_key",
     "subject_for",
@@ -83,6 +85,7 @@ logger = logging.getLogger("bus.transports.cluster")
 SUBJECT_PREFIX = "bcpbus.msg"
 HELLO_SUBJECT = "bcpbus.node.hello"
 PEERS_SUBJECT = "bcpbus.node.peers"
+RELOAD_SUBJECT = "bcpbus.node.reload"
 PRESENCE_BUCKET = "bcpbus-presence"
 HEARTBEAT = 1.0
 """Seconds between two hellos of a node."""
@@ -135,6 +138,12 @@ class Node(Protocol):
     def local_peers(self) -> ListPeersResult: ...
 
 
+class Trigger(Protocol):
+    """What a node's reloads need of its :class:`bus.ops.reload.Reloader`."""
+
+    def trigger(self) -> None: ...
+
+
 class Forwarder(Protocol):
     """What the bus asks of the other nodes (:attr:`bus.server.Bus.cluster`)."""
 
@@ -184,6 +193,12 @@ class PeerList(_Wire):
 
     node: str
     peers: list[PeerInfo]
+
+
+class Reload(_Wire):
+    """A node asking the others to read their peers file, policy and agents again (SIGHUP)."""
+
+    node: str
 
 
 class Hello(_Wire):
@@ -246,6 +261,7 @@ class ClusterLink:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._registry: _Registry | None = None
         self._closing = False
+        self._reloader: Trigger | None = None
 
     # Lifecycle
 
@@ -298,6 +314,7 @@ class ClusterLink:
         await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
         await nc.subscribe(HELLO_SUBJECT, cb=self._on_hello)
         await nc.subscribe(PEERS_SUBJECT, cb=self._on_peers)
+        await nc.subscribe(RELOAD_SUBJECT, cb=self._on_reload)
         await self._hello()
         self._spawn(self._heartbeat())
         self._registry = _Registry(self.bus, self.node, kv, self._spawn)
@@ -564,6 +581,32 @@ class ClusterLink:
             answer = PeerList(node=self.node, peers=self.bus.local_peers().peers)
             with contextlib.suppress(Exception):
                 await msg.respond(_encode(answer))
+
+    # Reloads across nodes
+
+    def follow(self, reloader: Trigger) -> None:
+        """Reload with the other nodes: :meth:`reload_everywhere` here reloads them too, and a
+        reload asked on another node triggers ``reloader`` (:class:`bus.ops.reload.Reloader`)."""
+        self._reloader = reloader
+
+    def reload_everywhere(self) -> None:
+        """Reload this node now and ask every other node to read its own files again: give it
+        to SIGHUP in place of the reloader's ``trigger``. A changed file needs no such call:
+        every node reading it sees the change by itself."""
+        if self._reloader is not None:
+            self._reloader.trigger()
+        if self._nc is not None and self._nc.is_connected:
+            self._spawn(self._nc.publish(RELOAD_SUBJECT, _encode(Reload(node=self.node))))
+
+    async def _on_reload(self, msg: Msg) -> None:
+        try:
+            reload = Reload.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        if reload.node != self.node and self._reloader is not None:
+            logger.info("node %s asked for a reload", reload.node)
+            self.bus.log.record(LogEvent.CLUSTER_NODE, actor=reload.node, status="reload")
+            self._reloader.trigger()
 
     # Presence: one link per clientId in the cluster
 
