@@ -1,0 +1,101 @@
+"""What the cluster link and the bus it joins ask of each other, and a sender's grants there.
+
+:class:`Node` is the bus as the link sees it (:class:`bus.server.Bus`); :class:`Forwarder` is
+the link as the bus sees it (``Bus.cluster``). Both are protocols so that the link can be
+tested against a stand-in bus, and the bus against stand-in nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from schemas.bus import ListPeersResult
+
+from ..core.identities import PeerIdentity
+from ..core.policy import Grants, Policy, PolicyError
+from ..core.router import Route
+from ..log.activity import ActivityLog
+from ..ops.config import Limits
+from ..ops.credentials import Credentials
+
+__all__ = ["Accepted", "Forwarder", "Node", "Trigger", "grants_of"]
+
+
+class Accepted(Protocol):
+    """What :meth:`Forwarder.forward` reads of a message the bus accepted."""
+
+    topic: str
+    payload: dict[str, Any]
+    message_id: str
+    type: str
+    epoch: int
+    trace_id: str | None
+
+
+class Node(Protocol):
+    """What the cluster link needs of the bus it joins (:class:`bus.server.Bus`)."""
+
+    log: ActivityLog
+    limits: Limits
+    credentials: Credentials
+    policy: Policy
+    identities: dict[str, PeerIdentity]
+    cluster: Forwarder | None
+
+    @property
+    def peers(self) -> Mapping[str, Any]: ...
+
+    async def deliver_forwarded(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Route[Any] | None,
+        epoch: int,
+        trace_id: str | None = None,
+    ) -> tuple[int, int]: ...
+
+    def replaced_elsewhere(self, client_id: str, node: str) -> bool: ...
+
+    def local_peers(self) -> ListPeersResult: ...
+
+
+class Trigger(Protocol):
+    """What a node's reloads need of its :class:`bus.ops.reload.Reloader`."""
+
+    def trigger(self) -> None: ...
+
+
+class Forwarder(Protocol):
+    """What the bus asks of the other nodes (:attr:`bus.server.Bus.cluster`)."""
+
+    def check(self) -> None:
+        """Raise :class:`ClusterUnavailable` when the other nodes cannot be reached."""
+
+    def joined(self, client_id: str) -> None:
+        """Tell the other nodes that ``client_id`` logged in here (they close older links)."""
+
+    async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
+        """Deliver ``message`` on the other nodes; return (processed, tried) over them."""
+
+    async def list_peers(self, local: ListPeersResult) -> ListPeersResult:
+        """``local`` with the peers of every other node that answers."""
+
+
+def grants_of(bus: Node, client_id: str) -> Grants | None:
+    """The grants ``bus``'s policy gives ``client_id``; None if it has no credential there or
+    the policy refuses its roles."""
+    record = bus.credentials.record(client_id)
+    if record is None:
+        return None
+    identity = bus.identities.get(client_id)
+    extra: Iterable[str] = identity.roles if identity is not None else ()
+    try:
+        roles = bus.policy.roles_for(client_id, (*record.roles, *extra))
+        taint = identity.taint if identity is not None else None
+        return bus.policy.grants(client_id, roles, taint=taint)
+    except (PolicyError, ValueError):
+        return None
