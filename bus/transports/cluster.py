@@ -54,6 +54,7 @@ from ..core.logevents import LogEvent
 from ..core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC
 from ..log.fetch import sender_mark
 from ..ops.startup import StartupError
+from .cluster_history import PUBLISH_TIMEOUT, open_history
 from .cluster_inbound import Inbound
 from .cluster_members import Members
 from .cluster_node import Accepted, Forwarder, Node, Trigger, grants_of
@@ -64,7 +65,6 @@ from .cluster_wire import (
     PEERS_SUBJECT,
     PRESENCE_BUCKET,
     RELOAD_SUBJECT,
-    SUBJECT_PREFIX,
     Answer,
     Forwarded,
     Hello,
@@ -78,6 +78,7 @@ from .cluster_wire import (
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
+    from nats.js.client import JetStreamContext
 
 __all__ = [
     "HEARTBEAT",
@@ -134,6 +135,7 @@ class ClusterLink:
         self.url = url
         self.node = node
         self._nc: NATS | None = None
+        self._js: JetStreamContext | None = None
         self._members = Members(bus.log, node, self._publish)
         self._waiting: dict[str, _Gather] = {}
         self._inbox = ""
@@ -168,8 +170,15 @@ class ClusterLink:
                 f"--cluster {self.url}: NATS answers but its key-value store does not ({exc!r}): "
                 "start nats-server with JetStream on (-js)"
             ) from exc
+        try:
+            self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
+            await open_history(self._js, self.node, self._on_message)
+        except Exception as exc:
+            await self._drop()
+            raise ConnectionError(
+                f"--cluster {self.url}: JetStream refused the message history ({exc!r})"
+            ) from exc
         self._inbox = nc.new_inbox()
-        await nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=self._on_message)
         await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
         await nc.subscribe(HELLO_SUBJECT, cb=self._members.on_hello)
         await nc.subscribe(PEERS_SUBJECT, cb=self._on_peers)
@@ -279,8 +288,8 @@ class ClusterLink:
         Returns:
             How many subscribers on other nodes processed it, and how many were tried.
         """
-        nc = self._nc
-        if nc is None or not nc.is_connected:
+        nc, js = self._nc, self._js
+        if nc is None or js is None or not nc.is_connected:
             return 0, 0
         if message.topic == PRESENCE_TOPIC and sender == BUS_CLIENT_ID:
             if self._registry is not None:
@@ -298,11 +307,11 @@ class ClusterLink:
             trace_id=message.trace_id,
             sender=sender,
             mark=self._mark(sender),
+            reply=f"{self._inbox}.{token}",
         )
         try:
-            await nc.publish(
-                subject_for(message.topic), encode(forwarded), reply=f"{self._inbox}.{token}"
-            )
+            # Stored before the others see it: a node away now is given it when it is back.
+            await js.publish(subject_for(message.topic), encode(forwarded))
             await self._wait(gather)
         except Exception as exc:  # a link lost mid-publish: what answered is what counts
             logger.warning("forwarding %s failed: %r", message.message_id, exc)

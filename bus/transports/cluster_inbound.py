@@ -21,6 +21,7 @@ from ..core.logevents import LogEvent
 from ..core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC
 from ..core.router import Route
 from ..log.fetch import sender_mark
+from .cluster_history import logged
 from .cluster_node import Node, grants_of
 from .cluster_wire import Answer, Forwarded, encode
 
@@ -47,45 +48,80 @@ class Inbound:
         self.bus = bus
         self.node = node
         self._publish = publish
+        self._busy: set[str] = set()
+        """The messageIds being delivered: one given again meanwhile is not delivered twice."""
 
     async def receive(self, msg: Msg) -> None:
-        """Check ``msg`` against this node's files, deliver it here, answer its sender node.
+        """Check ``msg`` (from the history stream) against this node's files, deliver it here,
+        answer its sender node, and acknowledge it to JetStream once its rows are committed.
 
-        Never raises: a refusal is a ``refused`` row, a malformed body a warning.
+        Never raises: a refusal is a ``refused`` row, a malformed body a warning. A message
+        this node could not finish (its log failed, it is closing) is not acknowledged:
+        JetStream gives it again later.
         """
-        delivered = targets = 0
-        node = "?"
         try:
             forwarded = Forwarded.model_validate_json(msg.data)
-            node = forwarded.node
-            sender = self._route(forwarded)
-            self.bus.log.record(
-                LogEvent.CLUSTER_IN,
-                message_id=forwarded.message_id,
-                actor=forwarded.sender,
-                topic=forwarded.topic,
-                status=forwarded.node,
-                payload={"node": forwarded.node, "epoch": forwarded.epoch},
-            )
-            delivered, targets = await self.bus.deliver_forwarded(
-                forwarded.topic,
-                forwarded.payload,
-                forwarded.message_id,
-                forwarded.type,
-                sender=sender,
-                epoch=forwarded.epoch,
-                trace_id=forwarded.trace_id,
-            )
-        except _Refused as refusal:
-            self._refused(forwarded, refusal.reason)
         except ValidationError:
             logger.warning("a malformed message on %s was dropped", msg.subject)
+            await _ack(msg)
+            return
+        if forwarded.node == self.node or forwarded.message_id in self._busy:
+            await _ack(msg)  # its own (in its log already), or given again while in hand
+            return
+        self._busy.add(forwarded.message_id)
+        try:
+            if await self._seen(msg, forwarded):
+                await _ack(msg)
+                return
+            delivered, targets = await self._deliver(forwarded)
         except BusError as exc:  # this node's log failed, or it is closing: nothing delivered
-            logger.warning("a message from %s was not delivered here: %s", node, exc)
-        if msg.reply:
+            logger.warning("a message from %s was not delivered here: %s", forwarded.node, exc)
+            return
+        finally:
+            self._busy.discard(forwarded.message_id)
+        if forwarded.reply:
             answer = Answer(node=self.node, delivered=delivered, targets=targets)
             with contextlib.suppress(Exception):
-                await self._publish(msg.reply, encode(answer))
+                await self._publish(forwarded.reply, encode(answer))
+        await _ack(msg)
+
+    async def _seen(self, msg: Msg, forwarded: Forwarded) -> bool:
+        """Whether a message given again (this node was killed before acknowledging it) is in
+        this node's log already."""
+        try:
+            again = msg.metadata.num_delivered > 1
+        except Exception:  # no metadata: not from JetStream, never given twice
+            again = False
+        if not again:
+            return False
+        await self.bus.log.commit()
+        return await logged(self.bus.log.path, forwarded.message_id)
+
+    async def _deliver(self, forwarded: Forwarded) -> tuple[int, int]:
+        """Deliver ``forwarded`` to this node's subscribers, or refuse it (a ``refused`` row)."""
+        try:
+            sender = self._route(forwarded)
+        except _Refused as refusal:
+            self._refused(forwarded, refusal.reason)
+            await self.bus.log.commit()
+            return 0, 0
+        self.bus.log.record(
+            LogEvent.CLUSTER_IN,
+            message_id=forwarded.message_id,
+            actor=forwarded.sender,
+            topic=forwarded.topic,
+            status=forwarded.node,
+            payload={"node": forwarded.node, "epoch": forwarded.epoch},
+        )
+        return await self.bus.deliver_forwarded(
+            forwarded.topic,
+            forwarded.payload,
+            forwarded.message_id,
+            forwarded.type,
+            sender=sender,
+            epoch=forwarded.epoch,
+            trace_id=forwarded.trace_id,
+        )
 
     def _route(self, forwarded: Forwarded) -> Route[Any] | None:
         """The route ``forwarded``'s sender acts through here (None for the bus itself).
@@ -146,3 +182,8 @@ class _Remote:
 
     async def close(self, code: int, reason: str) -> None:
         return None
+
+
+async def _ack(msg: Msg) -> None:
+    with contextlib.suppress(Exception):  # cut off: JetStream gives it again, and it is seen
+        await msg.ack()

@@ -16,6 +16,8 @@ from schemas.bus import PeerInfo
 __all__ = [
     "HEARTBEAT",
     "HELLO_SUBJECT",
+    "HISTORY_AGE",
+    "HISTORY_STREAM",
     "NODE_TTL",
     "PEERS_SUBJECT",
     "PRESENCE_BUCKET",
@@ -37,6 +39,11 @@ HELLO_SUBJECT = "bcpbus.node.hello"
 PEERS_SUBJECT = "bcpbus.node.peers"
 RELOAD_SUBJECT = "bcpbus.node.reload"
 PRESENCE_BUCKET = "bcpbus-presence"
+HISTORY_STREAM = "BCPBUS_HISTORY"
+"""The JetStream stream of every ``bcpbus.msg.>`` message: one order for the cluster, kept on
+disk, from which a node that was away (stopped, killed, cut off) gets what it missed."""
+HISTORY_AGE = 7 * 24 * 3600.0
+"""Seconds the stream keeps a message: how long a node may be away and still catch up."""
 HEARTBEAT = 1.0
 """Seconds between two hellos of a node."""
 NODE_TTL = 3.5 * HEARTBEAT
@@ -63,6 +70,9 @@ class Forwarded(Wire):
     """The sender's clientId; ``system:bus`` for the bus's own messages (presence)."""
     mark: str
     """The sender's taint as the accepting node saw it (``send_start``'s status)."""
+    reply: str = ""
+    """Where the sending node gathers the :class:`Answer` of each node (a JetStream delivery's
+    own reply subject is its ack); empty: nobody waits."""
 
 
 class Answer(Wire):
