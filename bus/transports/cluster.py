@@ -126,7 +126,8 @@ class ClusterLink:
 
     Args:
         bus: the started bus of this node; the link sets ``bus.cluster`` while it runs.
-        url: the NATS server, ``nats://HOST:PORT``.
+        url: the NATS server, ``nats://HOST:PORT``; or several servers of one NATS cluster,
+            comma-separated: the node connects to one and reconnects to another.
         node: this node's name, unique in the cluster.
     """
 
@@ -202,7 +203,8 @@ class ClusterLink:
             # does every later reconnect (which is what a node wants once it has joined).
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 await nc.connect(
-                    self.url,
+                    # Several servers of one NATS cluster: a comma list, tried in turn.
+                    servers=[url.strip() for url in self.url.split(",") if url.strip()],
                     name=f"bcpbus {self.node}",
                     no_echo=True,  # a node's own messages never come back to it
                     allow_reconnect=True,

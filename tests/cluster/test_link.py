@@ -74,6 +74,14 @@ async def test_a_nats_server_that_is_not_there_stops_the_start(tmp_path):
         assert harness.bus.cluster is None
 
 
+async def test_a_node_takes_the_nats_server_that_answers_of_several(tmp_path, nats):
+    """``--cluster`` with a comma list of NATS servers joins through one that answers."""
+    async with running_bus(tmp_path) as harness:
+        async with joined(harness.bus, f"nats://127.0.0.1:1,{nats.url}", "a") as link:
+            assert harness.bus.cluster is link
+            link.check()  # connected: no ClusterUnavailable
+
+
 @pytest.fixture
 def node_b_dir(tmp_path: Path) -> Path:
     (tmp_path / "b").mkdir()
