@@ -7,6 +7,7 @@ import contextlib
 import signal
 
 from bus.core.errors import ClusterUnavailable
+from peers import Peer
 from peers.testing import Inbox, scaled
 from tests.cli.test_operators import arun
 from tests.cluster.test_cluster import joined, peer, rows
@@ -88,3 +89,36 @@ async def test_nats_killed_mid_traffic_loses_no_acknowledged_rows(cluster):
     for db in ("a.db", "b.db"):
         code, out, err = await arun("audit", "verify", "--db", db, cwd=cluster.root)
         assert code == 0, out + err
+
+
+async def test_a_peer_whose_node_is_killed_resumes_on_another_node(cluster):
+    """A subscriber on node a, given a's and c's URLs, loses a to kill -9 and resumes on c
+    with its cursor: every note sent (on node b) after the move reaches it exactly once, and
+    none before the move is lost; one of those may come again (docs/cluster.md: the cursor is
+    an epoch of the node it read from)."""
+    tokens = {cid: cluster.token(cid) for cid in ("w:0", "w:1", "watch:b")}
+    a, b, c = [await cluster.node(name) for name in ("a", "b", "c")]
+    watch, inbox = Inbox(reply=True), Inbox(reply=True)
+    mover = Peer(f"{a.url},{c.url}", "w:1", tokens["w:1"])
+    mover.handle(None, inbox)
+    async with (
+        peer(b, "watch:b", tokens["watch:b"], watch, "system:presence"),
+        peer(b, "w:0", tokens["w:0"], Inbox()) as sender,
+        mover,
+    ):
+        await mover.subscribe("room:x")
+        await joined(watch, "w:1")  # a's presence reached b: so did a's hello
+        before = [await sender.send("room:x", "note", {"n": n}) for n in range(3)]
+        assert [result.delivered_to for result in before] == [1, 1, 1]
+        await a.stop(signal.SIGKILL)
+        after = [await sender.send("room:x", "note", {"n": n}) for n in range(3, 8)]
+        wanted = {result.message_id for result in [*before, *after]}
+        async with asyncio.timeout(scaled(30)):
+            while not wanted <= {message.message_id for message in inbox.messages}:
+                await inbox.get(30)
+    assert mover.url == c.url
+    got = [message.message_id for message in inbox.messages]
+    for result in after:
+        assert got.count(result.message_id) == 1
+    assert all(1 <= got.count(result.message_id) <= 2 for result in before)
+    assert sum(got.count(result.message_id) for result in before) <= 4
