@@ -41,8 +41,9 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -54,9 +55,9 @@ from ..core.logevents import LogEvent
 from ..core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC
 from ..log.fetch import sender_mark
 from ..ops.startup import StartupError
-from .cluster_history import PUBLISH_TIMEOUT, open_history
+from .cluster_history import PUBLISH_TIMEOUT, history_lost, open_history
 from .cluster_inbound import Inbound
-from .cluster_members import Members
+from .cluster_members import Members, Reloads
 from .cluster_node import Accepted, Forwarder, Node, Trigger, grants_of
 from .cluster_registry import Registry
 from .cluster_wire import (
@@ -79,6 +80,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
     from nats.js.client import JetStreamContext
+    from nats.js.kv import KeyValue
 
 __all__ = [
     "HEARTBEAT",
@@ -100,6 +102,8 @@ logger = logging.getLogger("bus.transports.cluster")
 
 CONNECT_TIMEOUT = 5
 """Seconds a node waits for NATS at start before it gives up (later, it reconnects forever)."""
+HEAL_ATTEMPTS = 30
+"""Times a node tries, a second apart, to make NATS's stores again after a reconnect."""
 ANSWER_GRACE = 1.0
 """Seconds a sender waits for other nodes' answers beyond ``process_timeout``."""
 
@@ -120,6 +124,20 @@ class _Gather:
         """Whether every node expected and still alive has answered."""
         return self.expected & live <= self.answers.keys()
 
+    async def wait(self, live: Callable[[], set[str]], seconds: float) -> None:
+        """Wait until every expected node has answered, has gone silent (killed: it is waited
+        for :data:`NODE_TTL` at most, as ``live()`` drops it), or ``seconds`` have passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self.complete(live()):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(HEARTBEAT, remaining)):
+                    await self.arrived.wait()
+
 
 class ClusterLink:
     """This bus's link to the other nodes of its cluster; use it as an async context manager.
@@ -137,14 +155,18 @@ class ClusterLink:
         self.node = node
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
+        self._history: JetStreamContext.PushSubscription | None = None
+        self._cut_at: datetime | None = None
+        """When this node was last cut off from NATS."""
         self._members = Members(bus.log, node, self._publish)
         self._waiting: dict[str, _Gather] = {}
         self._inbox = ""
         self._counter = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._registry: Registry | None = None
+        self._watching: asyncio.Task[Any] | None = None
         self._closing = False
-        self._reloader: Trigger | None = None
+        self._reloads = Reloads(bus.log, node, self._publish)
         self._inbound = Inbound(bus, node, self._publish)
 
     # Lifecycle
@@ -173,7 +195,7 @@ class ClusterLink:
             ) from exc
         try:
             self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
-            await open_history(self._js, self.node, self._on_message)
+            self._history = await open_history(self._js, self.node, self._on_message)
         except Exception as exc:
             await self._drop()
             raise ConnectionError(
@@ -183,11 +205,10 @@ class ClusterLink:
         await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
         await nc.subscribe(HELLO_SUBJECT, cb=self._members.on_hello)
         await nc.subscribe(PEERS_SUBJECT, cb=self._on_peers)
-        await nc.subscribe(RELOAD_SUBJECT, cb=self._on_reload)
+        await nc.subscribe(RELOAD_SUBJECT, cb=self._reloads.on_reload)
         await self._members.hello()
         self._spawn(self._members.heartbeat(lambda: nc.is_connected))
-        self._registry = Registry(self.bus, self.node, kv, self._spawn)
-        self._spawn(self._registry.watch())
+        self._watch_logins(kv)
         self.bus.cluster = self
         self.bus.log.record(
             LogEvent.CLUSTER_NODE, actor=self.node, status="started", topic=self.url
@@ -199,22 +220,7 @@ class ClusterLink:
 
         self._nc = nc = Client()
         try:
-            # The first connection is bounded here: nats-py would retry it forever, as it
-            # does every later reconnect (which is what a node wants once it has joined).
-            async with asyncio.timeout(CONNECT_TIMEOUT):
-                await nc.connect(
-                    # Several servers of one NATS cluster: a comma list, tried in turn.
-                    servers=[url.strip() for url in self.url.split(",") if url.strip()],
-                    name=f"bcpbus {self.node}",
-                    no_echo=True,  # a node's own messages never come back to it
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=1,
-                    connect_timeout=CONNECT_TIMEOUT,
-                    disconnected_cb=self._disconnected,
-                    reconnected_cb=self._reconnected,
-                    error_cb=self._error,
-                )
+            await _connect(nc, self.url, self.node, self._disconnected, self._reconnected)
         except Exception as exc:
             await self._drop()
             why = "no answer" if isinstance(exc, TimeoutError) else str(exc) or repr(exc)
@@ -245,10 +251,18 @@ class ClusterLink:
             with contextlib.suppress(Exception):
                 await self._nc.close()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _watch_logins(self, kv: KeyValue) -> None:
+        """Register logins in ``kv`` from now on, and watch it (in place of an earlier one)."""
+        if self._watching is not None:
+            self._watching.cancel()
+        self._registry = Registry(self.bus, self.node, kv, self._spawn)
+        self._watching = self._spawn(self._registry.watch())
 
     # Membership
 
@@ -261,6 +275,7 @@ class ClusterLink:
         await self._members.wait_for(node)
 
     async def _disconnected(self) -> None:
+        self._cut_at = datetime.now(UTC)
         if not self._closing:
             logger.warning("node %s is cut off from NATS: sends are refused (-32011)", self.node)
             self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="cut_off")
@@ -268,11 +283,36 @@ class ClusterLink:
     async def _reconnected(self) -> None:
         logger.info("node %s reached NATS again", self.node)
         self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="reconnected")
-        if self._registry is not None:
-            self._spawn(self._registry.heal())
+        self._spawn(self._heal())
 
-    async def _error(self, exc: Exception) -> None:
-        logger.debug("NATS: %r", exc)
+    async def _heal(self) -> None:
+        """After NATS comes back: make the stores again if it lost them, then register the
+        peers still here again."""
+        for _ in range(HEAL_ATTEMPTS):
+            try:
+                await self._heal_stores()
+                break
+            except Exception as exc:  # JetStream may need a moment after the server's restart
+                logger.debug("node %s: the stores are not back yet: %r", self.node, exc)
+                await asyncio.sleep(HEARTBEAT)
+        if self._registry is not None:
+            await self._registry.heal()
+
+    async def _heal_stores(self) -> None:
+        """Make the history stream, this node's consumer and the presence bucket again if the
+        NATS server came back without its store (what was in them is gone: say so)."""
+        js = self._js
+        lost = None if js is None else await history_lost(js, self.node)
+        if js is None or lost is None:
+            return
+        logger.warning("node %s: NATS lost the history's %s: made again", self.node, lost)
+        self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status=f"{lost}_lost")
+        if self._history is not None:
+            with contextlib.suppress(Exception):
+                await self._history.unsubscribe()
+        # What another node sent since this one was cut off is for it too.
+        self._history = await open_history(js, self.node, self._on_message, since=self._cut_at)
+        self._watch_logins(await js.create_key_value(bucket=PRESENCE_BUCKET, history=1))
 
     # Sending
 
@@ -314,7 +354,10 @@ class ClusterLink:
         try:
             # Stored before the others see it: a node away now is given it when it is back.
             await js.publish(subject_for(message.topic), encode(forwarded))
-            await self._wait(gather)
+            process = self.bus.limits.process_timeout
+            await gather.wait(
+                self.live_nodes, (process if process is not None else 30.0) + ANSWER_GRACE
+            )
         except Exception as exc:  # a link lost mid-publish: what answered is what counts
             logger.warning("forwarding %s failed: %r", message.message_id, exc)
         finally:
@@ -330,21 +373,6 @@ class ClusterLink:
             epoch=message.epoch,
         )
         return sum(a.delivered for a in answers.values()), sum(a.targets for a in answers.values())
-
-    async def _wait(self, gather: _Gather) -> None:
-        """Wait until every expected node has answered, has gone silent (killed: it is
-        waited for :data:`NODE_TTL` at most), or ``process_timeout`` has passed."""
-        process = self.bus.limits.process_timeout
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (process if process is not None else 30.0) + ANSWER_GRACE
-        while not gather.complete(self.live_nodes()):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            gather.arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(HEARTBEAT, remaining)):
-                    await gather.arrived.wait()
 
     def _mark(self, sender: str) -> str:
         if sender == BUS_CLIENT_ID:
@@ -388,26 +416,16 @@ class ClusterLink:
     def follow(self, reloader: Trigger) -> None:
         """Reload with the other nodes: :meth:`reload_everywhere` here reloads them too, and a
         reload asked on another node triggers ``reloader`` (:class:`bus.ops.reload.Reloader`)."""
-        self._reloader = reloader
+        self._reloads.reloader = reloader
 
     def reload_everywhere(self) -> None:
         """Reload this node now and ask every other node to read its own files again: give it
         to SIGHUP in place of the reloader's ``trigger``. A changed file needs no such call:
         every node reading it sees the change by itself."""
-        if self._reloader is not None:
-            self._reloader.trigger()
+        if self._reloads.reloader is not None:
+            self._reloads.reloader.trigger()
         if self._nc is not None and self._nc.is_connected:
-            self._spawn(self._nc.publish(RELOAD_SUBJECT, encode(Reload(node=self.node))))
-
-    async def _on_reload(self, msg: Msg) -> None:
-        try:
-            reload = Reload.model_validate_json(msg.data)
-        except ValidationError:
-            return
-        if reload.node != self.node and self._reloader is not None:
-            logger.info("node %s asked for a reload", reload.node)
-            self.bus.log.record(LogEvent.CLUSTER_NODE, actor=reload.node, status="reload")
-            self._reloader.trigger()
+            self._spawn(self._reloads.ask_others())
 
     # Presence: one link per clientId in the cluster
 
@@ -415,6 +433,37 @@ class ClusterLink:
         """Register ``client_id``'s new link here, at once (see :class:`Registry`)."""
         if self._registry is not None and self._nc is not None and self._nc.is_connected:
             self._registry.joined(client_id)
+
+
+async def _connect(
+    nc: NATS,
+    url: str,
+    node: str,
+    disconnected: Callable[[], Awaitable[None]],
+    reconnected: Callable[[], Awaitable[None]],
+) -> None:
+    """Connect ``nc`` to the NATS server(s) at ``url`` (a comma list), for :data:`CONNECT_TIMEOUT`
+    seconds at most; once connected, it reconnects by itself, forever."""
+
+    async def error(exc: Exception) -> None:
+        logger.debug("NATS: %r", exc)
+
+    # The first connection is bounded here: nats-py would retry it forever, as it does every
+    # later reconnect (which is what a node wants once it has joined).
+    async with asyncio.timeout(CONNECT_TIMEOUT):
+        await nc.connect(
+            # Several servers of one NATS cluster: a comma list, tried in turn.
+            servers=[server.strip() for server in url.split(",") if server.strip()],
+            name=f"bcpbus {node}",
+            no_echo=True,  # a node's own messages never come back to it
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=1,
+            connect_timeout=CONNECT_TIMEOUT,
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
+            error_cb=error,
+        )
 
 
 async def _gather_peers(nc: NATS, nodes: int, local: ListPeersResult) -> ListPeersResult:

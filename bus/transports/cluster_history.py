@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import sqlite3
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
     from nats.js.client import JetStreamContext
 
-__all__ = ["REDELIVER_AFTER", "PUBLISH_TIMEOUT", "logged", "open_history"]
+__all__ = ["PUBLISH_TIMEOUT", "REDELIVER_AFTER", "history_lost", "logged", "open_history"]
 
 REDELIVER_AFTER = 60.0
 """Seconds before JetStream gives a node again a message it took and never acknowledged: one a
@@ -40,12 +41,18 @@ _STREAM_IN_USE = 10058
 
 
 async def open_history(
-    js: JetStreamContext, node: str, cb: Callable[[Msg], Awaitable[None]]
+    js: JetStreamContext,
+    node: str,
+    cb: Callable[[Msg], Awaitable[None]],
+    *,
+    since: datetime | None = None,
 ) -> JetStreamContext.PushSubscription:
     """Make sure the stream exists, then read it as ``node`` with ``cb`` (which must ack).
 
-    A node new to the cluster starts at the next message; one that was here before starts
-    after the last message it acknowledged.
+    A node new to the cluster starts at the next message, or at the first stored at ``since``
+    or later (a consumer made again after NATS lost it: what the others sent since this node
+    was cut off is for it too); one that was here before starts after the last message it
+    acknowledged.
 
     Raises:
         nats.js.errors.Error: JetStream refused the stream or the consumer.
@@ -64,16 +71,41 @@ async def open_history(
         if exc.err_code != _STREAM_IN_USE:
             raise
     config = ConsumerConfig(
-        ack_wait=REDELIVER_AFTER, deliver_policy=DeliverPolicy.NEW, max_ack_pending=10_000
+        ack_wait=REDELIVER_AFTER,
+        deliver_policy=DeliverPolicy.NEW if since is None else DeliverPolicy.BY_START_TIME,
+        opt_start_time=since,
+        max_ack_pending=10_000,
     )
     return await js.subscribe(
         f"{SUBJECT_PREFIX}.>",
-        durable=f"node-{presence_key(node)}",
+        durable=_durable(node),
         stream=HISTORY_STREAM,
         cb=cb,
         manual_ack=True,
         config=config,
     )
+
+
+async def history_lost(js: JetStreamContext, node: str) -> str | None:
+    """What of the history is gone: ``"stream"`` (the NATS server came back without its store:
+    no ``-sd``, or a new one), ``"consumer"`` (``node``'s alone, or another node made the stream
+    again first), or None. Call :func:`open_history` again then, ``since`` the cut-off."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        await js.stream_info(HISTORY_STREAM)
+    except NotFoundError:
+        return "stream"
+    try:
+        await js.consumer_info(HISTORY_STREAM, _durable(node))
+    except NotFoundError:
+        return "consumer"
+    return None
+
+
+def _durable(node: str) -> str:
+    """The name of ``node``'s consumer (names allow no ``.``, ``*`` or ``>``)."""
+    return f"node-{presence_key(node)}"
 
 
 async def logged(db: Path, message_id: str) -> bool:

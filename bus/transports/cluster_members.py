@@ -1,7 +1,9 @@
-"""Which other nodes are alive: each node says hello on NATS every :data:`HEARTBEAT` seconds.
+"""The nodes of the cluster to each other: who is alive, and reloads asked of all.
 
-A sender waits for the answers of the nodes alive when it sends, and stops waiting for one that
-goes silent for :data:`NODE_TTL` (killed) or says ``bye`` (closed).
+Each node says hello on NATS every :data:`HEARTBEAT` seconds: a sender waits for the answers of
+the nodes alive when it sends, and stops waiting for one that goes silent for :data:`NODE_TTL`
+(killed) or says ``bye`` (closed). A node reloaded on SIGHUP asks the others to reload on
+:data:`RELOAD_SUBJECT` (:class:`Reloads`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from pydantic import ValidationError
 
 from ..core.logevents import LogEvent
 from ..log.activity import ActivityLog
-from .cluster_wire import HEARTBEAT, HELLO_SUBJECT, NODE_TTL, Hello, encode
+from .cluster_node import Trigger
+from .cluster_wire import HEARTBEAT, HELLO_SUBJECT, NODE_TTL, RELOAD_SUBJECT, Hello, Reload, encode
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-__all__ = ["Members"]
+__all__ = ["Members", "Reloads"]
 
 logger = logging.getLogger("bus.transports.cluster")
 
@@ -85,3 +88,37 @@ class Members:
             await self.hello()  # so that it knows this node at once too
         self._seen[hello.node] = time.monotonic()
         self._joined.set()
+
+
+class Reloads:
+    """Reloads asked of every node: a SIGHUP on one node reloads them all.
+
+    Args:
+        log: this node's activity log (``cluster_node`` row, status ``reload``).
+        node: this node's name, in its requests.
+        publish: sends a body on a subject (the link's NATS connection).
+    """
+
+    def __init__(
+        self, log: ActivityLog, node: str, publish: Callable[[str, bytes], Awaitable[None]]
+    ) -> None:
+        self.log = log
+        self.node = node
+        self._publish = publish
+        self.reloader: Trigger | None = None
+        """What reloads this node (:class:`bus.ops.reload.Reloader`); None: it follows none."""
+
+    async def ask_others(self) -> None:
+        """Ask every other node to read its files again."""
+        await self._publish(RELOAD_SUBJECT, encode(Reload(node=self.node)))
+
+    async def on_reload(self, msg: Msg) -> None:
+        """Reload this node when another one asks (the NATS callback of :data:`RELOAD_SUBJECT`)."""
+        try:
+            reload = Reload.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        if reload.node != self.node and self.reloader is not None:
+            logger.info("node %s asked for a reload", reload.node)
+            self.log.record(LogEvent.CLUSTER_NODE, actor=reload.node, status="reload")
+            self.reloader.trigger()

@@ -21,10 +21,13 @@ class Registry:
     :data:`PRESENCE_BUCKET`: each login registers at once, and the later registration (the
     higher revision) wins: the node holding the older link closes it with 4001."""
 
-    def __init__(self, bus: Node, node: str, kv: KeyValue, spawn: Callable[[Any], None]) -> None:
+    def __init__(self, bus: Node, node: str, kv: KeyValue, spawn: Callable[[Any], object]) -> None:
         self.bus, self.node, self._kv, self._spawn = bus, node, kv, spawn
         self._mine: dict[str, int] = {}
         """clientId -> the revision of its link's registration on this node."""
+        self._elsewhere: dict[str, tuple[int, str]] = {}
+        """clientId -> the revision and node of its latest registration on another node: one
+        seen before this node's own put was acknowledged may be the later of the two."""
 
     def joined(self, client_id: str) -> None:
         """Register ``client_id``'s new link here: a login on another node before this one is
@@ -48,8 +51,14 @@ class Registry:
 
     async def _register(self, client_id: str) -> None:
         value = json.dumps({"node": self.node, "clientId": client_id}).encode()
-        with contextlib.suppress(Exception):  # cut off meanwhile: heal() registers it again
-            self._mine[client_id] = await self._kv.put(presence_key(client_id), value)
+        try:
+            revision = await self._kv.put(presence_key(client_id), value)
+        except Exception:  # cut off meanwhile: heal() registers it again
+            return
+        self._mine[client_id] = revision
+        later, node = self._elsewhere.get(client_id, (0, ""))
+        if later > revision:  # the other login's entry came in before this put's answer
+            self._seen_elsewhere(client_id, node, later)
 
     async def _unregister(self, client_id: str, revision: int) -> None:
         with contextlib.suppress(Exception):  # someone registered since: theirs stays
@@ -66,7 +75,10 @@ class Registry:
                 self._seen_elsewhere(record["clientId"], record["node"], entry.revision)
 
     def _seen_elsewhere(self, client_id: str, node: str, revision: int) -> None:
-        if node == self.node or client_id not in self.bus.peers:
+        if node == self.node:
+            return
+        self._elsewhere[client_id] = max(self._elsewhere.get(client_id, (0, "")), (revision, node))
+        if client_id not in self.bus.peers:
             return
         mine = self._mine.get(client_id)
         if mine is None or mine > revision:

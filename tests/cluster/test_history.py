@@ -122,3 +122,38 @@ async def test_a_peer_whose_node_is_killed_resumes_on_another_node(cluster):
         assert got.count(result.message_id) == 1
     assert all(1 <= got.count(result.message_id) <= 2 for result in before)
     assert sum(got.count(result.message_id) for result in before) <= 4
+
+
+async def test_a_nats_server_back_without_its_store_is_given_it_again(cluster):
+    """nats-server restarted on an empty store (no stream, no consumers, no bucket): the nodes
+    make them again on reconnect (the first one the stream) and messages cross again."""
+    tokens = {cid: cluster.token(cid) for cid in ("w:0", "w:1", "watch:a")}
+    a, b = await cluster.node("a"), await cluster.node("b")
+    watch, inbox = Inbox(reply=True), Inbox(reply=True)
+    async with (
+        peer(a, "watch:a", tokens["watch:a"], watch, "system:presence"),
+        peer(b, "w:1", tokens["w:1"], inbox, "room:x"),
+        peer(a, "w:0", tokens["w:0"], Inbox()) as sender,
+    ):
+        await joined(watch, "w:1")
+        await cluster.nats.stop()
+        cluster.nats.store = cluster.root / "empty-store"
+        await cluster.nats.start()
+        async with asyncio.timeout(scaled(30)):
+            while True:  # until both nodes are back on NATS, with the stores made again
+                try:
+                    result = await sender.send("room:x", "note", {"text": "again"})
+                except ClusterUnavailable:
+                    result = None
+                if result is not None and result.delivered_to == 1:
+                    break
+                await asyncio.sleep(0.2)  # polling: the nodes' reconnects are not observable
+        assert (await inbox.get(10)).payload["content"]["text"] == "again"
+    await cluster.close()
+    lost = [
+        [row["status"] for row in rows(db, "cluster_node") if row["status"].endswith("_lost")]
+        for db in (a.db, b.db)
+    ]
+    # Each node made its part again once; the first to come back made the stream.
+    assert all(len(statuses) == 1 for statuses in lost)
+    assert ["stream_lost"] in lost
