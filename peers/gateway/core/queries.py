@@ -30,7 +30,17 @@ from schemas.common import agent_id
 
 from .. import timing
 from ..bits import findings_bits, spec_bits, spec_ceiling
-from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
+from ..events import (
+    Action,
+    CancelTimer,
+    Commit,
+    MessageReceived,
+    Record,
+    Respond,
+    Send,
+    SetTimer,
+    Spawn,
+)
 from ..state import QueryState
 from .context import GATEWAY_CLIENT_ID, Context, Query, Refusal, channel_of, parse
 from .frames import codes_only, delivery, iso, wire
@@ -188,17 +198,24 @@ class Queries:
 
         def sent(delivered_to: int) -> list[Action]:
             if delivered_to:
-                return [SetTimer(query.timer, ctx.settings.query_ttl), Respond(True, "accepted")]
+                return []
             # The controller learns that the reader was away: an outcome, charged as a failure.
             detail = f"{agent_id(channel.reader)} did not take it"
-            return [
-                *self.fail(query, ReasonCode.READER_UNAVAILABLE, detail),
-                Respond(False, ReasonCode.READER_UNAVAILABLE, "the reader is not connected"),
-            ]
+            return self.fail(query, ReasonCode.READER_UNAVAILABLE, detail)
 
         send = ctx.send_then(agent_id(channel.reader), "bcp_query", content, sent)
         charged = ctx.charged(channel, held.total, **ref, answer_bits=held.cap)
-        return [accepted, charged, Commit(), send]
+        # The controller's reply does not wait for the reader's: a reader that held its
+        # processMessage answer back would otherwise time the controller's sendMessage, a
+        # channel no grid point covers. The query's time runs from now, whenever it is taken.
+        return [
+            accepted,
+            charged,
+            Commit(),
+            SetTimer(query.timer, ctx.settings.query_ttl),
+            Respond(True, "accepted"),
+            Spawn((send,)),
+        ]
 
     def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
         """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row.
@@ -212,15 +229,13 @@ class Queries:
         settle: list[Action] = []
         at = None
         if query.asked_at is not None:
+            # reader_unavailable too: a reader can answer its processMessage "not taken" when
+            # it likes, so that moment is a slot like any other.
             slot = self._slot(query)
-            if reason == ReasonCode.READER_UNAVAILABLE:
-                # Always at once, before the gateway's reply: no reader timed it (it carries
-                # no slot), and the controller tells it from "no gateway" by its coming first.
-                slot = timing.Release(self.ctx.clock(), 0, 0.0)
             bits = DeliveryBits(value=0.0, outcome=FAILED, timing=slot.bits)
             settle = self._settle(query, FAILED + slot.bits, reason)
             fields["bits"] = bits
-            at = None if reason == ReasonCode.READER_UNAVAILABLE else slot.at
+            at = slot.at
         failed = BcpQueryFailed.model_validate(fields)
         split = fields["bits"].model_dump() if "bits" in fields else None
         row = self.ctx.record(

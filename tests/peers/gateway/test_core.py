@@ -272,18 +272,22 @@ def approval_of(actions: list[Any]) -> str:
 
 
 def test_an_admitted_query_is_charged_committed_then_sent_and_timed(tmp_path):
-    """The query's rows are committed before bcp_query; once the reader took it, its timer runs."""
+    """The query's rows are committed before bcp_query; its timer runs from then, and the
+    controller's reply is not held back by the reader's (the send is spawned after it)."""
     core, shell, clock = make(tmp_path)
-    actions = ask(shell)
+    request = {"query_id": "q1", **CAT1}
+    raw = core.handle(MessageReceived("m1", "agent:main", TOPIC, "bcp_query_request", request))
+    assert isinstance(raw[-1], Spawn) and isinstance(raw[-2], Respond)
+    actions = shell.run(raw)
     assert show(actions) == [
         "record bcp_query_accepted accepted",
         "record bcp_bits_charged charged",
         "commit",
-        "send bcp_query to agent:researcher",
         "set query",
         "reply accepted",
+        "send bcp_query to agent:researcher",
     ]
-    assert actions[4] == SetTimer(("query", "main", "q1"), SETTINGS.query_ttl)
+    assert actions[3] == SetTimer(("query", "main", "q1"), SETTINGS.query_ttl)
     assert sent(actions, "bcp_query").expires_at.timestamp() == clock.now + SETTINGS.query_ttl
     assert actions[1].payload["bits"] == pytest.approx(CAT1_BITS + 1)
     assert actions[1].payload["answer_bits"] == pytest.approx(CAT1_BITS)
@@ -300,17 +304,19 @@ def test_a_reader_that_takes_nothing_pays_for_a_failure_and_the_query_fails(tmp_
     """No reader online: the controller learns it, so the query is settled to a failure's bits."""
     core, shell, _ = make(tmp_path, "agent:researcher")
     actions = ask(shell, spec=CAT2)
-    assert show(actions)[4:] == [
+    assert show(actions)[3:] == [
+        "set query",
+        "reply accepted",
+        "send bcp_query to agent:researcher",
         "cancel query",
         "record bcp_bits_charged charged",
         "record bcp_query_failed reader_unavailable",
         "commit",
         "send bcp_query_failed to agent:main",
-        "reply reader_unavailable",
     ]
     charge = outcome_charge(actions[1].payload["answer_bits"])
-    assert actions[5].payload["bits"] == pytest.approx(charge.failed - charge.reserve)
-    assert actions[5].payload["outcome"] == "reader_unavailable"
+    assert actions[7].payload["bits"] == pytest.approx(charge.failed - charge.reserve)
+    assert actions[7].payload["outcome"] == "reader_unavailable"
     assert core.state.ledger.used(KEY) == pytest.approx(FAILED)
     assert core.state.ledger.cat2_used(KEY) == 1
     assert ("main", "q1") in core.state.used_query_ids and not core.ctx.pending

@@ -527,7 +527,8 @@ async def test_query_expires(tmp_path):
 
 
 async def test_reader_unavailable_is_charged_as_a_failure(tmp_path):
-    """With no reader connected the query fails at once, charged what a failure carries."""
+    """With no reader connected the query fails at the first grid point, charged what a failure
+    carries and its slot (a reader can pick the moment it refuses a query, like any other)."""
     async with running_bcp(tmp_path) as h:
         main = h.controller("main")
         await main.start()
@@ -535,11 +536,15 @@ async def test_reader_unavailable_is_charged_as_a_failure(tmp_path):
             with pytest.raises(QueryFailed) as failed:
                 await main.ask("researcher", CAT1, timeout=scaled(10))
             assert failed.value.reason == "reader_unavailable"
-            assert h.gateway.ledger.used(("main", "researcher")) == pytest.approx(FAILED)
+            [row] = h.bus.rows(event="bcp_query_failed")
+            slot = json.loads(row["payload_json"])["split"]["timing"]
+            assert slot >= 2.0  # slot 0 of the reference channel's grid costs 2 bits, later more
+            used = h.gateway.ledger.used(("main", "researcher"))
+            assert used == pytest.approx(FAILED + slot)
             charges = [
                 json.loads(r["payload_json"])["bits"] for r in h.bus.rows(event="bcp_bits_charged")
             ]
-            assert sum(charges) == pytest.approx(FAILED) and len(charges) == 2
+            assert sum(charges) == pytest.approx(used) and len(charges) == 2
         finally:
             await main.close()
 
