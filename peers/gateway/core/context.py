@@ -106,6 +106,8 @@ class Release:
     message_type: str
     content: dict[str, Any]
     then: Callable[[bool], list[Action]] | None
+    first: Callable[[], list[Action]] | None = None
+    """What to do the moment it leaves, before it is sent (a query's settlement)."""
 
 
 @dataclass

@@ -45,23 +45,25 @@ class Outbox:
         then: Callable[[bool], list[Action]] | None = None,
         *,
         at: float | None = None,
+        first: Callable[[], list[Action]] | None = None,
     ) -> list[Action]:
         """Send to the channel's controller at ``at`` (a grid point), or hold it while the
         controller is away.
 
-        ``then`` gets whether it was delivered when it left; its actions follow. ``None`` for
-        ``at``, or a time already past: now.
+        ``first`` runs the moment it leaves, before the send; ``then`` gets whether it was
+        delivered when it left, and its actions follow. ``None`` for ``at``, or a time already
+        past: now.
         """
         # One id for this message however often it is sent (now, or from the outbox later), so
         # that a controller that also fetches the first copy by epoch can drop the repeat.
         content = {**content, "delivery_id": f"d-{uuid.uuid4().hex[:16]}"}
         now = self.ctx.clock()
         if at is None or at <= now:
-            return self._now(channel, message_type, content, then)
+            return [*(first() if first else []), *self._now(channel, message_type, content, then)]
         queue = self.ctx.releases.setdefault(channel.controller, [])
         # Earliest first; one due at the same point as another goes after it.
         index = next((i for i, r in enumerate(queue) if r.at > at), len(queue))
-        queue.insert(index, Release(at, channel, message_type, content, then))
+        queue.insert(index, Release(at, channel, message_type, content, then, first))
         key = ("release", channel.controller, content["delivery_id"])
         return [SetTimer(key, at - now)]
 
@@ -77,6 +79,7 @@ class Outbox:
             upto -= 1
             due = queue.pop(0)
             actions.append(CancelTimer(("release", controller, due.content["delivery_id"])))
+            actions += due.first() if due.first else []
             actions += self._now(due.channel, due.message_type, due.content, due.then)
         if not queue:
             self.ctx.releases.pop(controller, None)

@@ -11,6 +11,7 @@ cost (see :mod:`.outcomes`): a failure is charged too, as the controller learns 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +119,7 @@ class Queries:
             raise Refusal(
                 ReasonCode.BUDGET_EXHAUSTED,
                 f"this query needs {least:.1f} bits; {left:.1f} of {channel.budget_bits:.1f} "
-                "are left",
+                f"are left{self._in_flight(channel)}",
             )
         limit = channel.max_cat2_queries
         if request.category == 2 and limit is not None and state.ledger.cat2_used(key) >= limit:
@@ -134,6 +135,19 @@ class Queries:
             raise Refusal(verdict.reason, _ESCALATION_TEXT[verdict.reason])
         escalation = verdict.escalation and request.category == 3
         return Admitted(channel, request, spec, bits, escalation)
+
+    def _in_flight(self, channel: Channel) -> str:
+        """Say so when queries still hold reserves on ``channel``: the refusal may pass later."""
+        ctx = self.ctx
+        asking = [q for q in ctx.pending.values() if q.channel.key == channel.key and q.charged]
+        queued = ctx.releases.get(channel.controller, [])
+        leaving = [r for r in queued if r.channel == channel and "query_id" in r.content]
+        if not asking and not leaving:
+            return ""
+        return (
+            f" ({len(asking) + len(leaving)} queries in flight hold reserves and give back what "
+            "they do not use when their outcome is delivered: ask again then)"
+        )
 
     def least(self, channel: Channel, spec: QuerySpec, estimate: float) -> float:
         """Return the least a query of ``estimate`` bits reserves: what admission checks."""
@@ -226,14 +240,14 @@ class Queries:
         channel = query.channel
         self.ctx.pending.pop((channel.controller, query.query_id), None)
         fields: dict[str, Any] = {"query_id": query.query_id, "error": reason, "detail": detail}
-        settle: list[Action] = []
+        cost: float | None = None
         at = None
         if query.asked_at is not None:
             # reader_unavailable too: a reader can answer its processMessage "not taken" when
             # it likes, so that moment is a slot like any other.
             slot = self._slot(query)
             bits = DeliveryBits(value=0.0, outcome=FAILED, timing=slot.bits)
-            settle = self._settle(query, FAILED + slot.bits, reason)
+            cost = FAILED + slot.bits
             fields["bits"] = bits
             at = slot.at
         failed = BcpQueryFailed.model_validate(fields)
@@ -246,12 +260,12 @@ class Queries:
             detail=detail,
             split=split,
         )
+        settle = None if cost is None else self._settle_on_release(query, cost, reason)
         return [
             CancelTimer(query.timer),
-            *settle,
             row,
             Commit(),
-            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed), at=at),
+            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed), at=at, first=settle),
         ]
 
     def _slot(self, query: Query) -> timing.Release:
@@ -301,13 +315,26 @@ class Queries:
         ref = {"query_id": query.query_id}
         values, sealed = seal(self.ctx, channel, query.spec, response, found, **ref)
         content = delivery(channel, query.spec, values, bits, found, **ref)
+        settle = self._settle_on_release(query, value_bits + ANSWERED + slot.bits, "delivered")
         return [
             CancelTimer(query.timer),
-            # A lost refund row only leaves the ledger charging more: no commit needed here.
-            *self._settle(query, value_bits + ANSWERED + slot.bits, "delivered"),
             *sealed,
-            *self.outbox.deliver(channel, "bcp_response_delivery", content, at=slot.at),
+            *self.outbox.deliver(
+                channel, "bcp_response_delivery", content, at=slot.at, first=settle
+            ),
         ]
+
+    def _settle_on_release(
+        self, query: Query, cost: float, outcome: str
+    ) -> Callable[[], list[Action]]:
+        """Return what settles ``query`` once its outcome leaves for the controller.
+
+        Not before: the budget left decides admission, so a refund at the moment the reader
+        answered would show that moment to a controller probing with queries it expects
+        refused, finer than the grid. A lost refund row only leaves the ledger charging more:
+        no commit is needed for it.
+        """
+        return lambda: self._settle(query, cost, outcome)
 
     def _settle(self, query: Query, cost: float, outcome: str) -> list[Action]:
         """Give back what ``query`` was charged beyond ``cost``, what its outcome costs."""

@@ -191,6 +191,29 @@ async def test_a_reader_holding_a_query_does_not_time_the_controllers_request(tm
         assert len(rows) == 2 and all(r["split"]["timing"] >= 2 for r in rows), rows
 
 
+async def test_admission_shows_a_query_settled_only_when_its_outcome_leaves(tmp_path):
+    """A controller probing with queries it expects refused reads when the budget left grows:
+    a query's refund comes when its delivery leaves on the grid, not when the reader answered,
+    so the probe sees only the (charged) slot. Meanwhile a concurrent query is refused
+    budget_exhausted, and admitted once the first one's outcome is delivered."""
+    directory = agents(tmp_path, max_category=2, budget=20, quantum=2.0)
+    async with running_bcp(tmp_path, agents_dir=directory) as h, Pair(h) as p:
+        p.reader.on_query(_answers({"ok": True}, {"ok": True}))
+        first = asyncio.create_task(p.main.ask("researcher", BOOLEAN, timeout=scaled(20)))
+        async with asyncio.timeout(scaled(10)):
+            verdict = await p.reader.next_result()
+        assert verdict.success  # validated, and waiting for its grid point 2 s after the ask
+        assert not first.done()
+        with pytest.raises(QueryFailed) as probe:
+            await p.main.ask("researcher", BOOLEAN, query_id="probe-1", timeout=scaled(10))
+        assert probe.value.reason == "budget_exhausted"
+        assert "queries in flight hold reserves" in probe.value.detail, probe.value.detail
+        delivery = await first
+        assert delivery.response == {"ok": True}
+        again = await p.main.ask("researcher", BOOLEAN, query_id="probe-2", timeout=scaled(20))
+        assert again.response == {"ok": True}
+
+
 def _answers(*responses: Any) -> Any:
     queue = list(responses)
 

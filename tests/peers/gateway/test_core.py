@@ -309,14 +309,14 @@ def test_a_reader_that_takes_nothing_pays_for_a_failure_and_the_query_fails(tmp_
         "reply accepted",
         "send bcp_query to agent:researcher",
         "cancel query",
-        "record bcp_bits_charged charged",
         "record bcp_query_failed reader_unavailable",
         "commit",
+        "record bcp_bits_charged charged",  # settled as the failure leaves, not before
         "send bcp_query_failed to agent:main",
     ]
     charge = outcome_charge(actions[1].payload["answer_bits"])
-    assert actions[7].payload["bits"] == pytest.approx(charge.failed - charge.reserve)
-    assert actions[7].payload["outcome"] == "reader_unavailable"
+    assert actions[9].payload["bits"] == pytest.approx(charge.failed - charge.reserve)
+    assert actions[9].payload["outcome"] == "reader_unavailable"
     assert core.state.ledger.used(KEY) == pytest.approx(FAILED)
     assert core.state.ledger.cat2_used(KEY) == 1
     assert ("main", "q1") in core.state.used_query_ids and not core.ctx.pending
@@ -467,9 +467,9 @@ def test_invalid_answers_count_down_retries_then_fail_the_query(tmp_path):
         "commit",
         "send bcp_validation_result to agent:researcher",
         "cancel query",
-        "record bcp_bits_charged charged",
         "record bcp_query_failed retries_exhausted",
         "commit",
+        "record bcp_bits_charged charged",
         "send bcp_query_failed to agent:main",
         "reply retries_exhausted",
     ]
@@ -508,9 +508,9 @@ def test_a_query_with_no_valid_answer_expires_once(tmp_path):
     assert show(actions) == [
         "record bcp_expired timeout",
         "cancel query",
-        "record bcp_bits_charged charged",
         "record bcp_query_failed timeout",
         "commit",
+        "record bcp_bits_charged charged",
         "send bcp_query_failed to agent:main",
     ]
     assert shell.handle(TimerFired(("query", "main", "q1"))) == []
@@ -937,9 +937,13 @@ def test_an_answer_leaves_at_its_grid_point_charged_its_slot(tmp_path):
     and pays what it carries, one bit, and slot 0."""
     core, shell, clock = make(tmp_path, quantum=0.1)
     ask(shell)
+    reserved = core.state.ledger.used(KEY)
     clock.now += 0.07
     actions = answer(shell, {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"})
     assert "send bcp_response_delivery to agent:main" not in show(actions)
+    # The reserve stays until the delivery leaves: admission cannot show when the reader answered.
+    assert core.state.ledger.used(KEY) == reserved
+    assert "record bcp_bits_charged charged" not in show(actions)
     [timer] = [a for a in actions if isinstance(a, SetTimer) and a.key[0] == "release"]
     assert timer.delay == pytest.approx(0.03, abs=1e-5)
     clock.now += timer.delay

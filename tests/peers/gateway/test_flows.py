@@ -304,6 +304,29 @@ async def test_budget_runs_out_and_survives_a_gateway_restart(tmp_path):
                 assert failed.value.reason == "budget_exhausted"
 
 
+async def test_a_delivery_waiting_for_its_grid_point_fails_timeout_after_a_restart(tmp_path):
+    """A gateway that stops while a validated answer waits for its grid point loses it; the
+    restarted gateway fails the query as timeout, and the reserve stays charged."""
+    from peers.gateway.runner import running_gateway
+
+    directory = agents(tmp_path, quantum=5.0)
+    async with running_bcp(tmp_path, agents_dir=directory) as h, Pair(h) as p:
+        p.reader.on_query(answers({"ok": True}))
+        asked = asyncio.create_task(p.main.ask("researcher", BOOLEAN, timeout=scaled(20)))
+        async with asyncio.timeout(scaled(10)):
+            assert (await p.reader.next_result()).success
+        reserved = h.gateway.ledger.used(("main", "researcher"))
+        assert not asked.done() and not p.rows(event="bcp_delivered")
+        await h.gateway.close()
+        token = h.bus.token("system:gateway")
+        async with running_gateway(h.bus.url, token, h.bus.log, directory) as again:
+            with pytest.raises(QueryFailed) as failed:
+                await asked
+            assert failed.value.reason == "timeout"
+            assert again.ledger.used(("main", "researcher")) == pytest.approx(reserved)
+        assert not p.rows(event="bcp_delivered")
+
+
 async def test_cat2_query_limit(tmp_path):
     """max_cat2_queries: 1 refuses the second Cat-2 query."""
     good = {"company": "Acme", "founded": "2001-02-03"}
