@@ -11,7 +11,6 @@ cost (see :mod:`.outcomes`): a failure is charged too, as the controller learns 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +42,7 @@ from ..events import (
     Spawn,
 )
 from ..state import QueryState
-from .context import GATEWAY_CLIENT_ID, Context, Query, Refusal, channel_of, parse
+from .context import GATEWAY_CLIENT_ID, Context, Leaving, Query, Refusal, channel_of, parse
 from .frames import codes_only, delivery, iso, wire
 from .outbox import Outbox
 from .outcomes import ANSWERED, FAILED, outcome_charge, reserve
@@ -265,7 +264,7 @@ class Queries:
             CancelTimer(query.timer),
             row,
             Commit(),
-            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed), at=at, first=settle),
+            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed), at=at, leaving=settle),
         ]
 
     def _slot(self, query: Query) -> timing.Release:
@@ -320,13 +319,11 @@ class Queries:
             CancelTimer(query.timer),
             *sealed,
             *self.outbox.deliver(
-                channel, "bcp_response_delivery", content, at=slot.at, first=settle
+                channel, "bcp_response_delivery", content, at=slot.at, leaving=settle
             ),
         ]
 
-    def _settle_on_release(
-        self, query: Query, cost: float, outcome: str
-    ) -> Callable[[], list[Action]]:
+    def _settle_on_release(self, query: Query, cost: float, outcome: str) -> Leaving:
         """Return what settles ``query`` once its outcome leaves for the controller.
 
         Not before: the budget left decides admission, so a refund at the moment the reader
@@ -334,7 +331,7 @@ class Queries:
         refused, finer than the grid. A lost refund row only leaves the ledger charging more:
         no commit is needed for it.
         """
-        return lambda: self._settle(query, cost, outcome)
+        return lambda: (True, self._settle(query, cost, outcome))
 
     def _settle(self, query: Query, cost: float, outcome: str) -> list[Action]:
         """Give back what ``query`` was charged beyond ``cost``, what its outcome costs."""

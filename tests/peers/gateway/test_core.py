@@ -691,12 +691,14 @@ def push(shell: Shell, sid: str, response: Any, controller: str = "main") -> lis
 
 
 def test_a_valid_push_is_charged_and_committed_before_it_is_delivered(tmp_path):
-    """The push's rows are durable first; the reader's verdict says it was delivered."""
+    """The push's rows are durable first, its charge as it leaves; the reader's verdict says
+    it was delivered."""
     core, shell, _ = pushing(tmp_path)
     actions = push(shell, "alerts", {"urgent": True})
     assert show(actions) == [
         "record bcp_validation pass",
         "record bcp_push_received accepted",
+        "commit",
         "record bcp_bits_charged charged",
         "commit",
         "send bcp_response_delivery to agent:main",
@@ -777,7 +779,7 @@ def test_pushes_to_an_offline_controller_are_held_in_order_and_flushed_when_it_j
     """The first push is held after its send fails, the next without trying; both land in order."""
     core, shell, _ = pushing(tmp_path, "agent:main")
     first = push(shell, "alerts", {"urgent": True})
-    assert show(first)[4:] == [
+    assert show(first)[5:] == [
         "send bcp_response_delivery to agent:main",
         "record bcp_held held",
         "commit",
@@ -999,6 +1001,49 @@ def test_a_failure_leaves_on_the_grid_and_says_what_it_cost(tmp_path):
         "timing": 2.0,
     }
     assert core.state.ledger.used(KEY) == pytest.approx(FAILED + 2, abs=1e-3)
+
+
+def _first_release(actions: list[Any]) -> SetTimer:
+    [timer] = [a for a in actions if isinstance(a, SetTimer) and a.key[0] == "release"]
+    return timer
+
+
+def test_a_push_is_charged_as_it_leaves_and_the_next_grid_starts_at_its_grid_point(tmp_path):
+    """A push changes the budget only when it leaves on the grid, and the next push's grid is
+    laid from that grid point: when within its slot the reader pushed shows nowhere."""
+    releases = []
+    for phase in (0.01, 0.09):
+        (tmp_path / str(phase)).mkdir()
+        core, shell, clock = make(tmp_path / str(phase), subscriptions=SUBSCRIPTIONS, quantum=0.1)
+        start = clock.now
+        clock.now += phase
+        actions = push(shell, "hourly", {"level": 1})
+        assert "record bcp_bits_charged charged" not in show(actions)
+        assert core.state.ledger.used(KEY) == 0
+        timer = _first_release(actions)
+        clock.now += timer.delay
+        assert "record bcp_bits_charged charged" in show(shell.handle(TimerFired(timer.key)))
+        assert core.state.ledger.used(KEY) == pytest.approx(3 + 1 + 2)  # value, came, slot 0
+        clock.now = start + 0.1 + 10 + 0.05  # the next push, at one moment in both runs
+        timer = _first_release(push(shell, "hourly", {"level": 2}))
+        releases.append(clock.now + timer.delay - start)
+    assert releases[0] == pytest.approx(releases[1]) == pytest.approx(10.2)
+
+
+def test_a_push_whose_budget_a_query_took_meanwhile_does_not_leave(tmp_path):
+    """A query admitted while a push waits for its grid point may take the budget it needs:
+    the push is then refused budget_exhausted as it would leave, and never reaches the
+    controller; the reader is told."""
+    core, shell, clock = make(tmp_path, subscriptions=SUBSCRIPTIONS, quantum=0.1, budget=24)
+    clock.now += 0.03
+    timer = _first_release(push(shell, "hourly", {"level": 1}))
+    assert show(ask(shell))[-2:] == ["reply accepted", "send bcp_query to agent:researcher"]
+    assert core.state.ledger.left(KEY, 24) < 6  # what the push carries no longer fits
+    clock.now += timer.delay
+    actions = shell.handle(TimerFired(timer.key))
+    assert "send bcp_response_delivery to agent:main" not in show(actions)
+    assert "record bcp_push_refused budget_exhausted" in show(actions)
+    assert sent(actions, "bcp_validation_result").error == "budget_exhausted"
 
 
 def test_a_cat2_answer_is_charged_what_it_carries_not_its_estimate(tmp_path):
