@@ -32,7 +32,7 @@ from ..bits import findings_bits
 from ..events import Action, Commit, MessageReceived, Respond
 from ..validation import ValidationResult, validate_response
 from .approvals import Approvals
-from .context import Context, Refusal, raw_answer
+from .context import Context, Leaving, Refusal, raw_answer
 from .frames import anomalies, codes_only, delivery
 from .outbox import Outbox
 from .outcomes import ANSWERED
@@ -150,34 +150,11 @@ class Pushes:
             LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, subscription_id=sid
         )
 
-        def leaving() -> tuple[bool, list[Action]]:
-            # Charged as it leaves, on the grid (see Leaving); queries admitted since it was
-            # validated may have taken the budget, and then it does not go.
-            if ctx.state.ledger.fits(channel.key, total, channel.budget_bits):
-                return True, self._charge(channel, subscription, bits)
-            refusal = self._over_budget(channel, total)
-            return False, self._refuse(event, channel, ref, refusal)
-
+        leaving = self._leaving(event, channel, subscription, bits)
         if result.approval_required:
-
-            def review() -> list[Action]:
-                return self.approvals.review(
-                    channel, spec, result, subscription=subscription, bits=bits.value, split=bits
-                )
-
-            def held_for_review() -> tuple[bool, list[Action]]:
-                go, charged = leaving()
-                if not go:
-                    return False, charged
-                # The approval opens once the reader has its verdict (see answers.py).
-                held = "valid; held for human approval"
-                return True, [
-                    *charged,
-                    *ctx.tell_reader(event, channel, ref, None, held, then=review),
-                ]
-
             # Charged, and put before a human, at its grid point too.
-            at_grid = self.outbox.at_grid(channel, slot.at, held_for_review)
+            review = self._review(event, channel, subscription, result, bits, leaving)
+            at_grid = self.outbox.at_grid(channel, slot.at, review)
             return [received, Commit(), *at_grid, Respond(True, "held_for_approval")]
         values, sealed = seal(ctx, channel, spec, result.response or {}, found, **ref)
         content = delivery(channel, spec, values, bits, found, **ref)
@@ -194,6 +171,57 @@ class Pushes:
             channel, "bcp_response_delivery", content, verdict, at=slot.at, leaving=leaving
         )
         return [received, Commit(), *sealed, *deliver]
+
+    def _leaving(
+        self,
+        event: MessageReceived,
+        channel: Channel,
+        subscription: Subscription,
+        bits: DeliveryBits,
+    ) -> Leaving:
+        """Return the push's charge as it leaves, on the grid (see :data:`~.context.Leaving`):
+        queries admitted since it was validated may have taken the budget, and then it does
+        not go."""
+        total = bits.value + bits.outcome + bits.timing
+
+        def leaving() -> tuple[bool, list[Action]]:
+            if self.ctx.state.ledger.fits(channel.key, total, channel.budget_bits):
+                return True, self._charge(channel, subscription, bits)
+            refusal = self._over_budget(channel, total)
+            return False, self._refuse(
+                event, channel, {"subscription_id": subscription.id}, refusal
+            )
+
+        return leaving
+
+    def _review(
+        self,
+        event: MessageReceived,
+        channel: Channel,
+        subscription: Subscription,
+        result: ValidationResult,
+        bits: DeliveryBits,
+        leaving: Leaving,
+    ) -> Leaving:
+        """Return what charges a push held for review at its grid point, tells its reader,
+        and then opens the approval."""
+        ctx, spec = self.ctx, subscription.as_spec()
+        ref = {"subscription_id": subscription.id}
+
+        def review() -> list[Action]:
+            return self.approvals.review(
+                channel, spec, result, subscription=subscription, bits=bits.value, split=bits
+            )
+
+        def held_for_review() -> tuple[bool, list[Action]]:
+            go, charged = leaving()
+            if not go:
+                return False, charged
+            # The approval opens once the reader has its verdict (see answers.py).
+            held = "valid; held for human approval"
+            return True, [*charged, *ctx.tell_reader(event, channel, ref, None, held, then=review)]
+
+        return held_for_review
 
     def _over_budget(self, channel: Channel, total: float) -> Refusal:
         left = self.ctx.state.ledger.left(channel.key, channel.budget_bits)
