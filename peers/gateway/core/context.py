@@ -38,6 +38,7 @@ __all__ = [
     "GATEWAY_CLIENT_ID",
     "Approval",
     "Context",
+    "Leaving",
     "Query",
     "Refusal",
     "Release",
