@@ -12,6 +12,7 @@ and ``fetchMessages`` to the :class:`~bus.readback.Readback`. Replies are the wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ from schemas.common import timestamp
 from .core import requests
 from .core.actions import Action
 from .core.delivery import Message
-from .core.errors import BusError, MethodNotFound
+from .core.errors import BusError, MethodNotFound, NotInitialized, ShuttingDown
+from .core.logevents import LogEvent
 from .core.params import parse
 from .core.protocol import Request
 from .core.recent import RecentIds
@@ -50,6 +52,7 @@ class Methods:
     Args:
         carry: carries out a core decision's actions and returns its reply (the bus's).
         fetch: reads messages back (:meth:`bus.server.Bus.fetch`).
+        closing: tells whether the bus is closing (every request is then refused -32007).
     """
 
     def __init__(
@@ -61,7 +64,10 @@ class Methods:
         *,
         carry: Callable[[list[Action]], Any],
         fetch: Fetch,
+        closing: Callable[[], bool],
     ) -> None:
+        self._log = fanout.log
+        self._closing = closing
         self._router = router
         self._states = states
         self._limits = limits
@@ -83,6 +89,45 @@ class Methods:
             "listPeers": self._list_peers,
         }
         """By name; a test may replace one."""
+
+    async def handle(
+        self, route: Route[Link], request: Request, *, accepted: Accepted | None = None
+    ) -> Any:
+        """Carry out ``request`` for a peer that is not on a socket (HTTP, a webhook) as if it
+        came on one (see :meth:`bus.server.Bus.handle`); an error answer gets its row."""
+        try:
+            if self._closing():
+                raise ShuttingDown()
+            if request.method == "sendMessage":
+                return await self.send_message(route, request, accepted)
+            method = self.method(request.method)
+            # A peer that is not online may still ask what it missed: that is how it reads.
+            offline_ok = request.method in ("ping", "fetchMessages")
+            if self._router.route(route.handle) is not route and not offline_ok:
+                raise NotInitialized(
+                    f"{route.client_id} is not online, so nothing could be delivered to it: "
+                    "give it a webhook (bcpbus peers add ID --webhook URL) or connect it over "
+                    "WebSocket to subscribe"
+                )
+            return await method(route, request)
+        except BusError as exc:
+            await self.record_error(route.client_id, request, exc)
+            raise
+
+    async def record_error(self, actor: str, request: Request, exc: BusError) -> None:
+        """Log the ``rpc_error`` row of an error answer and commit it, before the peer reads
+        the answer."""
+        log = self._log
+        log.record(
+            LogEvent.RPC_ERROR,
+            rpc_id=rpc_id_of(request),
+            actor=actor,
+            status=str(exc.code),
+            payload={"method": request.method[:64]},
+            error=exc.message,
+        )
+        with contextlib.suppress(BusError):
+            await log.commit()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.table)

@@ -21,26 +21,20 @@ import contextlib
 import logging
 import secrets
 import ssl as _ssl
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from schemas.bus import InitializeParams, ListPeersResult
-from schemas.common import timestamp
+from schemas.bus import ListPeersResult
 
-from . import __version__
-from .core import joins
 from .core.actions import Action, Announce, Close, Commit, CountRefusal, Fail, Record, Reply
 from .core.delivery import Message
 from .core.epochs import Epochs
 from .core.errors import (
-    AuthenticationFailed,
     BusError,
-    NotInitialized,
     ShuttingDown,
 )
 from .core.identities import PeerIdentity
 from .core.logevents import LogEvent
-from .core.params import parse
 from .core.policy import Grants, Policy
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .core.protocol import Request
@@ -50,13 +44,13 @@ from .fanout import Fanout, record_row
 from .log.activity import ActivityLog
 from .log.fetch import FetchFilter, FetchResult
 from .log.history import History
-from .methods import Accepted, Methods, rpc_id_of
+from .members import Members
+from .methods import Accepted, Methods
 from .ops.config import Limits, LogContent
 from .ops.credentials import Credentials
 from .ops.refusals import Refusals
-from .ops.rights import Regrant, Revoke, review
 from .readback import Readback
-from .transports.connection import ByteBudget, Connection, Link, PeerGone
+from .transports.connection import ByteBudget, Link
 from .transports.local import LocalSocket
 from .transports.websocket import Method, WebSocketDoor
 
@@ -140,9 +134,24 @@ class Bus:
         )
         """Carries messages out to their targets (:mod:`bus.fanout`)."""
         self._methods = Methods(
-            self._router, self._states, limits, self._fanout, carry=self.carry, fetch=self.fetch
+            self._router,
+            self._states,
+            limits,
+            self._fanout,
+            carry=self.carry,
+            fetch=self.fetch,
+            closing=lambda: self._closing,
         )
         """The methods of initialized peers (:mod:`bus.methods`)."""
+        self._members = Members(
+            self,
+            self._router,
+            self._states,
+            self._epochs,
+            carry=self.carry,
+            joined_elsewhere=self._joined_elsewhere,
+        )
+        """Joins and leaves over every link, and reloads (:mod:`bus.members`)."""
         self._door = WebSocketDoor(self)
         """Where sockets and in-process links come in (:mod:`bus.transports.websocket`)."""
 
@@ -298,40 +307,20 @@ class Bus:
     async def join(
         self, link: Link, request: Request, *, address: str, remote: str, bearer: str | None
     ) -> tuple[str, Any]:
-        """Carry out ``initialize`` for a link that came in on its own (a socket): its
-        credential, the policy, a takeover, the rows and presence (:func:`bus.core.joins.
-        initialize`). Return the clientId and the result's wire form.
-
-        Raises:
-            BusError: the refusal to answer with (its row is recorded).
-        """
-        params = parse(InitializeParams, request.params)
-        client_id = params.client_id
-        token = params.auth.token if params.auth is not None else bearer
-        ask = joins.Ask(client_id, rpc_id_of(request), address, token is not None, remote)
-        record = self.credentials.verify(client_id, token)
-        credential = None if record is None else joins.Credential(record.roles, record.token_hash)
-        actions = joins.initialize(
-            self._router,
-            link,
-            credential,
-            ask,
-            self._rules(),
-            attached=lambda other: not isinstance(other, Connection),
-            epoch=self._epochs.last,
+        """Carry out ``initialize`` for a link that came in on its own (a socket); return the
+        clientId and the result (:meth:`bus.members.Members.join`)."""
+        return await self._members.join(
+            link, request, address=address, remote=remote, bearer=bearer
         )
-        result = self.carry(actions)
-        self._states.open(link).joined(timestamp())
-        if self.cluster is not None:  # an older link of this clientId on another node closes
-            self.cluster.joined(client_id)
-        return client_id, result
 
     def leave(self, link: Link, reason: str) -> None:
-        """Forget ``link``: its timers, its route and subscriptions; a joined peer's
+        """Forget ``link``: its timers, route and subscriptions; a joined peer's
         ``disconnect`` row and presence (``reason`` is the close code)."""
-        for timer in self._states.close(link):
-            timer.cancel()
-        self.carry(joins.leave(self._router, link, reason))
+        self._members.leave(link, reason)
+
+    def _joined_elsewhere(self, client_id: str) -> None:
+        if self.cluster is not None:  # an older link of this clientId on another node closes
+            self.cluster.joined(client_id)
 
     def carry(self, actions: list[Action]) -> Any:
         """Carry out a decision's actions (:mod:`bus.core.actions`) in order; return the
@@ -362,16 +351,7 @@ class Bus:
         """Log the ``rpc_error`` row of an error answer and commit it, before the peer reads
         the answer. :meth:`handle` does it for what it answers; a transport calls it for the
         errors it answers on its own (a malformed HTTP body)."""
-        self.log.record(
-            LogEvent.RPC_ERROR,
-            rpc_id=rpc_id_of(request),
-            actor=actor,
-            status=str(exc.code),
-            payload={"method": request.method[:64]},
-            error=exc.message,
-        )
-        with contextlib.suppress(BusError):
-            await self.log.commit()
+        await self._methods.record_error(actor, request, exc)
 
     # Peers that are not on a socket (bus.transports.http, bus.transports.webhooks)
 
@@ -392,29 +372,7 @@ class Bus:
         """
         if self._closing:
             raise ShuttingDown()
-        record = self.credentials.identify(token)
-        if record is None:
-            self.log.record(
-                LogEvent.AUTH_FAILED,
-                rpc_id=rpc_id_of(request),
-                actor=address,
-                status="refused",
-                error="unknown token" if token else "no credential",
-            )
-            with contextlib.suppress(BusError):
-                await self.log.commit()
-            raise AuthenticationFailed(
-                "Authentication failed: send Authorization: Bearer with the token "
-                "`bcpbus peers add` printed"
-            )
-        route = self._router.route_of(record.client_id)
-        if route is not None:
-            return route
-        rpc_id = rpc_id_of(request)
-        granted = joins.grant(self._rules(), record.client_id, record.roles, rpc_id=rpc_id)
-        self.carry(granted.actions)
-        assert granted.grants is not None  # else carry raised its error
-        return Route(_Detached(record.client_id), record.client_id, granted.grants)
+        return await self._members.route_for_token(token, request, address=address)
 
     async def handle(
         self, route: Route[Link], request: Request, *, accepted: Accepted | None = None
@@ -430,24 +388,7 @@ class Bus:
         Raises:
             BusError: the JSON-RPC error to answer with.
         """
-        try:
-            if self._closing:
-                raise ShuttingDown()
-            if request.method == "sendMessage":
-                return await self._methods.send_message(route, request, accepted)
-            method = self._methods.method(request.method)
-            # A peer that is not online may still ask what it missed: that is how it reads.
-            offline_ok = request.method in ("ping", "fetchMessages")
-            if self._router.route(route.handle) is not route and not offline_ok:
-                raise NotInitialized(
-                    f"{route.client_id} is not online, so nothing could be delivered to it: "
-                    "give it a webhook (bcpbus peers add ID --webhook URL) or connect it over "
-                    "WebSocket to subscribe"
-                )
-            return await method(route, request)
-        except BusError as exc:
-            await self.record_error(route.client_id, request, exc)
-            raise
+        return await self._methods.handle(route, request, accepted=accepted)
 
     async def attach(
         self, link: Link, client_id: str, roles: Iterable[str], patterns: Iterable[str] = ()
@@ -461,28 +402,11 @@ class Bus:
         Raises:
             AuthenticationFailed: the policy refuses its roles; the row says why.
         """
-        rules = self._rules()
-        self.carry(joins.attach(self._router, link, client_id, roles, rules, name=link.name))
-        route = self._router.route(link)
-        assert route is not None  # else carry raised the refusal
-        self._states.open(link).joined(timestamp())
-        for pattern in patterns:
-            request = Request(None, "subscribe", {"topic": pattern})
-            try:
-                await self.handle(route, request)
-            except BusError as exc:
-                logger.warning("%s: not subscribed to %r: %s", client_id, pattern, exc)
-        return route
+        return await self._members.attach(link, client_id, roles, patterns, subscribe=self.handle)
 
     def detach(self, link: Link, reason: str = "detached") -> None:
         """Forget a peer :meth:`attach` joined; logged and announced as a disconnect."""
         self.leave(link, reason)
-
-    def _rules(self) -> joins.Rules:
-        """What a join is decided by, as configured now (a reload changes it)."""
-        return joins.Rules(
-            self.policy, self.identities, self.limits.max_connections, self.server_id, __version__
-        )
 
     # Reloading
 
@@ -505,16 +429,7 @@ class Bus:
             How many peers were closed, and how many subscriptions were dropped.
         """
         self.credentials, self.policy, self.identities = credentials, policy, dict(identities)
-        revoked = dropped = 0
-        for change in review(list(self._router.routes()), credentials, policy, self.identities):
-            match change:
-                case Revoke(route=route, reason=reason, detail=detail):
-                    self.carry(joins.revoke(self._router, route, reason, detail))
-                    revoked += 1
-                case Regrant(route=route, grants=grants):
-                    self.carry(joins.regrant(self._router, route, grants, change.dropped))
-                    dropped += len(change.dropped)
-        return revoked, dropped
+        return self._members.reconfigure()
 
     # Publishing, on this node and for the other nodes of a cluster
 
@@ -572,9 +487,7 @@ class Bus:
     def replaced_elsewhere(self, client_id: str, node: str) -> bool:
         """Close (4001) ``client_id``'s link here: it connected again on ``node``. Nothing is
         announced: the newer connection's node announces it. Return whether it was here."""
-        actions = joins.replaced_elsewhere(self._router, client_id, node)
-        self.carry(actions)
-        return bool(actions)
+        return self._members.replaced_elsewhere(client_id, node)
 
     def local_peers(self) -> ListPeersResult:
         """The ``listPeers`` result of this node alone (the cluster link asks for it)."""
@@ -604,26 +517,3 @@ class Bus:
         return await self._readback.fetch(
             grants, pattern, since_epoch, limit, only=only, rpc_id=rpc_id
         )
-
-
-class _Detached:
-    """The link of a peer that sent a request over HTTP and is not online: it only sends, and
-    the bus has no way to deliver to it (it is in no routing table)."""
-
-    kind = "http"
-
-    def __init__(self, client_id: str) -> None:
-        self.name = client_id
-        self.inflight: asyncio.Semaphore | None = None
-
-    def write_buffer_size(self) -> int:
-        return 0
-
-    async def call(self, method: str, params: Any) -> Any:
-        raise PeerGone(self.name)
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        return asyncio.get_running_loop().create_task(coro)  # pragma: no cover - never joined
-
-    async def close(self, code: int, reason: str) -> None:
-        return None
