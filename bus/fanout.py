@@ -100,14 +100,23 @@ class Fanout:
         return await self.fan_out(targets, message, actor=actor, rpc_id=rpc_id)
 
     async def deliver_forwarded(
-        self, message: Message, *, sender: Route[Link] | None, epoch: int
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Route[Link] | None,
+        epoch: int,
+        trace_id: str | None = None,
     ) -> tuple[int, int]:
         """Deliver a message another cluster node accepted (at ``epoch``) to this node's
         subscribers, with this node's rows and checks; return how many processed it, of how
-        many were tried.
+        many were tried. :mod:`bus.transports.cluster` calls it (through the bus).
 
         Its epoch here is above ``epoch`` (a hybrid clock: causes come before effects on every
         node). It is marked forwarded, so it is not forwarded again."""
+        message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
         self._epochs.last = max(self._epochs.last, epoch)
         message.forwarded = True
         targets = await self.accept(message, sender=sender, rpc_id=None)

@@ -24,7 +24,7 @@ from . import __version__
 from .core import joins
 from .core.actions import Action
 from .core.epochs import Epochs
-from .core.errors import AuthenticationFailed, BusError
+from .core.errors import AuthenticationFailed, BusError, ShuttingDown
 from .core.identities import PeerIdentity
 from .core.logevents import LogEvent
 from .core.params import parse
@@ -55,7 +55,7 @@ class Configured(Protocol):
     log: ActivityLog
 
 
-Subscribe = Callable[[Route[Link], Request], Coroutine[Any, Any, Any]]
+Handle = Callable[[Route[Link], Request], Coroutine[Any, Any, Any]]
 
 
 class Members:
@@ -64,8 +64,11 @@ class Members:
     Args:
         config: the bus, read at each join (a reload changes it).
         carry: carries out a core decision's actions (the bus's).
-        joined_elsewhere: told each clientId that joined here, when the bus is a cluster node
-            (an older link of it on another node then closes); returns None otherwise.
+        joined_elsewhere: told each clientId that joined here (on a cluster node, an older link
+            of it on another node then closes).
+        handle: carries out a request for a route (:meth:`bus.methods.Methods.handle`): how an
+            attached peer is subscribed.
+        closing: tells whether the bus is closing.
     """
 
     def __init__(
@@ -77,8 +80,12 @@ class Members:
         *,
         carry: Callable[[list[Action]], Any],
         joined_elsewhere: Callable[[str], None],
+        handle: Handle,
+        closing: Callable[[], bool],
     ) -> None:
         self._config = config
+        self._handle = handle
+        self._closing = closing
         self._router = router
         self._states = states
         self._epochs = epochs
@@ -126,7 +133,7 @@ class Members:
         self._joined_elsewhere(client_id)
         return client_id, result
 
-    def leave(self, link: Link, reason: str) -> None:
+    def leave(self, link: Link, reason: str = "detached") -> None:
         """Forget ``link``: its timers, its route and subscriptions; a joined peer's
         ``disconnect`` row and presence (``reason`` is the close code)."""
         for timer in self._states.close(link):
@@ -138,13 +145,17 @@ class Members:
         link: Link,
         client_id: str,
         roles: Iterable[str],
-        patterns: Iterable[str],
-        *,
-        subscribe: Subscribe,
+        patterns: Iterable[str] = (),
     ) -> Route[Link]:
-        """Join a peer the bus reaches through ``link`` rather than a socket (a webhook), and
-        ``subscribe`` it to ``patterns``; a pattern the policy refuses is left out, with its
-        rows (see :meth:`bus.server.Bus.attach`)."""
+        """Join a peer the bus reaches through ``link`` rather than a socket (a webhook).
+
+        It is authorized, subscribed to its own clientId and to ``patterns``, logged and
+        announced as a WebSocket peer's ``initialize`` is; a pattern the policy refuses is
+        left out, with its rows. Call :meth:`leave` (the bus's ``detach``) when it leaves.
+
+        Raises:
+            AuthenticationFailed: the policy refuses its roles; the row says why.
+        """
         rules = self.rules()
         self._carry(joins.attach(self._router, link, client_id, roles, rules, name=link.name))
         route = self._router.route(link)
@@ -153,7 +164,7 @@ class Members:
         for pattern in patterns:
             request = Request(None, "subscribe", {"topic": pattern})
             try:
-                await subscribe(route, request)
+                await self._handle(route, request)
             except BusError as exc:
                 logger.warning("%s: not subscribed to %r: %s", client_id, pattern, exc)
         return route
@@ -161,13 +172,20 @@ class Members:
     async def route_for_token(
         self, token: str | None, request: Request, *, address: str
     ) -> Route[Link]:
-        """The route a request that arrived without a socket (HTTP) acts through (see
-        :meth:`bus.server.Bus.route_for_token`).
+        """The route a request that arrived without a socket (HTTP) acts through.
+
+        The peer is the one ``token`` belongs to (the same credentials as ``initialize``). If it
+        is online (a socket or a webhook) its route is returned, so it never gets its own
+        messages; otherwise a route of its own kind that nothing is delivered to, with the
+        grants the policy gives it now. Pass the route to the bus's ``handle``.
 
         Raises:
             AuthenticationFailed: no peer has this token, or the policy refuses its roles; the
                 row is logged (``actor`` is ``address``) and committed first.
+            ShuttingDown: the bus is closing.
         """
+        if self._closing():
+            raise ShuttingDown()
         config = self._config
         record = config.credentials.identify(token)
         if record is None:
@@ -200,7 +218,7 @@ class Members:
         self._carry(actions)
         return bool(actions)
 
-    def reconfigure(self) -> tuple[int, int]:
+    def review(self) -> tuple[int, int]:
         """Review every joined peer under the configuration the bus holds now (see
         :meth:`bus.server.Bus.reconfigure`); return how many were closed and how many
         subscriptions were dropped."""

@@ -93,8 +93,18 @@ class Methods:
     async def handle(
         self, route: Route[Link], request: Request, *, accepted: Accepted | None = None
     ) -> Any:
-        """Carry out ``request`` for a peer that is not on a socket (HTTP, a webhook) as if it
-        came on one (see :meth:`bus.server.Bus.handle`); an error answer gets its row."""
+        """Carry out ``request`` for ``route``'s peer as if it came on its socket: the same
+        checks, limits and rows; an error answer gets its ``rpc_error`` row. How requests from
+        peers not on a socket (HTTP, webhooks) are carried out.
+
+        Args:
+            accepted: for ``sendMessage``, called with ``{messageId, epoch}`` once the message
+                is accepted (authorized, its rows committed) and before it is delivered, so a
+                caller can answer at once and let delivery go on.
+
+        Raises:
+            BusError: the JSON-RPC error to answer with.
+        """
         try:
             if self._closing():
                 raise ShuttingDown()
@@ -116,7 +126,8 @@ class Methods:
 
     async def record_error(self, actor: str, request: Request, exc: BusError) -> None:
         """Log the ``rpc_error`` row of an error answer and commit it, before the peer reads
-        the answer."""
+        the answer. :meth:`handle` does it for what it answers; a transport calls it for the
+        errors it answers on its own (a malformed HTTP body)."""
         log = self._log
         log.record(
             LogEvent.RPC_ERROR,

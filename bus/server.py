@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import ssl as _ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from schemas.bus import ListPeersResult
-
-from .core.actions import Action, Announce, Close, Commit, CountRefusal, Fail, Record, Reply
-from .core.delivery import Message
+from .carry import Carry
 from .core.epochs import Epochs
 from .core.errors import (
     BusError,
@@ -37,22 +35,20 @@ from .core.identities import PeerIdentity
 from .core.logevents import LogEvent
 from .core.policy import Grants, Policy
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
-from .core.protocol import Request
 from .core.router import Route, Router
 from .core.state import PeerStates
-from .fanout import Fanout, record_row
+from .fanout import Fanout
 from .log.activity import ActivityLog
 from .log.fetch import FetchFilter, FetchResult
 from .log.history import History
 from .members import Members
-from .methods import Accepted, Methods
+from .methods import Methods
 from .ops.config import Limits, LogContent
 from .ops.credentials import Credentials
 from .ops.refusals import Refusals
 from .readback import Readback
 from .transports.connection import ByteBudget, Link
-from .transports.local import LocalSocket
-from .transports.websocket import Method, WebSocketDoor
+from .transports.websocket import WebSocketDoor
 
 if TYPE_CHECKING:
     from .transports.cluster import Forwarder
@@ -112,48 +108,78 @@ class Bus:
         self._budget = ByteBudget(limits.max_inflight_bytes)
         self._presence = Presence()
         self._tasks: list[asyncio.Task[None]] = []
+        self.carry = Carry(log, self._presence, self.refusals)
+        """Carries out the core's decisions (:class:`bus.carry.Carry`)."""
         self._parts(log_content)
 
     def _parts(self, log_content: LogContent) -> None:
-        """Set up the halves of the shell: sockets in, methods, messages out, reading back."""
-        log, limits = self.log, self.limits
+        """Set up the halves of the shell: messages out, reading back, methods, members, the
+        WebSocket door; and the entries of theirs that links call on the bus."""
+        log, limits, closing = self.log, self.limits, lambda: self._closing
         self._epochs = Epochs(log.last_epoch)
         self._history = History(log.path)
         self._readback = Readback(
             log, self._history, self._epochs, limits, log_content=log_content, carry=self.carry
         )
         """Reads messages back for fetchMessages and GET /v1/messages (:mod:`bus.readback`)."""
-        self._fanout = Fanout(
+        fanout = self._fanout = Fanout(
             log,
             limits,
             self._router,
             self._states,
             self._epochs,
             log_content=log_content,
-            closing=lambda: self._closing,
+            closing=closing,
         )
-        """Carries messages out to their targets (:mod:`bus.fanout`)."""
-        self._methods = Methods(
+        methods = self._methods = Methods(
             self._router,
             self._states,
             limits,
-            self._fanout,
+            fanout,
             carry=self.carry,
             fetch=self.fetch,
-            closing=lambda: self._closing,
+            closing=closing,
         )
-        """The methods of initialized peers (:mod:`bus.methods`)."""
-        self._members = Members(
+        members = self._members = Members(
             self,
             self._router,
             self._states,
             self._epochs,
             carry=self.carry,
             joined_elsewhere=self._joined_elsewhere,
+            handle=methods.handle,
+            closing=closing,
         )
-        """Joins and leaves over every link, and reloads (:mod:`bus.members`)."""
         self._door = WebSocketDoor(self)
         """Where sockets and in-process links come in (:mod:`bus.transports.websocket`)."""
+        self._entries(fanout, methods, members)
+
+    def _entries(self, fanout: Fanout, methods: Methods, members: Members) -> None:
+        """What links call on the bus, each carried out (and documented) by one part."""
+        self.publish = fanout.publish
+        """Deliver a message of the bus's own or a peer's: :meth:`bus.fanout.Fanout.publish`."""
+        self.deliver_forwarded = fanout.deliver_forwarded
+        """Deliver another node's message here: :meth:`bus.fanout.Fanout.deliver_forwarded`."""
+        self.handle = methods.handle
+        """A request from a peer not on a socket: :meth:`bus.methods.Methods.handle`."""
+        self.record_error = methods.record_error
+        """An error answer's row: :meth:`bus.methods.Methods.record_error`."""
+        self.local_peers = methods.local_peers
+        """This node's ``listPeers``: :meth:`bus.methods.Methods.local_peers`."""
+        self.join, self.leave, self.detach = members.join, members.leave, members.leave
+        """A socket's ``initialize``, a link gone: :class:`bus.members.Members`."""
+        self.route_for_token = members.route_for_token
+        """An HTTP request's route: :meth:`bus.members.Members.route_for_token`."""
+        self.attach = members.attach
+        """A webhook peer joined: :meth:`bus.members.Members.attach`."""
+        self.replaced_elsewhere = members.replaced_elsewhere
+        """A login on another node: :meth:`bus.members.Members.replaced_elsewhere`."""
+        self.route_of = self._router.route
+        """A link's route once its peer joined, else None."""
+        self.method = methods.method
+        """The method of initialized peers of a name: :meth:`bus.methods.Methods.method`."""
+        self.connect_local = self._door.connect_local
+        """An in-process link: :meth:`bus.transports.websocket.WebSocketDoor.connect_local`."""
 
     # Lifecycle
 
@@ -168,7 +194,8 @@ class Bus:
             actor=BUS_CLIENT_ID,
             payload={"server_id": self.server_id, "url": self.url, "log_content": self.log_content},
         )
-        self._tasks.append(asyncio.create_task(self._presence.run(self._publish_own)))
+        own = functools.partial(self.publish, sender=None)  # the bus's own messages
+        self._tasks.append(asyncio.create_task(self._presence.run(own)))
         self._tasks.append(asyncio.create_task(self.refusals.run()))
         logger.info("listening on %s", self.url)
 
@@ -282,131 +309,9 @@ class Bus:
         """Every open link's facts beyond routing (:mod:`bus.core.state`)."""
         return self._states
 
-    def route_of(self, link: Link) -> Route[Link] | None:
-        """``link``'s route once its peer joined, else None."""
-        return self._router.route(link)
-
-    def method(self, name: str) -> Method:
-        """The method of initialized peers called ``name``; raises MethodNotFound."""
-        return self._methods.method(name)
-
-    async def connect_local(self) -> LocalSocket:
-        """Open an in-process link to this bus and return the peer's end.
-
-        Pass this method as ``Peer(..., connector=bus.connect_local)``: the peer then
-        initializes, is authorized and logged as over a WebSocket, without a socket (see
-        :mod:`bus.transports.local`). The bus closes the link with 1001 when it shuts down.
-
-        Raises:
-            ShuttingDown: the bus is closing.
-        """
-        if self._closing:
-            raise ShuttingDown()
-        return self._door.open_local()
-
-    async def join(
-        self, link: Link, request: Request, *, address: str, remote: str, bearer: str | None
-    ) -> tuple[str, Any]:
-        """Carry out ``initialize`` for a link that came in on its own (a socket); return the
-        clientId and the result (:meth:`bus.members.Members.join`)."""
-        return await self._members.join(
-            link, request, address=address, remote=remote, bearer=bearer
-        )
-
-    def leave(self, link: Link, reason: str) -> None:
-        """Forget ``link``: its timers, route and subscriptions; a joined peer's
-        ``disconnect`` row and presence (``reason`` is the close code)."""
-        self._members.leave(link, reason)
-
     def _joined_elsewhere(self, client_id: str) -> None:
         if self.cluster is not None:  # an older link of this clientId on another node closes
             self.cluster.joined(client_id)
-
-    def carry(self, actions: list[Action]) -> Any:
-        """Carry out a decision's actions (:mod:`bus.core.actions`) in order; return the
-        reply's wire form, raise its error, or return None if it has neither."""
-        for action in actions:
-            match action:
-                case Record():
-                    record_row(self.log, action)
-                case Announce(kind=kind, content=content):
-                    self._presence.announce(kind, content)
-                case Close(link=link, code=code, reason=reason, after_answer=True):
-                    link.close_after_answer(code, reason)
-                case Close(link=link, code=code, reason=reason, force=True):
-                    link.spawn(link.force_close(code, reason))
-                case Close(link=link, code=code, reason=reason):
-                    link.spawn(link.close(code, reason))
-                case CountRefusal(reason=reason, address=address):
-                    self.refusals.count(reason, address)
-                case Reply(result=result):
-                    return result.model_dump(by_alias=True)
-                case Fail(error=error):
-                    raise error
-                case Commit():  # pragma: no cover - no request decision commits yet
-                    raise AssertionError("commit inside a request decision")
-        return None
-
-    async def record_error(self, actor: str, request: Request, exc: BusError) -> None:
-        """Log the ``rpc_error`` row of an error answer and commit it, before the peer reads
-        the answer. :meth:`handle` does it for what it answers; a transport calls it for the
-        errors it answers on its own (a malformed HTTP body)."""
-        await self._methods.record_error(actor, request, exc)
-
-    # Peers that are not on a socket (bus.transports.http, bus.transports.webhooks)
-
-    async def route_for_token(
-        self, token: str | None, request: Request, *, address: str
-    ) -> Route[Link]:
-        """The route a request that arrived without a socket (HTTP) acts through.
-
-        The peer is the one ``token`` belongs to (the same credentials as ``initialize``). If it
-        is online (a socket or a webhook) its route is returned, so it never gets its own
-        messages; otherwise a route of its own kind that nothing is delivered to, with the
-        grants the policy gives it now. Pass the route to :meth:`handle`.
-
-        Raises:
-            AuthenticationFailed: no peer has this token, or the policy refuses its roles; the
-                row is logged (``actor`` is ``address``) and committed first.
-            ShuttingDown: the bus is closing.
-        """
-        if self._closing:
-            raise ShuttingDown()
-        return await self._members.route_for_token(token, request, address=address)
-
-    async def handle(
-        self, route: Route[Link], request: Request, *, accepted: Accepted | None = None
-    ) -> Any:
-        """Carry out ``request`` for ``route``'s peer as if it came on its socket: the same
-        checks, limits and rows; an error answer gets its ``rpc_error`` row.
-
-        Args:
-            accepted: for ``sendMessage``, called with ``{messageId, epoch}`` once the message
-                is accepted (authorized, its rows committed) and before it is delivered, so a
-                caller can answer at once and let delivery go on.
-
-        Raises:
-            BusError: the JSON-RPC error to answer with.
-        """
-        return await self._methods.handle(route, request, accepted=accepted)
-
-    async def attach(
-        self, link: Link, client_id: str, roles: Iterable[str], patterns: Iterable[str] = ()
-    ) -> Route[Link]:
-        """Join a peer the bus reaches through ``link`` rather than a socket (a webhook).
-
-        It is authorized, subscribed to its own clientId and to ``patterns``, logged and
-        announced as a WebSocket peer's ``initialize`` is; a pattern the policy refuses is
-        left out, with its rows. Call :meth:`detach` when it leaves.
-
-        Raises:
-            AuthenticationFailed: the policy refuses its roles; the row says why.
-        """
-        return await self._members.attach(link, client_id, roles, patterns, subscribe=self.handle)
-
-    def detach(self, link: Link, reason: str = "detached") -> None:
-        """Forget a peer :meth:`attach` joined; logged and announced as a disconnect."""
-        self.leave(link, reason)
 
     # Reloading
 
@@ -429,69 +334,7 @@ class Bus:
             How many peers were closed, and how many subscriptions were dropped.
         """
         self.credentials, self.policy, self.identities = credentials, policy, dict(identities)
-        return self._members.reconfigure()
-
-    # Publishing, on this node and for the other nodes of a cluster
-
-    async def publish(
-        self,
-        topic: str,
-        payload: dict[str, Any],
-        message_id: str,
-        message_type: str,
-        *,
-        sender: Route[Link] | None,
-        rpc_id: str | None = None,
-        trace_id: str | None = None,
-    ) -> int:
-        """Deliver ``payload`` to every subscriber of ``topic`` but the sender; return how many
-        answered ``processed: true`` (see :meth:`bus.fanout.Fanout.publish`).
-
-        Raises:
-            AuditUnavailable: the activity log could not commit; if it failed on the first
-                commit, nothing was delivered.
-        """
-        return await self._fanout.publish(
-            topic,
-            payload,
-            message_id,
-            message_type,
-            sender=sender,
-            rpc_id=rpc_id,
-            trace_id=trace_id,
-        )
-
-    async def _publish_own(
-        self, topic: str, payload: dict[str, Any], message_id: str, message_type: str
-    ) -> int:
-        return await self.publish(topic, payload, message_id, message_type, sender=None)
-
-    async def deliver_forwarded(
-        self,
-        topic: str,
-        payload: dict[str, Any],
-        message_id: str,
-        message_type: str,
-        *,
-        sender: Route[Link] | None,
-        epoch: int,
-        trace_id: str | None = None,
-    ) -> tuple[int, int]:
-        """Deliver a message another node accepted (at ``epoch``) to this node's subscribers;
-        return how many processed it, of how many were tried (see
-        :meth:`bus.fanout.Fanout.deliver_forwarded`). :mod:`bus.transports.cluster` calls
-        this."""
-        message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
-        return await self._fanout.deliver_forwarded(message, sender=sender, epoch=epoch)
-
-    def replaced_elsewhere(self, client_id: str, node: str) -> bool:
-        """Close (4001) ``client_id``'s link here: it connected again on ``node``. Nothing is
-        announced: the newer connection's node announces it. Return whether it was here."""
-        return self._members.replaced_elsewhere(client_id, node)
-
-    def local_peers(self) -> ListPeersResult:
-        """The ``listPeers`` result of this node alone (the cluster link asks for it)."""
-        return self._methods.local_peers()
+        return self._members.review()
 
     # Reading back
 

@@ -151,9 +151,19 @@ class WebSocketDoor:
         host, port = next(iter(self._server.sockets)).getsockname()[:2]
         return str(host), int(port)
 
-    def open_local(self) -> LocalSocket:
-        """Open an in-process link (see :meth:`bus.server.Bus.connect_local`); return the
-        peer's end."""
+    async def connect_local(self) -> LocalSocket:
+        """Open an in-process link to the bus and return the peer's end.
+
+        Pass this method (the bus's ``connect_local``) as ``Peer(...,
+        connector=bus.connect_local)``: the peer then initializes, is authorized and logged as
+        over a WebSocket, without a socket (see :mod:`bus.transports.local`). The bus closes
+        the link with 1001 when it shuts down.
+
+        Raises:
+            ShuttingDown: the bus is closing.
+        """
+        if self._bus.closing:
+            raise ShuttingDown()
         bus_end, peer_end = local_pair()
         link = asyncio.get_running_loop().create_task(self._handle_connection(bus_end))
         self._local_links.add(link)
