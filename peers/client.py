@@ -450,9 +450,9 @@ class Peer(BusMethods):
         return await self._handlers.hand(message)
 
     async def _flush(self, ws: Socket) -> None:
-        for text in self._session.data_to_send():
+        for frame in self._session.data_to_send():
             try:
-                await ws.send(text)
+                await ws.send(frame, text=True)  # UTF-8 already: written as it is
             except ConnectionClosed:
                 return
 
