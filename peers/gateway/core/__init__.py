@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from bus.core.logevents import LogEvent
-from bus.ops.config import LogContent
+from bus.core.digest import LogContent
 from schemas.agents import Channel
 from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
 from schemas.common import BUS_CLIENT_ID, agent_id
