@@ -25,7 +25,7 @@ import bisect
 import collections
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -250,19 +250,23 @@ class _Families(Collector):
         return iter(())
 
 
+_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
+
+
 def _counter(
     name: str, documentation: str, label: str, values: Mapping[str, float]
 ) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, documentation, labels=[label])
-    for key, value in sorted(values.items()):
-        family.add_metric([key], value)
-    return family
+    return _samples(CounterMetricFamily(name, documentation, labels=[label]), values)
 
 
 def _gauge(
     name: str, documentation: str, label: str, values: Mapping[str, float]
 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=[label])
+    return _samples(GaugeMetricFamily(name, documentation, labels=[label]), values)
+
+
+def _samples(family: _Family, values: Mapping[str, float]) -> _Family:
+    """``family`` with one sample per key of ``values``, the key as its label, in key order."""
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
     return family
