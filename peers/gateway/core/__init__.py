@@ -23,8 +23,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from bus.core.logevents import LogEvent
 from bus.core.digest import LogContent
+from bus.core.logevents import LogEvent
 from schemas.agents import Channel
 from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
 from schemas.common import BUS_CLIENT_ID, agent_id
