@@ -25,7 +25,7 @@ import bisect
 import collections
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -250,23 +250,19 @@ class _Families(Collector):
         return iter(())
 
 
-_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
-
-
 def _counter(
     name: str, documentation: str, label: str, values: Mapping[str, float]
 ) -> CounterMetricFamily:
-    return _samples(CounterMetricFamily(name, documentation, labels=[label]), values)
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
 
 
 def _gauge(
     name: str, documentation: str, label: str, values: Mapping[str, float]
 ) -> GaugeMetricFamily:
-    return _samples(GaugeMetricFamily(name, documentation, labels=[label]), values)
-
-
-def _samples(family: _Family, values: Mapping[str, float]) -> _Family:
-    """``family`` with one sample per key of ``values``, the key as its label, in key order."""
+    family = GaugeMetricFamily(name, documentation, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
     return family
