@@ -81,11 +81,12 @@ from typing import Any
 
 from ..core.errors import AuditUnavailable
 from ..core.logevents import LogEvent
-from .chain import Head, Heads, HeadSink
 from .chain_v1 import default_key_path
 from .dbthread import DatabaseThread
+from .heads import Heads, HeadSink
 from .rows import LogRow, encode_payload, stamp
 from .schema import max_rows_per_statement, statement_rows
+from .segments import Head
 from .store import LogStore
 from .writer import Writer
 

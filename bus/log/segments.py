@@ -23,6 +23,7 @@ __all__ = [
     "Mac",
     "Problem",
     "SegmentChecks",
+    "parse_head",
     "payload_of",
     "unhex",
 ]
@@ -55,6 +56,19 @@ def unhex(chain: Any) -> bytes:
         except ValueError:
             pass
     return GENESIS
+
+
+def parse_head(text: str) -> Head:
+    """Read a head written as ``ID:HASH`` (``bcpbus audit head``, the head file).
+
+    Raises:
+        ValueError: ``text`` is not of that form.
+    """
+    row, sep, chain = text.strip().partition(":")
+    chain = chain.lower()
+    if not sep or not row.isdigit() or len(chain) != 64 or unhex(chain) == GENESIS:
+        raise ValueError(f"{text!r} is not a head: give ID:HASH as `bcpbus audit head` prints it")
+    return Head(int(row), chain)
 
 
 def payload_of(text: Any) -> dict[str, Any]:
