@@ -29,8 +29,8 @@ __all__ = ["Receiver"]
 
 
 class Receiver:
-    """Reads one connection at a time and answers its deliveries; :class:`Peer` sets the
-    attributes below and starts :meth:`_read` on each new socket."""
+    """Reads one connection at a time and answers its deliveries; :class:`~peers.client.Peer`
+    sets the attributes below and starts :meth:`_read` on each new socket."""
 
     client_id: str
     _ws: Socket | None
@@ -43,6 +43,7 @@ class Receiver:
     """What calls fail with while there is no connection: set when one ends."""
 
     async def _read(self, ws: Socket) -> None:
+        """Read ``ws`` until it closes; then record why in :attr:`_closed` and fail the calls."""
         cause: ConnectionClosed | None = None
         try:
             async for text in ws:
