@@ -159,17 +159,12 @@ def _settings(args: argparse.Namespace) -> GatewaySettings:
     Raises:
         ValueError: a timeout or retry count is negative or not finite; the message names it.
     """
-    for name in ("query_ttl", "max_retries", "approval_timeout", "outbox_ttl", "screener_timeout"):
-        value = getattr(args, name)
+    names = ("query_ttl", "max_retries", "approval_timeout", "outbox_ttl", "screener_timeout")
+    limits = {name: getattr(args, name) for name in names}
+    for name, value in limits.items():
         if not 0 <= value < math.inf:
             raise ValueError(f"--{name.replace('_', '-')} {value}: give a number from 0 up")
-    return GatewaySettings(
-        query_ttl=args.query_ttl,
-        max_retries=args.max_retries,
-        approval_timeout=args.approval_timeout,
-        outbox_ttl=args.outbox_ttl,
-        screener_timeout=args.screener_timeout,
-    )
+    return GatewaySettings(**limits)
 
 
 def add_budget(sub: Any) -> None:
