@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from bus.core.errors import BusError
 from bus.log.activity import ActivityLog
 from bus.ops.config import LogContent
-from peers.client import Message, Peer, Reply
+from peers.client import ConnectionEvent, Disconnected, Message, Peer, Reconnected, Reply
 from peers.errors import PeerTimeout, RequestRefused
 from schemas.agents import Channel
 from schemas.bus import ListPeersResult, PeerJoined as BusPeerJoined
@@ -114,6 +114,8 @@ class Gateway:
         self._timers: dict[TimerKey, asyncio.TimerHandle] = {}
         self._work: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._told = peer.on_connection
+        peer.on_connection = self._on_connection
         for message_type in _HANDLED:
             peer.handle(message_type, self._on_message)
         peer.handle(None, self._ignore)
@@ -169,10 +171,22 @@ class Gateway:
         await self._carry_out(self.core.start())
         logger.info("gateway started with %d channels", len(self.channels))
 
+    def _on_connection(self, event: ConnectionEvent) -> None:
+        if isinstance(event, Disconnected):
+            # Peers may join, leave or change roles unseen: a role is unknown until heard again.
+            self.core.forwards.presence.reset()
+        elif isinstance(event, Reconnected) and not self._closed:
+            task = asyncio.ensure_future(self._learn_roles())
+            self._work.add(task)
+            task.add_done_callback(self._work.discard)
+        if self._told is not None:
+            self._told(event)
+
     async def _learn_roles(self) -> None:
-        """Learn the roles of peers that joined before presence was subscribed, if the policy
-        lets the gateway call ``listPeers``; if not, a peer's roles are known from its next
-        ``peer_joined`` on, and a forward by role to it is refused until then."""
+        """Learn the roles of peers that joined before presence was subscribed (at start, and
+        after a reconnect), if the policy lets the gateway call ``listPeers``; if not, a peer's
+        roles are known from its next ``peer_joined`` on, and a forward by role to it is
+        refused until then."""
         try:
             listed = ListPeersResult.model_validate(await self.peer.request("listPeers"))
         except (RequestRefused, PeerTimeout, ValidationError) as exc:

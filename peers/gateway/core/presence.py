@@ -6,9 +6,10 @@ keeps the latest announcement per clientId and forgets it at ``peer_left``. A pe
 announcement has unknown roles, and a forward that only a role entry would allow is refused
 (``forward_role_unknown``), never guessed: unknown means no.
 
-Peers that joined before the gateway subscribed to presence are learned once from ``listPeers``
-(:meth:`Presence.listed`, when the policy lets the gateway ask); an announcement heard meanwhile
-is newer than that list and wins over it.
+Peers that joined before the gateway subscribed to presence are learned from ``listPeers``
+(:meth:`Presence.listed`, when the policy lets the gateway ask), at start and after each
+reconnect (a dropped link forgets everything first, :meth:`Presence.reset`); an announcement
+heard meanwhile is newer than that list and wins over it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ class Presence:
             if client_id not in heard:
                 self._roles[client_id] = frozenset(roles)
         self._heard = None  # From now on, presence alone keeps the view current.
+
+    def reset(self) -> None:
+        """Forget every peer (the gateway's link dropped: what it missed is unknown); then
+        announcements and a new :meth:`listed` rebuild the view."""
+        self._roles.clear()
+        self._heard = set()
 
     def roles_of(self, client_id: str) -> frozenset[str] | None:
         """The roles ``client_id`` holds, or None when the bus has not announced it."""

@@ -228,6 +228,18 @@ def test_listed_roles_never_override_a_newer_announcement(tmp_path):
     assert outcome(core.handle(forward(handle, "human:gail"))) == "sent"
 
 
+def test_a_dropped_link_forgets_every_role_until_heard_again(tmp_path):
+    """After the gateway's link dropped (reset), a role it knew is unknown; a new list or
+    announcement brings it back."""
+    core, handle = role_core(tmp_path)
+    presence = core.forwards.presence
+    core.handle(PeerJoined("human:erin", BUS_CLIENT_ID, ("approver",)))
+    presence.reset()
+    assert outcome(core.handle(forward(handle, "human:erin"))) == "forward_role_unknown"
+    presence.listed({"human:erin": ["approver"]})
+    assert outcome(core.handle(forward(handle, "human:erin"))) == "sent"
+
+
 @pytest.mark.parametrize("entry", ["role:*", "role:Approver", "role:"])
 def test_a_role_entry_must_name_one_role(entry):
     """role:* (anyone), a name the policy could not define, or no name: a DefinitionError."""
