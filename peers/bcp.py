@@ -387,7 +387,9 @@ class Controller(_Agent):
         Put ``value.ref()`` (``{"$sealed": HANDLE}``) of a :class:`~schemas.bcp.SealedValue`
         where its text goes. The gateway checks that the handle is this controller's, from the
         channel with ``reader``, still alive, and that ``to`` is allowed by the channel's
-        ``sealed_to`` (a human, or an agent tainted at least as high as the text).
+        ``sealed_to`` (a human, or an agent tainted at least as high as the text; a
+        ``role:<name>`` entry admits a peer the bus announced holding that role, so such a
+        destination must be connected, or the refusal is ``forward_role_unknown``).
 
         Returns:
             The ``bcp_forward_result`` (``success`` true) once ``to`` took the message.
