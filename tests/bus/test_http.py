@@ -458,8 +458,9 @@ async def test_messages_still_being_delivered_are_bounded_by_max_requests(tmp_pa
             await wait_for_rows(h, message_id=first.json()["messageId"], event="send_finish")
             # The held body's bytes are given back when the delivery ends, just after its row.
             async with asyncio.timeout(scaled(10)):
-                while h.bus.byte_budget.used:
-                    await asyncio.sleep(0.01)
+                assert h.http is not None
+                await h.http.settled()
+            assert h.bus.byte_budget.used == 0
             third = await c.post("/v1/messages", json=body, headers=bearer(token))
             assert third.status_code == 202
         assert h.rows(event="limit_exceeded")[0]["status"] == "http_max_requests"
