@@ -49,7 +49,7 @@ class Readback:
         self._history = history
         self._epochs = epochs
         self._carry = carry
-        """Carries out a refusal's rows and raises its error (:meth:`bus.server.Bus._carry`)."""
+        """Carries out a refusal's rows and raises its error (:meth:`bus.server.Bus.carry`)."""
 
     async def fetch(
         self,
