@@ -29,17 +29,15 @@ from .carry import Carry
 from .core.epochs import Epochs
 from .core.errors import (
     BusError,
-    ShuttingDown,
 )
 from .core.identities import PeerIdentity
 from .core.logevents import LogEvent
-from .core.policy import Grants, Policy
+from .core.policy import Policy
 from .core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC, Presence
 from .core.router import Route, Router
 from .core.state import PeerStates
 from .fanout import Fanout
 from .log.activity import ActivityLog
-from .log.fetch import FetchFilter, FetchResult
 from .log.history import History
 from .members import Members
 from .methods import Methods
@@ -119,7 +117,13 @@ class Bus:
         self._epochs = Epochs(log.last_epoch)
         self._history = History(log.path)
         self._readback = Readback(
-            log, self._history, self._epochs, limits, log_content=log_content, carry=self.carry
+            log,
+            self._history,
+            self._epochs,
+            limits,
+            log_content=log_content,
+            carry=self.carry,
+            closing=closing,
         )
         """Reads messages back for fetchMessages and GET /v1/messages (:mod:`bus.readback`)."""
         fanout = self._fanout = Fanout(
@@ -137,7 +141,7 @@ class Bus:
             limits,
             fanout,
             carry=self.carry,
-            fetch=self.fetch,
+            fetch=self._readback.fetch,
             closing=closing,
         )
         members = self._members = Members(
@@ -156,6 +160,8 @@ class Bus:
 
     def _entries(self, fanout: Fanout, methods: Methods, members: Members) -> None:
         """What links call on the bus, each carried out (and documented) by one part."""
+        self.fetch = self._readback.fetch
+        """``fetchMessages`` for any transport: :meth:`bus.readback.Readback.fetch`."""
         self.publish = fanout.publish
         """Deliver a message of the bus's own or a peer's: :meth:`bus.fanout.Fanout.publish`."""
         self.deliver_forwarded = fanout.deliver_forwarded
@@ -335,28 +341,3 @@ class Bus:
         """
         self.credentials, self.policy, self.identities = credentials, policy, dict(identities)
         return self._members.review()
-
-    # Reading back
-
-    async def fetch(
-        self,
-        grants: Grants,
-        pattern: str,
-        since_epoch: int,
-        limit: int | None = None,
-        *,
-        only: FetchFilter | None = None,
-        rpc_id: str | None = None,
-    ) -> FetchResult:
-        """The messages after ``since_epoch`` on topics matching ``pattern`` that the peer with
-        ``grants`` may receive now, oldest first: ``fetchMessages``, for any transport (see
-        :meth:`bus.readback.Readback.fetch` for the arguments and errors).
-
-        Raises:
-            ShuttingDown: the bus is closing.
-        """
-        if self._closing:
-            raise ShuttingDown()
-        return await self._readback.fetch(
-            grants, pattern, since_epoch, limit, only=only, rpc_id=rpc_id
-        )

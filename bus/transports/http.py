@@ -383,10 +383,8 @@ class HttpBinding:
         return await _read_body(request, self.bus, self.settings.body_timeout, actor)
 
     async def settled(self) -> None:
-        """Return once every request taken so far has ended: each message posted is delivered
-        and its body's bytes are given back to the bus's byte budget."""
-        while self._requests:
-            await asyncio.wait(set(self._requests))
+        """Return once the requests taken so far are done: delivered, their bytes given back."""
+        await _finish(self._requests, None)
 
     def _own(self, coro: Awaitable[Any], charge: int) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
