@@ -15,9 +15,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from bus.core.digest import canonical_sha256
+from bus.core.digest import LogContent, canonical_sha256
 from bus.core.logevents import LogEvent
-from bus.ops.config import LogContent
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
     DeliveryBits,
@@ -38,6 +37,7 @@ __all__ = [
     "GATEWAY_CLIENT_ID",
     "Approval",
     "Context",
+    "Leaving",
     "Query",
     "Refusal",
     "Release",
@@ -97,6 +97,13 @@ class Query:
         return ("query", self.channel.controller, self.query_id)
 
 
+Leaving = Callable[[], tuple[bool, list[Action]]]
+"""What runs the moment a delivery leaves for its controller: whether it still goes, and the
+actions that come first (a query's settlement, a push's charge or its refusal). The ledger
+changes then, on the grid, and not when the reader answered: the budget left decides
+admission, which a controller can probe."""
+
+
 @dataclass
 class Release:
     """A delivery held until its grid point (see :mod:`..timing`)."""
@@ -106,6 +113,8 @@ class Release:
     message_type: str
     content: dict[str, Any]
     then: Callable[[bool], list[Action]] | None
+    leaving: Leaving | None = None
+    """What runs the moment it leaves, before it is sent (see :data:`Leaving`)."""
 
 
 @dataclass
