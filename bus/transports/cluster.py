@@ -305,14 +305,14 @@ class ClusterLink:
         lost = None if js is None else await history_lost(js, self.node)
         if js is None or lost is None:
             return
-        logger.warning("node %s: NATS lost the history's %s: made again", self.node, lost)
-        self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status=f"{lost}_lost")
         if self._history is not None:
             with contextlib.suppress(Exception):
                 await self._history.unsubscribe()
         # What another node sent since this one was cut off is for it too.
         self._history = await open_history(js, self.node, self._on_message, since=self._cut_at)
         self._watch_logins(await js.create_key_value(bucket=PRESENCE_BUCKET, history=1))
+        logger.warning("node %s: NATS lost the history's %s: made again", self.node, lost)
+        self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status=f"{lost}_lost")
 
     # Sending
 
@@ -354,10 +354,7 @@ class ClusterLink:
         try:
             # Stored before the others see it: a node away now is given it when it is back.
             await js.publish(subject_for(message.topic), encode(forwarded))
-            process = self.bus.limits.process_timeout
-            await gather.wait(
-                self.live_nodes, (process if process is not None else 30.0) + ANSWER_GRACE
-            )
+            await gather.wait(self.live_nodes, self._answer_timeout())
         except Exception as exc:  # a link lost mid-publish: what answered is what counts
             logger.warning("forwarding %s failed: %r", message.message_id, exc)
         finally:
@@ -373,6 +370,11 @@ class ClusterLink:
             epoch=message.epoch,
         )
         return sum(a.delivered for a in answers.values()), sum(a.targets for a in answers.values())
+
+    def _answer_timeout(self) -> float:
+        """Seconds a sender waits for the other nodes: ``process_timeout`` and a grace."""
+        process = self.bus.limits.process_timeout
+        return (process if process is not None else 30.0) + ANSWER_GRACE
 
     def _mark(self, sender: str) -> str:
         if sender == BUS_CLIENT_ID:
