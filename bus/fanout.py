@@ -23,6 +23,7 @@ from .core.digest import canonical_sha256
 from .core.epochs import Epochs
 from .core.errors import BusError
 from .core.logevents import LogEvent
+from .core.policy import Grants
 from .core.presence import BUS_CLIENT_ID
 from .core.router import Route, Router
 from .core.state import PeerStates
@@ -97,7 +98,8 @@ class Fanout:
         message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
         targets = await self.accept(message, sender=sender, rpc_id=rpc_id)
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        return await self.fan_out(targets, message, actor=actor, rpc_id=rpc_id)
+        hearer = sender.grants if sender is not None else None
+        return await self.fan_out(targets, message, actor=actor, rpc_id=rpc_id, hearer=hearer)
 
     async def deliver_forwarded(
         self,
@@ -121,7 +123,8 @@ class Fanout:
         message.forwarded = True
         targets = await self.accept(message, sender=sender, rpc_id=None)
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
-        delivered = await self.fan_out(targets, message, actor=actor, rpc_id=None)
+        hearer = sender.grants if sender is not None else None
+        delivered = await self.fan_out(targets, message, actor=actor, rpc_id=None, hearer=hearer)
         return delivered, len(targets)
 
     async def accept(
@@ -205,18 +208,24 @@ class Fanout:
         *,
         actor: str | None,
         rpc_id: str | None,
+        hearer: Grants | None = None,
     ) -> int:
         """Deliver to ``targets`` concurrently, record ``send_finish``, commit; return how many
         answered ``processed: true``.
 
-        On a cluster node, a message accepted here is also delivered on the other nodes, at
-        the same time; their subscribers count as this node's do, in the result and the row."""
-        log = self.log
+        ``hearer`` is the sender, who reads the result: a target more tainted than it is
+        delivered to without being awaited or counted (:func:`bus.core.delivery.unheard`), so a
+        tainted peer never chooses what an untainted sender reads back, nor when. On a cluster
+        node, a message accepted here is also delivered on the other nodes, at the same time;
+        their subscribers count as this node's do, in the result and the row."""
         params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
         remote = None
         if self.cluster is not None and not message.forwarded:
             sender = actor or BUS_CLIENT_ID
             remote = asyncio.ensure_future(self.cluster.forward(message, sender))
+        targets, unheard = delivery.unheard(targets, hearer)
+        for target in unheard:
+            target.handle.spawn(self._deliver_unheard(target, params, message))
         if not targets:
             results: list[bool] = []
         elif len(targets) == 1:
@@ -229,18 +238,27 @@ class Fanout:
         if remote is not None:
             elsewhere, reached_elsewhere = await remote
             delivered, reached = delivered + elsewhere, reached + reached_elsewhere
-        log.record(
+        status = f"delivered {delivered}/{reached}"
+        self.log.record(
             LogEvent.SEND_FINISH,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
             topic=message.topic,
-            status=f"delivered {delivered}/{reached}",
+            status=f"{status}, unheard {len(unheard)}" if unheard else status,
             epoch=message.epoch,
             trace_id=message.trace_id,
         )
-        await log.commit()
+        await self.log.commit()
         return delivered
+
+    async def _deliver_unheard(
+        self, route: Route[Link], params: dict[str, Any], message: Message
+    ) -> None:
+        """Deliver to a target the sender may not hear; its row is committed with the next."""
+        await self._deliver(route, params, message)
+        with contextlib.suppress(BusError):
+            await self.log.commit()
 
     async def _deliver(self, route: Route[Link], params: dict[str, Any], message: Message) -> bool:
         status, error = "processed", None

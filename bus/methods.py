@@ -228,7 +228,9 @@ class Methods:
             raise
         if accepted is not None:
             accepted({"messageId": message_id, "epoch": message.epoch})
-        delivered = await fanout.fan_out(targets, message, actor=route.client_id, rpc_id=rpc_id)
+        delivered = await fanout.fan_out(
+            targets, message, actor=route.client_id, rpc_id=rpc_id, hearer=route.grants
+        )
         return SendMessageResult.frame(message_id, delivered, message.epoch)
 
 

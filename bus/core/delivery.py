@@ -23,12 +23,12 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from .actions import Record
 from .logevents import LogEvent
-from .policy import RAW_TEXT_TYPES, may_flow
+from .policy import RAW_TEXT_TYPES, Grants, may_flow
 from .pushes import push_window
 from .router import Route, Router
 from .state import PeerStates
 
-__all__ = ["Message", "Picked", "SetTimer", "flush", "outcome", "targets"]
+__all__ = ["Message", "Picked", "SetTimer", "flush", "outcome", "targets", "unheard"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -170,3 +170,22 @@ def outcome(result: Any) -> tuple[str, str | None]:
     if isinstance(result, dict):
         return "not_processed", f"{result.get('status', '')}: {result.get('message', '')}"[:200]
     return "not_processed", "malformed processMessage result"
+
+
+def unheard(routes: list[Route[K]], sender: Grants | None) -> tuple[list[Route[K]], list[Route[K]]]:
+    """Split ``routes`` into the targets whose answers the sender may hear, and those it may
+    not: a target more tainted than the sender (a reader, for a controller that writes to its
+    inbox) would otherwise choose the sender's ``deliveredTo`` and how long its request takes,
+    a channel from tainted to untainted outside the gateway. Those are delivered to without the
+    sender waiting or counting them (their ``process_finish`` rows say how they went).
+
+    The bus itself (``sender`` None) hears everyone, and so does and is heard by the
+    declassifier, as the taint rule has it (:func:`bus.core.policy.may_flow`).
+    """
+    if sender is None:
+        return routes, []
+    heard: list[Route[K]] = []
+    unheard_: list[Route[K]] = []
+    for route in routes:
+        (heard if may_flow(route.grants, sender) else unheard_).append(route)
+    return heard, unheard_

@@ -145,3 +145,28 @@ def test_outcome_reads_a_processMessage_answer():
     )
     assert outcome({"processed": False, "message": "x" * 500})[1] == (": " + "x" * 500)[:200]
     assert outcome(["processed"]) == ("not_processed", "malformed processMessage result")
+
+
+def test_a_sender_does_not_hear_a_more_tainted_target():
+    """A clean sender's result counts only targets whose answer may flow down to it: a reader
+    (high) is delivered to but not heard, so it cannot set the sender's deliveredTo or timing."""
+    from bus.core.delivery import unheard
+
+    router = table(("c", "agent:c", None), ("r", "agent:r", "high"), ("p", "agent:p", None))
+    sender = router.route("c")
+    picked = targets(router, PeerStates(), message(), sender=sender, clock=never)
+    heard, not_heard = unheard(picked.routes, sender.grants)
+    assert [r.handle for r in heard] == ["p"] and [r.handle for r in not_heard] == ["r"]
+
+
+def test_the_bus_and_a_tainted_sender_hear_everyone_they_reach():
+    """With no sender (the bus) nobody is unheard; a high sender hears the high targets it
+    reaches (nothing flows down)."""
+    from bus.core.delivery import unheard
+
+    router = table(("r", "agent:r", "high"), ("s", "agent:s", "high"))
+    picked = targets(router, PeerStates(), message(), sender=None, clock=never)
+    assert unheard(picked.routes, None) == (picked.routes, [])
+    sender = router.route("r")
+    reached = targets(router, PeerStates(), message(), sender=sender, clock=never).routes
+    assert unheard(reached, sender.grants) == (reached, [])
