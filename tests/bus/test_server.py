@@ -237,6 +237,42 @@ async def test_tainted_peer_cannot_write_down(tmp_path):
         assert row["actor"] == "agent:main" and row["status"] == "high->none"
 
 
+async def test_a_clean_sender_does_not_hear_a_tainted_target(tmp_path):
+    """A controller writing to its reader's inbox is answered without waiting for the reader,
+    and deliveredTo does not count it: the reader cannot choose what (or when) the controller
+    reads back. The reader still gets the message, and its outcome is logged."""
+    async with running_bus(tmp_path, identities=IDENTITIES) as h:
+        release, seen, finished = asyncio.Event(), Inbox(), asyncio.Event()
+
+        async def holds(message: Message) -> None:
+            await seen(message)
+            await release.wait()  # a reader that would time the controller's request
+
+        def recorded(event: str, topic: str | None, status: str | None, payload: Any) -> None:
+            if event == "process_finish" and topic == "agent:researcher":
+                finished.set()
+
+        h.log.on_record = recorded
+
+        async with h.peer("agent:main") as main, h.peer("agent:researcher") as reader:
+            reader.handle(None, holds)
+            await reader.subscribe("agent:researcher")
+            async with asyncio.timeout(scaled(5)):  # answered while the reader still holds it
+                result = await main.send(
+                    "agent:researcher", "agent_event", {"x": 1}, message_id="u-1"
+                )
+            assert result.delivered_to == 0
+            assert (await seen.get()).content == {"x": 1}
+            release.set()
+            async with asyncio.timeout(scaled(5)):
+                await finished.wait()
+            await h.log.commit()
+        [finish] = h.rows(event="process_finish", message_id="u-1")
+        assert finish["actor"] == "agent:researcher" and finish["status"] == "processed"
+        [sent] = h.rows(event="send_finish", message_id="u-1")
+        assert sent["status"] == "delivered 0/0, unheard 1"
+
+
 async def test_handler_may_send_while_answering(tmp_path):
     """A peer calls sendMessage from inside its processMessage handler without deadlock."""
     async with running_bus(tmp_path) as h:
