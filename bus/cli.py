@@ -40,7 +40,7 @@ from .core.identities import PeerIdentity, default_agents_dir, load_identities
 from .core.policy import Policy, PolicyError
 from .log import audit, merged
 from .log.chain_v1 import default_key_path
-from .log.checkpoints import create_signing_key, default_checkpoints_path
+from .log.checkpoints import create_signing_key, default_checkpoints_path, load_signing_key
 from .ops import completion
 from .ops.config import AuditSettings, ClusterSettings, ConfigError, ServeConfig
 from .ops.credentials import Credentials, CredentialsError, validate_webhook_url
@@ -461,6 +461,14 @@ def _add_audit_checks(actions: Any) -> None:
         help="the key's name, the checkpoints' origin (default: HOSTNAME/bcpbus)",
     )
     keygen.set_defaults(command=_audit_keygen)
+    pubkey = actions.add_parser(
+        "pubkey",
+        help="print a signing key's verifier key, the line its lost .pub held",
+        description="Print the verifier key (NAME+KEYID+...) of the signing key at KEY: "
+        "`bcpbus audit pubkey KEY > KEY.pub` makes its .pub again.",
+    )
+    pubkey.add_argument("key", type=Path, metavar="KEY", help="the signing key (mode 0600)")
+    pubkey.set_defaults(command=_audit_pubkey)
     head = actions.add_parser("head", help="print the last row's ID:HASH")
     head.add_argument(
         "--db", type=Path, action="append", default=argparse.SUPPRESS, help="activity log"
@@ -1023,6 +1031,12 @@ def _audit_keygen(args: argparse.Namespace) -> int:
     )
     print(f"public key: {public}: {key.to_text()}")
     print(f"auditors check the log with: bcpbus audit verify --pubkey {public}")
+    return 0
+
+
+def _audit_pubkey(args: argparse.Namespace) -> int:
+    # The .pub is the only file auditors need; it is derived, so a lost one costs nothing.
+    print(load_signing_key(args.key).verifier.to_text())
     return 0
 
 

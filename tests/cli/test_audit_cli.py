@@ -147,6 +147,27 @@ async def test_keygen_serve_and_verify_with_nothing_but_the_public_key(tmp_path)
     assert again.returncode == 2 and "never overwritten" in again.stderr
 
 
+async def test_a_lost_pub_is_made_again_from_the_signing_key(tmp_path):
+    """`audit pubkey KEY` prints the verifier key keygen wrote to KEY.pub, byte for byte, and
+    `verify --pubkey` takes what it printed; a key others can read is refused, not read."""
+    assert run("audit", "keygen", "--out", "signing.key", cwd=tmp_path).returncode == 0
+    async with serving(tmp_path, "--no-gateway", "--signing-key", "signing.key"):
+        pass
+    lost = tmp_path / "signing.key.pub"
+    original = lost.read_text()
+    lost.unlink()
+    derived = run("audit", "pubkey", "signing.key", cwd=tmp_path)
+    assert derived.returncode == 0, derived.stderr
+    assert derived.stdout == original
+    lost.write_text(derived.stdout)
+    checked = run("audit", "verify", "--pubkey", "signing.key.pub", cwd=tmp_path)
+    assert checked.returncode == 0 and "checkpoints verify" in checked.stdout, checked.stdout
+    (tmp_path / "signing.key").chmod(0o640)
+    exposed = run("audit", "pubkey", "signing.key", cwd=tmp_path)
+    assert exposed.returncode == 2 and exposed.stdout == ""
+    assert exposed.stderr.startswith("bcpbus: error: signing key signing.key may be read by")
+
+
 async def test_serve_refuses_a_signing_key_others_can_read_in_one_line(tmp_path):
     """A signing key with group or other permissions stops `serve` before it listens."""
     assert run("audit", "keygen", "--out", "signing.key", cwd=tmp_path).returncode == 0
