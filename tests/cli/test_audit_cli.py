@@ -6,17 +6,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import stat
+from pathlib import Path
 
 import pytest
 
 from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
+from bus.log.checkpoints import Checkpoint, read_notes
 from peers.testing import scaled
 
 from .test_cli import BCPBUS, run, serving
+
+AGENTS = Path(__file__).parents[2] / "agents"
 
 
 async def write_rows(db, *events: str) -> None:
@@ -166,6 +171,43 @@ async def test_a_lost_pub_is_made_again_from_the_signing_key(tmp_path):
     exposed = run("audit", "pubkey", "signing.key", cwd=tmp_path)
     assert exposed.returncode == 2 and exposed.stdout == ""
     assert exposed.stderr.startswith("bcpbus: error: signing key signing.key may be read by")
+
+
+def last_signed(checkpoints: Path) -> int:
+    """The latest row a checkpoint in the file signs; 0 for none."""
+    text = checkpoints.read_text() if checkpoints.exists() else ""
+    return max((Checkpoint.from_text(note.text).size for note in read_notes(text)), default=0)
+
+
+async def signed_up_to(checkpoints: Path, row: int) -> None:
+    """Wait until ``checkpoints`` holds a checkpoint of ``row`` or a later one."""
+    async with asyncio.timeout(scaled(30)):
+        while True:
+            if last_signed(checkpoints) >= row:
+                return
+            await asyncio.sleep(0.05)  # another process appends it: nothing to wait on here
+
+
+async def test_rows_other_commands_write_are_signed_while_the_bus_is_idle(tmp_path):
+    """`budget reset` writes to a running bus's log without a key: the bus's next timed
+    checkpoint signs its row though the bus writes none meanwhile, so verify --pubkey leaves
+    no row unsigned."""
+    assert run("audit", "keygen", "--out", "keys/signing.key", cwd=tmp_path).returncode == 0
+    shutil.copytree(AGENTS, tmp_path / "agents")
+    every = str(scaled(0.2))
+    async with serving(
+        tmp_path, "--no-gateway", "--signing-key", "keys/signing.key", "--audit-head-seconds", every
+    ):
+        reset = run("budget", "reset", "main", "researcher", cwd=tmp_path)
+        assert reset.returncode == 0, reset.stderr
+        [row] = json.loads(
+            run("audit", "--event", "bcp_budget_reset", "--json", cwd=tmp_path).stdout
+        )
+        await signed_up_to(tmp_path / "bcpbus.db.checkpoints", row["id"])
+        checked = run("audit", "verify", "--pubkey", "keys/signing.key.pub", cwd=tmp_path)
+        assert checked.returncode == 0, checked.stdout
+        assert f"the last at row {row['id']}" in checked.stdout
+        assert "note:" not in checked.stdout
 
 
 async def test_serve_refuses_a_signing_key_others_can_read_in_one_line(tmp_path):
