@@ -98,6 +98,43 @@ def test_compose_runs_that_image_with_its_volume_and_ports():
     assert service["cap_drop"] == ["ALL"] and service["read_only"] is True
 
 
+def service_commands() -> list[list[str]]:
+    """The `bcpbus` arguments of each command in docs/operators.md's "Run it as a service"
+    blocks: what follows `run --rm bus` in a compose line, or the installed `bin/bcpbus`."""
+    text = (ROOT / "docs" / "operators.md").read_text()
+    section = text.split("## Run it as a service", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        for line in block.splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv[:4] == ["docker", "compose", "-f", "deploy/compose.yaml"]:
+                assert (ROOT / argv[3]).is_file()
+                if argv[4] == "run":
+                    assert argv[5:7] == ["--rm", "bus"], line  # the compose file's one service
+                    found.append(argv[7:])
+            elif argv[-1:] != ["bcpbus"] and "/opt/bcpbus/bin/bcpbus" in argv:
+                found.append(argv[argv.index("/opt/bcpbus/bin/bcpbus") + 1 :])
+            elif argv[:1] == ["cp"]:
+                assert (ROOT / argv[1]).is_file(), line
+    return found
+
+
+def test_the_service_commands_the_operators_guide_shows_are_ones_the_cli_takes():
+    """Docker and systemd do not run here: each bcpbus command the guide has an operator type
+    through them (peers add, audit, init) parses with the real command line, and the files it
+    names exist."""
+    commands = service_commands()
+    assert [argv[:2] for argv in commands] == [
+        ["peers", "add"],
+        ["audit", "--limit"],
+        ["init", "/var/lib/bcpbus"],
+    ]
+    for argv in commands:
+        parse(argv)
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert list(compose["services"]) == ["bus"]
+
+
 def unit() -> ConfigParser:
     config = ConfigParser(strict=False, interpolation=None)
     config.optionxform = str  # type: ignore[assignment,method-assign]
