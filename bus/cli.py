@@ -1054,9 +1054,16 @@ def _checkpoints_line(config: ServeConfig) -> str:
         return "off (nothing signs the activity log: give --signing-key)"
     target = settings.checkpoints or default_checkpoints_path(config.db)
     syslog = f" and to syslog {settings.syslog}" if settings.syslog else ""
+    public = f"{settings.signing_key}.pub"
+    # No .pub beside a key handed over on its own (a systemd credential, a copied file).
+    how = (
+        f"`bcpbus audit verify --pubkey {public}`"
+        if os.path.exists(public)
+        else f"its public key (`bcpbus audit pubkey {settings.signing_key}` prints it)"
+    )
     return (
         f"signed with {settings.signing_key}, appended to {target}{syslog}; auditors check "
-        f"them with `bcpbus audit verify --pubkey {settings.signing_key}.pub`"
+        f"them with {how}"
     )
 
 

@@ -20,6 +20,7 @@ from bus.log.checkpoints import Checkpoint, read_notes
 from peers.testing import scaled
 
 from .test_cli import BCPBUS, run, serving
+from .test_operators import serving as serving_process, stderr_line
 
 AGENTS = Path(__file__).parents[2] / "agents"
 
@@ -153,14 +154,19 @@ async def test_keygen_serve_and_verify_with_nothing_but_the_public_key(tmp_path)
 
 
 async def test_a_lost_pub_is_made_again_from_the_signing_key(tmp_path):
-    """`audit pubkey KEY` prints the verifier key keygen wrote to KEY.pub, byte for byte, and
-    `verify --pubkey` takes what it printed; a key others can read is refused, not read."""
+    """Without the key's .pub, serve's summary points at `audit pubkey KEY`, which prints the
+    verifier key keygen wrote, byte for byte; `verify --pubkey` takes what it printed; a key
+    others can read is refused, not read."""
     assert run("audit", "keygen", "--out", "signing.key", cwd=tmp_path).returncode == 0
-    async with serving(tmp_path, "--no-gateway", "--signing-key", "signing.key"):
-        pass
     lost = tmp_path / "signing.key.pub"
     original = lost.read_text()
     lost.unlink()
+    async with serving_process(tmp_path, "--no-gateway", "--signing-key", "signing.key") as (
+        _,
+        process,
+    ):
+        summary = await stderr_line(process, "bcpbus: checkpoints: ")
+    assert summary.endswith("its public key (`bcpbus audit pubkey signing.key` prints it)")
     derived = run("audit", "pubkey", "signing.key", cwd=tmp_path)
     assert derived.returncode == 0, derived.stderr
     assert derived.stdout == original
