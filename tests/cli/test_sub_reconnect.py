@@ -122,3 +122,39 @@ async def test_sub_reconnects_after_a_restart_and_exits_when_revoked(tmp_path):
     )
     assert sub.returncode == 2 and "revoked" in last
     assert out == b""  # nothing printed twice
+
+
+async def test_system_exits_with_one_line_when_its_token_is_revoked(tmp_path):
+    """`bcpbus system` outlives nothing once the bus refuses its token: `peers remove
+    agent:system` ends it with exit 2 and one line saying how to get a new one, where it used
+    to wait on, connected to nothing, saying nothing."""
+    code, out, err = await arun("peers", "add", "agent:system", cwd=tmp_path)
+    assert code == 0, err
+    (tmp_path / "system.token").write_text(out)
+    (tmp_path / "agents").mkdir()
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}"
+    async with bus_on(tmp_path, port):
+        system = await asyncio.create_subprocess_exec(
+            BCPBUS,
+            *("system", "--url", url, "--token-file", "system.token", "--agents-dir", "agents"),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=ENV,
+        )
+        assert system.stdout is not None
+        try:
+            assert (await next_line(system.stdout)).startswith("ready client_id=agent:system")
+            code, _, err = await arun("peers", "remove", "agent:system", cwd=tmp_path)
+            assert code == 0, err
+            async with asyncio.timeout(scaled(30)):
+                out, err = await system.communicate()
+        finally:
+            if system.returncode is None:
+                system.kill()
+                await system.wait()
+    last = assert_one_line_error(
+        system.returncode, err.decode(), "no longer accepts agent:system's token", "peers add"
+    )
+    assert system.returncode == 2 and "revoked" in last
