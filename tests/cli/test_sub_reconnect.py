@@ -1,10 +1,12 @@
-"""`bcpbus sub` across a restart of `bcpbus serve` and a revoked token, all real processes."""
+"""`bcpbus sub` across a restart of `bcpbus serve` and a revoked token, and `bcpbus system` and
+`bcpbus gateway` on a revoked token, all real processes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -158,3 +160,36 @@ async def test_system_exits_with_one_line_when_its_token_is_revoked(tmp_path):
         system.returncode, err.decode(), "no longer accepts agent:system's token", "peers add"
     )
     assert system.returncode == 2 and "revoked" in last
+
+
+async def test_a_gateway_of_its_own_exits_with_one_line_when_its_token_is_revoked(tmp_path):
+    """`bcpbus gateway` beside a bus: `peers remove system:gateway` ends it with one line
+    naming the refused token and exit 2, where it used to wait on, delivering nothing."""
+    code, out, err = await arun("peers", "add", "system:gateway", cwd=tmp_path)
+    assert code == 0, err
+    (tmp_path / "gateway.token").write_text(out)
+    shutil.copytree(Path(__file__).parents[2] / "agents", tmp_path / "agents")
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}"
+    async with bus_on(tmp_path, port):
+        gateway = await asyncio.create_subprocess_exec(
+            BCPBUS,
+            *("gateway", "--url", url, "--token-file", "gateway.token", "--db", "bus.db"),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=ENV,
+        )
+        assert gateway.stdout is not None
+        try:
+            assert (await next_line(gateway.stdout)) == f"gateway connected to {url}"
+            code, _, err = await arun("peers", "remove", "system:gateway", cwd=tmp_path)
+            assert code == 0, err
+            async with asyncio.timeout(scaled(30)):
+                out, err = await gateway.communicate()
+        finally:
+            if gateway.returncode is None:
+                gateway.kill()
+                await gateway.wait()
+    assert_one_line_error(gateway.returncode, err.decode(), "refused system:gateway's token")
+    assert gateway.returncode == 2
