@@ -1,5 +1,5 @@
-"""`bcpbus sub` across a restart of `bcpbus serve` and a revoked token, and `bcpbus system` and
-`bcpbus gateway` on a revoked token, all real processes."""
+"""`bcpbus sub` across a restart of `bcpbus serve` and a revoked token, and `bcpbus system`,
+`bcpbus gateway` and `bcpbus chat` on a revoked token, all real processes."""
 
 from __future__ import annotations
 
@@ -193,3 +193,40 @@ async def test_a_gateway_of_its_own_exits_with_one_line_when_its_token_is_revoke
                 await gateway.wait()
     assert_one_line_error(gateway.returncode, err.decode(), "refused system:gateway's token")
     assert gateway.returncode == 2
+
+
+async def test_a_chat_exits_with_one_line_when_its_token_is_revoked(tmp_path):
+    """`bcpbus chat` waiting for an agent: `peers remove tg:42` ends it with exit 2 and one
+    line saying its lines stay queued, where it used to retry into nothing, saying nothing."""
+    code, out, err = await arun("peers", "add", "tg:42", cwd=tmp_path)
+    assert code == 0, err
+    (tmp_path / "tg42.token").write_text(out)
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}"
+    async with bus_on(tmp_path, port):
+        chat = await asyncio.create_subprocess_exec(
+            BCPBUS,
+            *("chat", "tg:42", "--agent", "echo", "--url", url, "--token-file", "tg42.token"),
+            "--json",
+            cwd=tmp_path,
+            stdin=subprocess.PIPE,  # kept open: the chat waits for lines
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=ENV,
+        )
+        assert chat.stdout is not None
+        try:
+            # No system peer runs: the spawn request is not taken, and the chat says so.
+            while json.loads(await next_line(chat.stdout))["event"] != "spawn_not_taken":
+                pass
+            code, _, err = await arun("peers", "remove", "tg:42", cwd=tmp_path)
+            assert code == 0, err
+            async with asyncio.timeout(scaled(30)):
+                out, err = await chat.communicate()
+        finally:
+            if chat.returncode is None:
+                chat.kill()
+                await chat.wait()
+    [line] = [json.loads(line) for line in out.decode().splitlines() if '"error"' in line]
+    assert chat.returncode == 2, err
+    assert "no longer accepts tg:42's token" in line["message"] and "stay queued" in line["message"]
