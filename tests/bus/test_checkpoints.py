@@ -312,7 +312,7 @@ async def test_an_idle_bus_signs_rows_others_wrote_and_never_a_forged_one(
         await log.write(LogEvent.SEND_START, message_id="own")
         async with ActivityLog(db) as other:  # signs nothing
             await other.write(LogEvent.BCP_BUDGET_RESET, actor="operator:ann", status="reset")
-        await sink.wait_for(lambda: max(sink.signed) >= 3)
+        await sink.wait_for(lambda: max(sink.signed, default=0) >= 3)
         tamper(db, "INSERT INTO activity_log (ts, event, status) VALUES ('x', 'forged', 'ok');")
         later = sink.turns + 3
         await sink.wait_for(lambda: sink.turns >= later)
