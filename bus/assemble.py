@@ -34,7 +34,7 @@ from .ops.credentials import Credentials
 from .server import Bus
 
 if TYPE_CHECKING:
-    from .transports.http import HttpBinding
+    pass
 
 __all__ = ["HttpListenFailed", "running"]
 
@@ -80,7 +80,7 @@ async def running(
             (:class:`~bus.log.checkpoints.KeyExposed`).
     """
     log = _activity_log(db, audit or AuditSettings(), accept_broken_log)
-    async with log:
+    async with log:  # opened before the bus reads its last epoch; closed after the bus
         async with Bus(
             policy=policy or Policy.default(),
             credentials=credentials,
@@ -91,15 +91,8 @@ async def running(
             log_content=log_content,
         ) as bus:
             await bus.start(host, port, ssl=ssl)
-            if http is None or http.port is None:
+            async with _http_binding(bus, http, host, ssl):
                 yield bus
-                return
-            async with _http_binding(bus, http, host, ssl) as binding:
-                bus.http_url, bus.http_mount = binding.url, binding.mount
-                try:
-                    yield bus
-                finally:
-                    bus.http_url, bus.http_mount = None, None
 
 
 def _activity_log(
@@ -125,8 +118,13 @@ def _activity_log(
 
 @contextlib.asynccontextmanager
 async def _http_binding(
-    bus: Bus, settings: HttpSettings, host: str, ssl: _ssl.SSLContext | None
-) -> AsyncIterator[HttpBinding]:
+    bus: Bus, settings: HttpSettings | None, host: str, ssl: _ssl.SSLContext | None
+) -> AsyncIterator[None]:
+    """Serve the HTTP binding beside ``bus`` while in the block, when ``settings`` has a port
+    (the bus's ``http_url`` and ``http_mount`` are set meanwhile); else nothing."""
+    if settings is None or settings.port is None:
+        yield
+        return
     try:
         from .transports.http import HttpBinding  # noqa: F811 - the extra is optional: imported on use
     except ImportError as exc:
@@ -141,7 +139,11 @@ async def _http_binding(
             )
         except OSError as exc:
             raise HttpListenFailed(exc.errno, exc.strerror) from exc
-        yield binding
+        bus.http_url, bus.http_mount = binding.url, binding.mount
+        try:
+            yield
+        finally:
+            bus.http_url, bus.http_mount = None, None
 
 
 class HttpListenFailed(OSError):

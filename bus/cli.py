@@ -612,12 +612,8 @@ async def serve(
             message is one line naming the option.
         ConfigError: ``beside`` refused a section of the config.
     """
-    agents_dir = config.agents_dir or default_agents_dir()
-    config = replace(config, agents_dir=agents_dir)
-    check_port(config.port)
-    if config.http.port is not None:
-        check_http_extra(config.http.port)
-    check_db(config.db)
+    config = _checked(config)
+    agents_dir = config.agents_dir
     tls = server_context(config.certfile, config.keyfile)
     run_beside = beside(config) if beside is not None else None
     policy = Policy.load(config.policy) if config.policy else Policy.default()
@@ -625,8 +621,8 @@ async def serve(
     agents = load_agents(agents_dir) if agents_dir is not None and agents_dir.is_dir() else {}
     _note_offline_webhooks(credentials, config)
     identities = load_identities(agents_dir) if agents_dir is not None else {}
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
@@ -646,6 +642,17 @@ async def serve(
             ready(bus)
         await stop.wait()
     return 0
+
+
+def _checked(config: ServeConfig) -> ServeConfig:
+    """``config`` with its agent definitions' folder, once the port, the HTTP extra and the
+    database path are usable (else a :class:`StartupError` naming the option)."""
+    config = replace(config, agents_dir=config.agents_dir or default_agents_dir())
+    check_port(config.port)
+    if config.http.port is not None:
+        check_http_extra(config.http.port)
+    check_db(config.db)
+    return config
 
 
 def _note_offline_webhooks(credentials: Credentials, config: ServeConfig) -> None:

@@ -100,14 +100,23 @@ class Fanout:
         return await self.fan_out(targets, message, actor=actor, rpc_id=rpc_id)
 
     async def deliver_forwarded(
-        self, message: Message, *, sender: Route[Link] | None, epoch: int
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        message_id: str,
+        message_type: str,
+        *,
+        sender: Route[Link] | None,
+        epoch: int,
+        trace_id: str | None = None,
     ) -> tuple[int, int]:
         """Deliver a message another cluster node accepted (at ``epoch``) to this node's
         subscribers, with this node's rows and checks; return how many processed it, of how
-        many were tried.
+        many were tried. :mod:`bus.transports.cluster` calls it (through the bus).
 
         Its epoch here is above ``epoch`` (a hybrid clock: causes come before effects on every
         node). It is marked forwarded, so it is not forwarded again."""
+        message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
         self._epochs.last = max(self._epochs.last, epoch)
         message.forwarded = True
         targets = await self.accept(message, sender=sender, rpc_id=None)
@@ -127,48 +136,67 @@ class Fanout:
         """
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         grants = sender.grants if sender is not None else None
-        log = self.log
         # The epoch is given and the row recorded with no await between them, so epochs
         # follow the order of the rows, which the log commits in order.
         epoch = message.epoch = self._epochs.next()
-        topic, trace_id = message.topic, message.trace_id
-        log.record(
+        self.log.record(
             LogEvent.SEND_START,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
-            topic=topic,
+            topic=message.topic,
             status=sender_mark(grants),
             payload_json=_content(message.payload, message.type, self.log_content),
             epoch=epoch,
-            trace_id=trace_id,
+            trace_id=message.trace_id,
         )
-        picked = delivery.targets(self._router, self._states, message, sender=sender, clock=_clock)
-        for row in picked.rows:
-            record_row(self.log, row)
-        for timer in picked.timers:
-            self._set_timer(timer)
-        targets = picked.routes
+        targets = self._pick(message, sender)
         if not targets:
             return targets  # fan_out commits the rows (and fetch commits before it reads)
         try:
             # Fail closed, for every message: nothing is delivered without its audit row, so
             # a peer that gets -32006 knows that nobody received the message and may resend it.
-            await log.commit()
+            await self.log.commit()
         except BusError:
             message.aborted = True
             # Its rows may still be written later: this one tells fetchMessages to skip it.
             with contextlib.suppress(BusError):
-                log.record(
+                self.log.record(
                     LogEvent.SEND_ABORTED,
                     message_id=message.message_id,
                     actor=actor,
-                    topic=topic,
+                    topic=message.topic,
                     epoch=epoch,
-                    trace_id=trace_id,
+                    trace_id=message.trace_id,
                 )
             raise
         return targets
+
+    def _pick(self, message: Message, sender: Route[Link] | None) -> list[Route[Link]]:
+        """The targets :func:`bus.core.delivery.targets` chose, each with its
+        ``process_start`` row; the rows of those left out, and the debounce timers to arm."""
+        picked = delivery.targets(self._router, self._states, message, sender=sender, clock=_clock)
+        log = self.log
+        for row in picked.rows:
+            record_row(log, row)
+        for timer in picked.timers:
+            self._set_timer(timer)
+        message_id, topic, epoch, trace_id = (
+            message.message_id,
+            message.topic,
+            message.epoch,
+            message.trace_id,
+        )
+        for target in picked.routes:  # the common case, written without a Record each
+            log.record(
+                LogEvent.PROCESS_START,
+                message_id=message_id,
+                actor=target.client_id,
+                topic=topic,
+                epoch=epoch,
+                trace_id=trace_id,
+            )
+        return picked.routes
 
     async def fan_out(
         self,

@@ -17,7 +17,7 @@ from typing import Any
 from .core import requests
 from .core.actions import Action
 from .core.epochs import Epochs
-from .core.errors import AuditUnavailable
+from .core.errors import AuditUnavailable, ShuttingDown
 from .core.logevents import LogEvent
 from .core.policy import Grants
 from .log.activity import ActivityLog
@@ -42,6 +42,7 @@ class Readback:
         *,
         log_content: LogContent,
         carry: Callable[[list[Action]], Any],
+        closing: Callable[[], bool],
     ) -> None:
         self.log = log
         self.limits = limits
@@ -49,7 +50,9 @@ class Readback:
         self._history = history
         self._epochs = epochs
         self._carry = carry
-        """Carries out a refusal's rows and raises its error (:meth:`bus.server.Bus._carry`)."""
+        """Carries out a refusal's rows and raises its error (:meth:`bus.server.Bus.carry`)."""
+        self._closing = closing
+        """Tells whether the bus is closing: a read is then refused -32007."""
 
     async def fetch(
         self,
@@ -83,7 +86,46 @@ class Readback:
             ContentNotKept: the log keeps only digests (``log_content: digest``), or reached a
                 message kept as a digest by an earlier run.
             AuditUnavailable: the log could not commit, or could not be read.
+            ShuttingDown: the bus is closing.
         """
+        admission = self._admitted(grants, pattern, limit, rpc_id)
+        pattern = admission.pattern
+        upto = self._epochs.last
+        # Every message given an epoch so far is then committed (or aborted): none can be
+        # missing below upto and turn up later.
+        await self.log.commit()
+        page = Page(grants, pattern, since=since_epoch, limit=admission.limit, only=only)
+        more = await self._read(page, since_epoch, upto)
+        result = page.result(more=more, upto=upto)
+        await self._logged(result, page, since_epoch, rpc_id)
+        return result
+
+    async def _logged(
+        self, result: FetchResult, page: Page, since_epoch: int, rpc_id: str | None
+    ) -> None:
+        """Record the read (a ``fetch`` row: what was asked, what came back, what was withheld)
+        and commit it."""
+        self.log.record(
+            LogEvent.FETCH,
+            rpc_id=rpc_id,
+            actor=page.reader.client_id,
+            topic=page.pattern,
+            status=f"{len(result.messages)} messages",
+            payload={
+                "sinceEpoch": since_epoch,
+                "nextEpoch": result.next_epoch,
+                "withheld": page.withheld,
+            },
+        )
+        await self.log.commit()
+
+    def _admitted(
+        self, grants: Grants, pattern: str, limit: int | None, rpc_id: str | None
+    ) -> requests.FetchAdmission:
+        """What the core admits of this read (:func:`bus.core.requests.admit_fetch`); a refusal
+        is carried out (its row, its error raised)."""
+        if self._closing():
+            raise ShuttingDown()
         admission = requests.admit_fetch(
             grants,
             pattern,
@@ -94,35 +136,23 @@ class Readback:
         )
         if admission.actions:
             self._carry(admission.actions)
-        pattern, limit, client_id = admission.pattern, admission.limit, grants.client_id
-        upto = self._epochs.last
-        # Every message given an epoch so far is then committed (or aborted): none can be
-        # missing below upto and turn up later.
-        await self.log.commit()
-        page = Page(grants, pattern, since=since_epoch, limit=limit, only=only)
+        return admission
+
+    async def _read(self, page: Page, since_epoch: int, upto: int) -> bool:
+        """Fill ``page`` from the log up to epoch ``upto``; return whether more is kept.
+
+        Raises:
+            EpochNotKept: ``since_epoch`` is outside what the log keeps.
+            AuditUnavailable: the log could not be read.
+        """
         try:
             check_since(since_epoch, await self._history.oldest(), upto)
-            more = await self._history.fill(page, upto=upto, topic=_literal(pattern))
+            return await self._history.fill(page, upto=upto, topic=_literal(page.pattern))
         except sqlite3.Error as exc:
             logger.error("fetch: reading the activity log failed: %r", exc)
             raise AuditUnavailable(
                 "Activity log unavailable: it could not be read; retry later"
             ) from exc
-        result = page.result(more=more, upto=upto)
-        self.log.record(
-            LogEvent.FETCH,
-            rpc_id=rpc_id,
-            actor=client_id,
-            topic=pattern,
-            status=f"{len(result.messages)} messages",
-            payload={
-                "sinceEpoch": since_epoch,
-                "nextEpoch": result.next_epoch,
-                "withheld": page.withheld,
-            },
-        )
-        await self.log.commit()
-        return result
 
 
 def _literal(pattern: str) -> str | None:

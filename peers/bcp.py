@@ -160,13 +160,20 @@ def render_for_prompt(
     lines = [f"<{tag} {_attributes(delivery, untrusted)}>"]
     if untrusted:
         lines.append(UNTRUSTED_NOTICE)
+    lines.extend(_value_lines(delivery))
+    lines.append(f"</{tag}>")
+    return "\n".join(lines)
+
+
+def _value_lines(delivery: BcpResponseDelivery) -> list[str]:
+    """One ``<value key="...">`` element per response value, each key escaped, each value quoted."""
+    lines = []
     for key, value in delivery.response.items():
         if isinstance(value, SealedValue):
             # Only the facts: the text is not here, and the handle means nothing to a model.
             value = f"[sealed {value.format}, {value.words} words]"
         lines.append(f'<value key="{html.escape(key, quote=True)}">{_quoted(value)}</value>')
-    lines.append(f"</{tag}>")
-    return "\n".join(lines)
+    return lines
 
 
 def _attributes(delivery: BcpResponseDelivery, untrusted: bool) -> str:
@@ -344,20 +351,26 @@ class Controller(_Agent):
         future: asyncio.Future[BcpResponseDelivery] = asyncio.get_running_loop().create_future()
         self._waiting[query_id] = future
         try:
-            _, result = await self.send_query(
-                reader,
-                spec,
-                query_id=query_id,
-                task_id=task_id,
-                escalation_justification=escalation_justification,
-            )
-            if result.delivered_to == 0 and not future.done():
-                # The gateway answers a refusal with bcp_query_failed before it acknowledges;
-                # no failure and no acknowledgement means no gateway took the query at all.
-                raise QueryFailed(query_id, "gateway_unavailable", "no gateway took the query")
+            fields = {"task_id": task_id, "escalation_justification": escalation_justification}
+            await self._send_to_gateway(reader, spec, query_id, future, **fields)
             return await _wait(future, timeout, f"query {query_id}")
         finally:
             self._waiting.pop(query_id, None)
+
+    async def _send_to_gateway(
+        self,
+        reader: str,
+        spec: dict[str, Any],
+        query_id: str,
+        future: asyncio.Future[BcpResponseDelivery],
+        **fields: str | None,
+    ) -> None:
+        """Send the query for :meth:`ask`; raise :class:`QueryFailed` if no gateway took it."""
+        _, result = await self.send_query(reader, spec, query_id=query_id, **fields)
+        if result.delivered_to == 0 and not future.done():
+            # The gateway answers a refusal with bcp_query_failed before it acknowledges;
+            # no failure and no acknowledgement means no gateway took the query at all.
+            raise QueryFailed(query_id, "gateway_unavailable", "no gateway took the query")
 
     async def forward(
         self,
@@ -374,7 +387,9 @@ class Controller(_Agent):
         Put ``value.ref()`` (``{"$sealed": HANDLE}``) of a :class:`~schemas.bcp.SealedValue`
         where its text goes. The gateway checks that the handle is this controller's, from the
         channel with ``reader``, still alive, and that ``to`` is allowed by the channel's
-        ``sealed_to`` (a human, or an agent tainted at least as high as the text).
+        ``sealed_to`` (a human, or an agent tainted at least as high as the text; a
+        ``role:<name>`` entry admits a peer the bus announced holding that role, so such a
+        destination must be connected, or the refusal is ``forward_role_unknown``).
 
         Returns:
             The ``bcp_forward_result`` (``success`` true) once ``to`` took the message.

@@ -30,22 +30,20 @@ import logging
 import os
 import random
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import (
-    ConnectionClosed,
     InvalidStatus,
     InvalidURI,
     WebSocketException,
 )
-from websockets.protocol import State
 
 from bus import __version__
 from bus.core.calls import PendingCalls
-from bus.core.protocol import ErrorResponse, Notification, Request, Response, Session
+from bus.core.protocol import Session
 from bus.transports.local import Socket
 from schemas.bus import (
     InitializeResult,
@@ -59,11 +57,11 @@ from .errors import (
     PeerClosed,
     PeerError,
     PeerTimeout,
-    refused,
 )
-from .handlers import Handlers, delivery
+from .handlers import Handlers
 from .messages import FetchPage, Handler, Message, Reply
 from .methods import BusMethods
+from .receiver import Receiver
 from .urls import bus_urls
 
 # PeerClosed is defined in .errors; it stays importable from here, where it always was.
@@ -134,7 +132,7 @@ def backoff(
         delay = min(maximum, delay * factor)
 
 
-class Peer(BusMethods):
+class Peer(BusMethods, Receiver):
     """A connection to the bus under one clientId.
 
     Args:
@@ -399,68 +397,6 @@ class Peer(BusMethods):
             if timer is not None:
                 timer.cancel()
 
-    # Reading
-
-    async def _read(self, ws: Socket) -> None:
-        cause: ConnectionClosed | None = None
-        try:
-            async for text in ws:
-                self._session.receive_text(text)
-                for event in self._session.events_received():
-                    self._dispatch(event)
-                await self._flush(ws)
-        except ConnectionClosed as exc:  # closed with an error code: 4001, 4004, 1006...
-            cause = exc
-        finally:
-            self._closed = _closed(f"{self.client_id}: connection closed", ws, cause)
-            # Fail the calls waiting for an answer now: during initialize no runner watches
-            # this task, and a waiting call would otherwise sit out its whole timeout.
-            self._fail_pending()
-
-    def _dispatch(self, event: Request | Notification | Response | ErrorResponse) -> None:
-        match event:
-            case Response():
-                self._pending.settle(event)
-            case ErrorResponse():
-                # The SDK's own class for the code: its users catch one root, PeerError.
-                self._pending.settle(ErrorResponse(event.id, refused(event.error)))
-            case Request():
-                self._spawn(self._process(event))
-            case Notification():
-                pass
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _process(self, request: Request) -> None:
-        if not self._catch.delivering.is_set():
-            await self._catch.delivering.wait()
-        reply = await self._answer(request)
-        self._session.respond(request, reply.to_result())
-        if self._ws is not None:
-            await self._flush(self._ws)
-
-    async def _answer(self, request: Request) -> Reply:
-        message = delivery(request)
-        if isinstance(message, Reply):
-            return message
-        if self._catch.repeat(message.epoch):
-            return Reply(True, "duplicate", "already handed over by the catch-up")
-        self._catch.saw(message.epoch)
-        return await self._handlers.hand(message)
-
-    async def _flush(self, ws: Socket) -> None:
-        for text in self._session.data_to_send():
-            try:
-                await ws.send(text)
-            except ConnectionClosed:
-                return
-
-    def _fail_pending(self) -> None:
-        self._pending.fail_all(self._closed)
-
 
 async def _open_socket(
     url: str, token: str, auth_header: bool, context: ssl.SSLContext | None
@@ -494,17 +430,6 @@ async def _open_socket(
         raise PeerTimeout(f"no handshake with {url} in time") from exc
     except (OSError, WebSocketException) as exc:
         raise ConnectFailed(url, str(exc) or type(exc).__name__) from exc
-
-
-def _closed(message: str, ws: Socket, cause: ConnectionClosed | None) -> PeerClosed:
-    """The PeerClosed that calls on the closed ``ws`` fail with, chained to ``cause``."""
-    # A clean close (1000, 1001) ends the iteration without raising; websockets still has the
-    # exception it would have raised, which names both close frames.
-    if cause is None and isinstance(ws, ClientConnection) and ws.state is State.CLOSED:
-        cause = ws.protocol.close_exc
-    closed = PeerClosed(message, code=ws.close_code, reason=getattr(ws, "close_reason", None) or "")
-    closed.__cause__ = cause
-    return closed
 
 
 def _tls(urls: Sequence[str], cafile: str | os.PathLike[str] | None) -> ssl.SSLContext | None:

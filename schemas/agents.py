@@ -19,7 +19,7 @@ prose. The frontmatter of a controller and of its reader look like this:
         screeners: [system:screener-x]    # optional: peers that judge Cat-2/3 answers too
         screener_failure: reject          # reject (default) | review: a screener gave no verdict
         delivery_quantum: 0.1             # seconds: deliveries leave on this grid (0: off)
-        sealed_to: ["tg:*", "human:*"]    # who may get this channel's sealed values forwarded
+        sealed_to: ["tg:*", "role:approver"]  # who may get this channel's sealed values forwarded
         sealed_ttl: 3600                  # seconds a sealed value's handle lives
         subscriptions:                    # controller side only
           - id: research-alerts           # letters, digits, hyphens; unique in the channel
@@ -51,6 +51,7 @@ each other.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ from schemas.bcp import (
     ScreenerId,
     SubscriptionId,
 )
+from schemas.bus import ROLE_NAME_PATTERN
 from schemas.common import APPROVAL_TOPIC, BUS_CLIENT_ID, GATEWAY_CLIENT_ID, TaintLevel
 
 __all__ = [
@@ -88,6 +90,7 @@ __all__ = [
     "DEFAULT_MIN_INTERVAL_S",
     "DEFAULT_SEALED_TTL",
     "SEALED_TO_PATTERN",
+    "SEALED_TO_ROLE",
     "MAX_SCREENERS",
     "RESERVED_SCREENERS",
     "AgentDefinition",
@@ -117,7 +120,13 @@ DEFAULT_SEALED_TTL: Final = 3600.0
 a controller to decide where to forward it, short enough that a stale handle stops working."""
 
 SEALED_TO_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,31}:(\*|[A-Za-z0-9_-][A-Za-z0-9._-]{0,95})$"
-"""A ``sealed_to`` entry: a clientId, or its prefix and ``*`` (``tg:*``, ``human:alice``)."""
+"""A ``sealed_to`` entry: a clientId, its prefix and ``*`` (``tg:*``, ``human:alice``), or
+``role:<name>``, a role of the bus policy (``role:approver``)."""
+
+SEALED_TO_ROLE: Final = "role:"
+"""The prefix of a ``sealed_to`` entry that names a policy role rather than clientIds: a peer
+matches ``role:approver`` while the bus announces it holding ``approver``. ``role:`` is never a
+clientId prefix here, and ``role:*`` (any role: anyone) is refused."""
 
 DEFAULT_MIN_INTERVAL_S: Final = 10.0
 """Fewest seconds between two accepted pushes of a subscription that does not say."""
@@ -241,11 +250,13 @@ class BcpChannel(_Model):
     sealed_to: Annotated[
         tuple[Annotated[str, Field(pattern=SEALED_TO_PATTERN)], ...], Field(max_length=64)
     ] = ()
-    """Where a ``bcp_forward`` may send this channel's sealed values: clientIds or ``prefix:*``.
-    Humans (``tg:``, ``human:``) read them as data; an ``agent:`` must be tainted at least as
+    """Where a ``bcp_forward`` may send this channel's sealed values: clientIds, ``prefix:*``,
+    or ``role:<name>`` (a peer the bus announced holding that policy role). Whatever the entry,
+    humans (``tg:``, ``human:``) read them as data; an ``agent:`` must be tainted at least as
     high as the text, never ``none``. Empty: sealed values cannot be forwarded.
 
-    .. versionadded:: 0.4"""
+    .. versionadded:: 0.4
+    .. versionchanged:: 0.4 ``role:<name>`` entries."""
     sealed_ttl: _Positive = DEFAULT_SEALED_TTL
     """Seconds a sealed value's handle lives.
 
@@ -264,6 +275,19 @@ class BcpChannel(_Model):
             if screener in seen:
                 strict_yaml.invalid(f"duplicate screener {screener!r}", at=f"screeners[{index}]")
             seen.add(screener)
+        return self
+
+    @model_validator(mode="after")
+    def _check_sealed_to(self) -> Self:
+        for index, entry in enumerate(self.sealed_to):
+            role = entry.removeprefix(SEALED_TO_ROLE)
+            if role != entry and not re.fullmatch(ROLE_NAME_PATTERN, role):
+                # role:* would be "any peer with any role": everyone. Fail closed at load time.
+                strict_yaml.invalid(
+                    f"{entry!r}: a role entry is role:<name>, the name as in the bus policy "
+                    "(lowercase letters, digits, '_', '-'), never role:*",
+                    at=f"sealed_to[{index}]",
+                )
         return self
 
     @model_validator(mode="after")
@@ -423,7 +447,8 @@ class Channel:
     """The larger of the two sides' ``delivery_quantum``."""
     sealed_to: tuple[tuple[str, ...], ...] = ((),)
     """Each side's ``sealed_to`` (the controller's first; the reader's only if it declares
-    one): a forward destination must match a pattern of every one."""
+    one): a forward destination must match an entry of every one (a clientId pattern, or a
+    ``role:<name>`` the destination holds)."""
     sealed_ttl: float = DEFAULT_SEALED_TTL
     """The shorter of the two sides' ``sealed_ttl``."""
     taints: tuple[tuple[str, TaintLevel], ...] = ()

@@ -248,6 +248,9 @@ class ReasonCode(StrEnum):
     - ``sealed_not_yours``: the handle was issued to another controller or on another channel.
     - ``sealed_expired``: the handle outlived the channel's ``sealed_ttl``.
     - ``forward_forbidden``: the destination matches none of the channel's ``sealed_to``.
+    - ``forward_role_unknown``: ``sealed_to`` would allow the destination only by a role
+      (``role:<name>``), and the bus has not announced the destination's roles (it is not
+      connected, or joined before the gateway): refused rather than guessed.
     - ``forward_untainted``: the destination is an agent tainted less than the sealed text
       (an untainted agent never gets one).
     - ``forward_undelivered``: the destination took nothing (offline, or it refused it).
@@ -279,6 +282,7 @@ class ReasonCode(StrEnum):
     SEALED_NOT_YOURS = "sealed_not_yours"
     SEALED_EXPIRED = "sealed_expired"
     FORWARD_FORBIDDEN = "forward_forbidden"
+    FORWARD_ROLE_UNKNOWN = "forward_role_unknown"
     FORWARD_UNTAINTED = "forward_untainted"
     FORWARD_UNDELIVERED = "forward_undelivered"
 

@@ -211,6 +211,18 @@ class SendMessageResult(_Wire):
     delivered_to: int = Field(alias="deliveredTo")
     epoch: Epoch
 
+    @staticmethod
+    def frame(message_id: str, delivered_to: int, epoch: int) -> dict[str, Any]:
+        """This result's wire form, for the bus's hot path: what
+        ``SendMessageResult(...).model_dump(by_alias=True)`` gives, 30 times cheaper (a test
+        holds the two equal)."""
+        return {
+            "accepted": True,
+            "messageId": message_id,
+            "deliveredTo": delivered_to,
+            "epoch": epoch,
+        }
+
 
 class ProcessMessageParams(_Wire):
     """``processMessage``: what the bus sends each matching subscriber.
@@ -236,6 +248,12 @@ class ProcessMessageResult(_Wire):
 class PingResult(_Wire):
     pong: Literal[True] = True
     server_time: AwareDatetime = Field(alias="serverTime")
+
+    @staticmethod
+    def frame(server_time: str) -> dict[str, Any]:
+        """This result's wire form with ``server_time`` as the wire writes times
+        (:func:`schemas.common.timestamp`); a test holds it equal to the model's."""
+        return {"pong": True, "serverTime": server_time}
 
 
 class FetchMessagesParams(_Wire):

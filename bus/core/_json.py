@@ -10,7 +10,8 @@ accepts and another refuses would make the wire depend on an optional extra:
   levels deep are refused too: the bus wraps what it forwards in a few more levels, and orjson
   cannot write more than 254. Integers outside 64 bits become floats, as orjson reads them.
 - ``dumps`` returns compact text and raises ``ValueError`` on a non-finite float or a lone
-  surrogate, rather than write a frame a strict parser would reject.
+  surrogate, rather than write a frame a strict parser would reject. ``dumpb`` is the same as
+  UTF-8 bytes: what a frame is written as, without a decoded copy in between.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "dumps", "loads"]
+__all__ = ["MAX_DEPTH", "dumpb", "dumps", "loads"]
 
 MAX_DEPTH = 128
 """The deepest nesting of arrays and objects a frame may have."""
@@ -140,6 +141,21 @@ def _orjson_dumps(obj: Any) -> str:
         raise ValueError(str(exc)) from exc
 
 
+def _orjson_dumpb(obj: Any) -> bytes:
+    try:
+        data = _orjson.dumps(obj)
+    except TypeError as exc:  # orjson.JSONEncodeError: surrogates, unsupported types
+        raise ValueError(str(exc)) from exc
+    # orjson writes NaN and infinities as null; refuse them as the stdlib path does.
+    if b"null" in data and _has_non_finite(obj):
+        raise ValueError("Out of range float values are not JSON compliant")
+    return data
+
+
+def _std_dumpb(obj: Any) -> bytes:
+    return _std_dumps(obj).encode()
+
+
 def _orjson_dumps_finite(obj: Any) -> str:
     text = _orjson_dumps(obj)
     # orjson writes NaN and infinities as null; refuse them as the stdlib path does.
@@ -164,9 +180,12 @@ def _has_non_finite(obj: Any) -> bool:
 if _orjson is not None:
     loads = _orjson_loads
     dumps = _orjson_dumps_finite
+    dumpb = _orjson_dumpb
 else:  # pragma: no cover - exercised when orjson is absent (tests/bus/test_json.py)
     loads = _std_loads
     dumps = _std_dumps
+    dumpb = _std_dumpb
 
 loads.__doc__ = "Parse strict JSON text; raise ``ValueError`` if it is anything else."
 dumps.__doc__ = "Serialize ``obj`` to compact JSON text; raise ``ValueError`` if it is not JSON."
+dumpb.__doc__ = "``dumps`` as UTF-8 bytes, encoded once: what a frame is written as."

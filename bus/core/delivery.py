@@ -1,15 +1,18 @@
 """Who gets a message, decided with no awaits: the taint rule, ``minRelevance`` and
 ``debounceMs`` per target, and what a debounce window pushes when it ends.
 
-:func:`targets` takes a message that has its epoch and returns the rows to record
-(``taint_refused``, ``push_skipped``, one ``process_start`` per target), the timers to set for
-messages a window holds, and the routes to deliver to; :func:`flush` says what a window's
-timer pushes when it fires. The shell records, commits (nothing is delivered before its rows
-are durable), sets the timers and calls ``processMessage``::
+:func:`targets` takes a message that has its epoch and returns the rows to record for the
+peers left out (``taint_refused``, ``push_skipped``), the timers to set for messages a window
+holds, and the routes to deliver to, each of which gets a ``process_start`` row (the shell
+writes those itself: one row per delivery is the hot path, and a :class:`Record` each costs);
+:func:`flush` says what a window's timer pushes when it fires. The shell records, commits
+(nothing is delivered before its rows are durable), sets the timers and calls
+``processMessage``::
 
     picked = targets(router, states, message, sender=route, clock=loop.time)
-    for action in picked.actions: ...      # Record -> log.record, SetTimer -> loop.call_at
-    for target in picked.routes: ...       # deliver, after the commit
+    for row in picked.rows: ...            # log.record
+    for timer in picked.timers: ...        # loop.call_at
+    for target in picked.routes: ...       # a process_start row; deliver after the commit
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ def targets(
     sender: Route[K] | None,
     clock: Callable[[], float],
 ) -> Picked[K]:
-    """The peers ``message`` goes to now, each with its ``process_start`` row; those the taint
-    rule refuses, or whose subscriptions hold it back, get their row instead.
+    """The peers ``message`` goes to now (each gets a ``process_start`` row from the shell);
+    those the taint rule refuses, or whose subscriptions hold it back, get their row here.
 
     Args:
         sender: the sending peer's route (never a target), or None for the bus itself.
@@ -109,7 +112,6 @@ def targets(
             if skipped is not None:
                 rows.append(message.row(LogEvent.PUSH_SKIPPED, target.client_id, skipped))
                 continue
-        rows.append(message.row(LogEvent.PROCESS_START, target.client_id))
         routes.append(target)
     return Picked(rows, timers, routes)
 

@@ -2,15 +2,20 @@
 
 Pure (no I/O), so the gateway's core and the bus's decisions can use it. Anyone holding a
 message recomputes its digest with :func:`canonical_sha256` and compares it with the log's.
+:data:`LogContent` names whether a log keeps content in full or only these digests.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["canonical_json", "canonical_sha256"]
+__all__ = ["LogContent", "canonical_json", "canonical_sha256"]
+
+LogContent = Literal["full", "digest"]
+"""What the log keeps of each message: ``full``, or ``digest`` (its type and the
+:func:`canonical_sha256` of its content); see :class:`bus.ops.config.ServeConfig`."""
 
 
 def canonical_json(value: Any) -> bytes:

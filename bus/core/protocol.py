@@ -99,7 +99,7 @@ class Session:
     def __init__(self, *, max_batch: int | None = 1000) -> None:
         self.max_batch = max_batch
         self._events: list[Event] = []
-        self._out: list[str] = []
+        self._out: list[bytes] = []
         self._ids = itertools.count(1)
         self._batches: dict[int, _Batch] = {}
         self._batch_ids = itertools.count(1)
@@ -124,7 +124,7 @@ class Session:
             return
         answer = self._receive_one(message, None)
         if answer is not None:
-            self._out.append(_json.dumps(answer))
+            self._out.append(_json.dumpb(answer))
 
     def _receive_batch(self, elements: list[Any]) -> None:
         if not elements:
@@ -246,7 +246,7 @@ class Session:
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
         if params is not None:
             message["params"] = params
-        self._out.append(_json.dumps(message))
+        self._out.append(_json.dumpb(message))
         return request_id
 
     def send_notification(self, method: str, params: Params = None) -> None:
@@ -254,7 +254,7 @@ class Session:
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
-        self._out.append(_json.dumps(message))
+        self._out.append(_json.dumpb(message))
 
     def errors_sent(self) -> list[BusError]:
         """Return the errors the session answered on its own since the last call (parse errors,
@@ -262,34 +262,35 @@ class Session:
         errors, self._errors = self._errors, []
         return errors
 
-    def data_to_send(self) -> list[str]:
-        """Return the frames to write, in order, and forget them. Write each as a text frame."""
+    def data_to_send(self) -> list[bytes]:
+        """Return the frames to write, in order, and forget them: each is UTF-8 JSON, to be
+        written as a text frame as it is (``ws.send(frame, text=True)``), never decoded."""
         out, self._out = self._out, []
         return out
 
     def _send_error(self, request_id: RequestId, error: BusError) -> None:
         self._errors.append(error)
-        self._out.append(_json.dumps(_error(request_id, error)))
+        self._out.append(_json.dumpb(_error(request_id, error)))
 
     def _invalid(self, request_id: RequestId, error: BusError) -> dict[str, Any]:
         self._errors.append(error)
         return _error(request_id, error)
 
 
-def _dumps_answer(answer: Any) -> str:
+def _dumps_answer(answer: Any) -> bytes:
     try:
-        return _json.dumps(answer)
+        return _json.dumpb(answer)
     except ValueError:
         # A result that is not JSON (NaN, a lone surrogate) must not become a frame that strict
         # peers reject, nor an exception in the I/O layer: answer -32603 in its place.
         if isinstance(answer, list):
-            return _json.dumps([_unencodable(item) for item in answer])
-        return _json.dumps(_unencodable(answer))
+            return _json.dumpb([_unencodable(item) for item in answer])
+        return _json.dumpb(_unencodable(answer))
 
 
 def _unencodable(answer: dict[str, Any]) -> dict[str, Any]:
     try:
-        _json.dumps(answer)
+        _json.dumpb(answer)
     except ValueError:
         return _error(answer.get("id"), InternalError())
     return answer

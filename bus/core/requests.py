@@ -108,18 +108,9 @@ def subscribe(
             Fail(denied),
         ]
     options = PushOptions(model.debounce_ms, model.min_relevance)
-    actions: list[Action] = []
     if pattern not in route.patterns:
         if max_subscriptions is not None and len(route.patterns) >= max_subscriptions:
-            row = Record(
-                LogEvent.LIMIT_EXCEEDED,
-                actor=route.client_id,
-                rpc_id=rpc_id,
-                topic=pattern,
-                status="max_subscriptions",
-            )
-            limit = LimitExceeded(f"at most {max_subscriptions} subscriptions per connection")
-            return [row, Fail(limit)]
+            return _too_many_subscriptions(route, rpc_id, pattern, max_subscriptions)
     elif route.options.get(pattern, PLAIN) == options:
         return [Reply(SubscribeResult())]
     router.subscribe(route.handle, pattern, options)
@@ -128,13 +119,24 @@ def subscribe(
         if options.plain
         else {"debounceMs": options.debounce_ms, "minRelevance": options.min_relevance}
     )
-    actions.append(
-        Record(
-            LogEvent.SUBSCRIBE, actor=route.client_id, rpc_id=rpc_id, topic=pattern, payload=payload
-        )
+    row = Record(
+        LogEvent.SUBSCRIBE, actor=route.client_id, rpc_id=rpc_id, topic=pattern, payload=payload
     )
-    actions.append(Reply(SubscribeResult()))
-    return actions
+    return [row, Reply(SubscribeResult())]
+
+
+def _too_many_subscriptions(
+    route: Route[K], rpc_id: str | None, pattern: str, limit: int
+) -> list[Action]:
+    """A new pattern past ``max_subscriptions``: its row and -32005."""
+    row = Record(
+        LogEvent.LIMIT_EXCEEDED,
+        actor=route.client_id,
+        rpc_id=rpc_id,
+        topic=pattern,
+        status="max_subscriptions",
+    )
+    return [row, Fail(LimitExceeded(f"at most {limit} subscriptions per connection"))]
 
 
 def unsubscribe(

@@ -81,11 +81,12 @@ from typing import Any
 
 from ..core.errors import AuditUnavailable
 from ..core.logevents import LogEvent
-from .chain import Head, Heads, HeadSink
 from .chain_v1 import default_key_path
 from .dbthread import DatabaseThread
+from .heads import Heads, HeadSink
 from .rows import LogRow, encode_payload, stamp
 from .schema import max_rows_per_statement, statement_rows
+from .segments import Head
 from .store import LogStore
 from .writer import Writer
 
@@ -329,10 +330,8 @@ class ActivityLog(Writer):
             AuditUnavailable: the log is closed, or ``queue_max`` rows are already waiting for
                 the disk; refuse the request that wanted this row.
         """
-        if self._closing:
-            raise AuditUnavailable("activity log is closed")
-        if len(self._pending) >= self.queue_max:
-            raise AuditUnavailable(f"activity log backlog is full ({self.queue_max} rows)")
+        if self._closing or len(self._pending) >= self.queue_max:
+            raise self._refusal()
         # Plain str or None throughout, the event as its member's value (LogRow says why).
         self._pending.append(
             LogRow(
@@ -354,6 +353,12 @@ class ActivityLog(Writer):
             self.on_record(event, topic, status, payload)
         if self._linger is None and self._writer is not None:
             self._linger = asyncio.get_running_loop().call_later(LINGER, self._wakeup.set)
+
+    def _refusal(self) -> AuditUnavailable:
+        """Why :meth:`record` refuses a row: the log is closed, or its backlog is full."""
+        if self._closing:
+            return AuditUnavailable("activity log is closed")
+        return AuditUnavailable(f"activity log backlog is full ({self.queue_max} rows)")
 
     async def commit(self) -> None:
         """Return once every row recorded before this call is committed.

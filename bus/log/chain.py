@@ -34,19 +34,26 @@ text of :data:`INTEGER_COLUMNS` into integers), so it encodes a row in one pass 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
-import json
 import logging
 import os
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    from .chain_v1 import LegacyVerifier
+from .chain_v1 import LegacyVerifier
+
+# Shared with version 1, which builds on them too; importable from here, where they always were.
+from .segments import (
+    CHAIN_START,
+    GENESIS,
+    Head,
+    Problem,
+    SegmentChecks,
+    parse_head,
+    payload_of,
+    unhex,
+)
 
 __all__ = [
     "CHAIN_START",
@@ -55,9 +62,7 @@ __all__ = [
     "VERSION",
     "ChainBroken",
     "Chainer",
-    "HeadSink",
     "Head",
-    "Heads",
     "Problem",
     "Verifier",
     "canonical_row",
@@ -69,11 +74,6 @@ logger = logging.getLogger("bus.log.activity")
 
 VERSION = 2
 """The canonical encoding and chaining rule a ``chain_start`` row declares (``"chain": 2``)."""
-
-GENESIS = bytes(32)
-"""What a ``chain_start`` row is hashed with in place of a previous row's hash."""
-
-CHAIN_START = "chain_start"
 
 INTEGER_COLUMNS = frozenset({"id", "epoch"})
 """The columns ``bus.log.schema.SCHEMA`` declares ``INTEGER`` (tests/bus/test_chain.py checks)."""
@@ -181,32 +181,8 @@ def canonical_row(row: Mapping[str, Any]) -> bytes:
     return encode_stored(fields_of(names), [row[name] for name in names])
 
 
-def unhex(chain: Any) -> bytes:
-    """A stored ``chain`` as 32 bytes; anything that is not 64 hex digits counts as zeros."""
-    if isinstance(chain, str) and len(chain) == 64:
-        try:
-            return bytes.fromhex(chain)
-        except ValueError:
-            pass
-    return GENESIS
-
-
 def _sha256(prev: bytes, content: bytes) -> bytes:
     return hashlib.sha256(prev + content).digest()
-
-
-_Mac = Callable[[bytes, bytes], bytes]
-"""A chain version's hash of a row's content, keyed by the hash before it."""
-
-
-class Head(NamedTuple):
-    """The log's last row as a head: its id and its ``chain``; ``str()`` writes ``ID:HASH``."""
-
-    id: int
-    chain: str
-
-    def __str__(self) -> str:
-        return f"{self.id}:{self.chain}"
 
 
 class Chainer:
@@ -250,161 +226,6 @@ class Chainer:
 # Verification
 
 
-@dataclass(frozen=True)
-class Problem:
-    """A row that does not verify, and why."""
-
-    row: int | None
-    why: str
-
-
-class SegmentChecks:
-    """What a verifier of either chain version finds wrong between rows and segments.
-
-    Both :class:`Verifier` and :class:`~bus.log.chain_v1.LegacyVerifier` keep these attributes and
-    report through :meth:`_bad`, so a broken link reads the same whatever version chained it.
-    """
-
-    rows: int
-    start: int
-    problems: list[Problem]
-    segments: list[dict[str, Any]]
-    _prev_id: Any
-    _run: bytes
-    _chained: bool
-
-    def _start_links(self) -> None:
-        """Start with no row seen: the run at the genesis, nothing chained yet."""
-        self._run = GENESIS
-        # The last row: its id, its stored chain, and that chain as bytes (what the next row's
-        # hash is keyed to).
-        self._prev_id = None
-        self._prev_stored: str | None = None
-        self._prev_digest = GENESIS
-        self._chained = False
-        self._partial = False
-
-    @property
-    def head(self) -> Head | None:
-        """The last row's id and ``chain``."""
-        if isinstance(self._prev_id, int) and self._prev_stored is not None:
-            return Head(self._prev_id, self._prev_stored)
-        return None
-
-    def resume(self, prev: tuple[int, str | None] | None) -> None:
-        """Check a tail: the next row follows ``prev`` (id and stored ``chain``), or starts a
-        segment whose ``previous`` is not checked (``None``)."""
-        if prev is not None:
-            self._prev_id, self._prev_stored = prev
-            self._prev_digest = unhex(self._prev_stored)
-        self._chained = True
-        self._partial = True
-        self._run = self._prev_digest
-
-    @property
-    def run(self) -> bytes:
-        """The chain over every row so far, as the writer would have stored it."""
-        return self._run
-
-    # One row, the same steps for both versions; ``mac`` is the version's hash of a row's
-    # content keyed by the hash before it.
-
-    def _index(self, names: Sequence[str]) -> None:
-        """Find the columns every version reads in rows whose columns are ``names``."""
-        self._names = list(names)
-        self._id = self._names.index("id")
-        self._chain = self._names.index("chain") if "chain" in self._names else None
-        self._event = self._names.index("event")
-
-    def _seen(self, values: Sequence[Any]) -> tuple[Any, Any]:
-        """Count a row; return its id and stored ``chain`` (None for a column that is absent)."""
-        self.rows += 1
-        return values[self._id], values[self._chain] if self._chain is not None else None
-
-    def _starts_segment(self, values: Sequence[Any], stored: Any) -> bool:
-        """Whether the row is a ``chain_start`` that was chained (so it starts a segment)."""
-        return stored is not None and values[self._event] == CHAIN_START
-
-    def _link(self, row_id: Any, stored: Any, content: bytes, mac: _Mac) -> bytes:
-        """Check a chained row against the one before it, carry the run on over it, and return
-        its hash as it should be."""
-        digest = mac(self._prev_digest, content)
-        prev_id = self._prev_id
-        if stored != digest.hex() or not self._chained or prev_id is None or row_id != prev_id + 1:
-            self._link_problem(row_id, stored, prev_id)
-        # The run goes on over the rows as they are (what a new segment's "previous" binds).
-        same = self._run == self._prev_digest
-        self._run = digest if same else mac(self._run, content)
-        return digest
-
-    def _moved_on(self, row_id: Any, stored: Any, digest: bytes | None) -> None:
-        """Make the row just checked the one the next row links to."""
-        self._prev_id, self._prev_stored = row_id, stored
-        self._prev_digest = digest if digest and stored == digest.hex() else unhex(stored)
-
-    def _open_segment(
-        self, row_id: Any, payload: dict[str, Any], stored: str, expected: bytes, wrong: str | None
-    ) -> bytes:
-        """Start the segment a ``chain_start`` row opens, and return its hash as it should be:
-        report ``wrong`` (what the version finds wrong in the payload) or a hash that does not
-        match, else check the rows before it against its ``previous``."""
-        if wrong is not None:
-            self._bad(row_id, wrong)
-        elif stored != expected.hex():
-            self._bad(row_id, "it does not match its hash: it was changed or forged")
-        elif not self._partial:
-            self._check_previous(row_id, payload.get("previous"))
-        self._chained = True
-        self._run = expected
-        return expected
-
-    def _segment_seen(self, row: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """Note a ``chain_start`` row in :attr:`segments`; return its id and payload."""
-        payload = payload_of(row.get("payload_json"))
-        self.segments.append({"id": row["id"], "ts": row.get("ts"), **payload})
-        return row["id"], payload
-
-    def _check_previous(self, row_id: int, previous: Any) -> None:
-        before = self.rows - 1
-        last_id = self._prev_id
-        if not isinstance(previous, dict):
-            previous = {}
-        rows, chain = previous.get("rows", 0), previous.get("chain")
-        if rows != before or previous.get("last_id") != last_id:
-            self._bad(
-                row_id,
-                f"it starts a segment after {rows} rows (the last {previous.get('last_id')}), but "
-                f"{before} rows (the last {last_id}) come before it: rows before it were added or "
-                "removed since",
-            )
-        elif before and chain != self._run.hex():
-            self._bad(row_id, "rows before it were changed or reordered since its segment started")
-
-    def _link_problem(self, row_id: Any, stored: str | None, prev_id: Any) -> None:
-        if stored is None:
-            self._bad(row_id, "it has no hash: it was inserted by something other than the log")
-        elif not self._chained:
-            self._bad(
-                row_id, "no chain_start row comes before it: the start of the log was removed"
-            )
-        elif isinstance(prev_id, int) and isinstance(row_id, int) and row_id > prev_id + 1:
-            gap = prev_id + 1 if row_id == prev_id + 2 else f"{prev_id + 1}-{row_id - 1}"
-            self._bad(row_id, f"row {gap} before it is missing: removed")
-        elif isinstance(prev_id, int) and row_id != prev_id + 1:
-            self._bad(row_id, f"it follows row {prev_id}: the ids were changed")
-        else:
-            self._bad(
-                row_id,
-                "it does not match its hash: it was changed, forged, or the rows before it were "
-                "replaced",
-            )
-
-    def _bad(self, row_id: Any, why: str) -> None:
-        if isinstance(row_id, int) and row_id < self.start:
-            return
-        self.problems.append(Problem(row_id if isinstance(row_id, int) else None, why))
-
-
 @dataclass
 class Verifier(SegmentChecks):
     """Check rows, oldest first, against the chain; collect what does not match.
@@ -442,8 +263,6 @@ class Verifier(SegmentChecks):
     def __post_init__(self) -> None:
         self._legacy: LegacyVerifier | None = None
         if self.legacy_key is not None:
-            from .chain_v1 import LegacyVerifier
-
             self._legacy = LegacyVerifier(self.legacy_key, self.start)
         self._in_legacy = False
         self._start_links()
@@ -512,126 +331,3 @@ class Verifier(SegmentChecks):
                 f"{VERSION}: it was forged, or written by another program"
             )
         return self._open_segment(row_id, payload, stored, _sha256(GENESIS, content), wrong)
-
-
-def payload_of(text: Any) -> dict[str, Any]:
-    """A ``payload_json`` value as a dict; ``{}`` for anything that is not a JSON object."""
-    try:
-        payload = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        payload = None
-    return payload if isinstance(payload, dict) else {}
-
-
-class HeadSink(Protocol):
-    """Somewhere else the head goes as it moves: :class:`bus.log.checkpoints.Checkpointer` signs
-    it."""
-
-    def write(self, head: Head) -> None:
-        """Record ``head``; raise :exc:`OSError` if it could not be (the next one is tried)."""
-
-    def close(self) -> None:
-        """Release what :meth:`write` opened."""
-
-
-class Heads:
-    """Where the log's head goes (``ID:HASH`` lines appended to a file, or stdout, and signed
-    checkpoints through ``sink``) and when.
-
-    :meth:`ship` and :meth:`close` run on the database thread, :meth:`start` and :meth:`stop`
-    on the event loop.
-    """
-
-    def __init__(
-        self,
-        target: str | os.PathLike[str] | None,
-        every_rows: int,
-        every_seconds: float | None,
-        sink: HeadSink | None = None,
-    ) -> None:
-        self.sink = sink
-        """Where checkpoints go, if anywhere."""
-        self.target = None if target is None else os.fspath(target)
-        self.every_rows = max(1, every_rows)
-        self.every_seconds = every_seconds
-        self.rows = 0
-        """Rows committed since the last head was written (database thread)."""
-        self._last: Head | None = None
-        self.ready = self.target != "-"
-        """Whether heads may be written: stdout waits for :meth:`ActivityLog.release_heads`,
-        so that ``bcpbus serve`` prints its ``listening on`` line first."""
-        self._file: Any = None
-        self._timer: asyncio.Task[None] | None = None
-
-    def start(self, tick: Any) -> None:
-        """Call ``tick`` every ``every_seconds`` until :meth:`stop`."""
-        if (self.target is None and self.sink is None) or self.every_seconds is None:
-            return
-        every = self.every_seconds
-
-        async def run() -> None:
-            while True:
-                await asyncio.sleep(every)
-                tick()
-
-        self._timer = asyncio.create_task(run(), name="activity-log head")
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def ship(self, head: Head | None) -> None:
-        """Sign ``head`` and write it unless it was the last one written.
-
-        Raises:
-            OSError: a file cannot be written; the next head will be tried.
-        """
-        self.rows = 0
-        if head is None:
-            return
-        failed: OSError | None = None
-        if self.sink is not None:
-            try:
-                self.sink.write(head)
-            except OSError as exc:  # the line below may still go out
-                failed = exc
-        if self.target is not None and head != self._last and self.ready:
-            self._line(head)
-        if failed is not None:
-            raise failed
-
-    def _line(self, head: Head) -> None:
-        line = f"{head}\n"
-        if self.target == "-":
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        else:
-            if self._file is None:
-                assert self.target is not None
-                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-                self._file = os.fdopen(os.open(self.target, flags, 0o600), "a", encoding="ascii")
-            self._file.write(line)
-            self._file.flush()
-        self._last = head
-
-    def close(self) -> None:
-        if self.sink is not None:
-            self.sink.close()
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
-
-
-def parse_head(text: str) -> Head:
-    """Read a head written as ``ID:HASH`` (``bcpbus audit head``, the head file).
-
-    Raises:
-        ValueError: ``text`` is not of that form.
-    """
-    row, sep, chain = text.strip().partition(":")
-    chain = chain.lower()
-    if not sep or not row.isdigit() or len(chain) != 64 or unhex(chain) == GENESIS:
-        raise ValueError(f"{text!r} is not a head: give ID:HASH as `bcpbus audit head` prints it")
-    return Head(int(row), chain)

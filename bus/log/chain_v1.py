@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chain import GENESIS, Problem, SegmentChecks
+from .segments import GENESIS, Problem, SegmentChecks
 
 __all__ = [
     "LEGACY_VERSION",

@@ -443,7 +443,7 @@ def _check_note(
 
 class Checkpointer:
     """Signs the head as it moves and appends each checkpoint to a file, and sends it to syslog
-    if asked (a :class:`~bus.log.chain.HeadSink`; database thread).
+    if asked (a :class:`~bus.log.heads.HeadSink`; database thread).
 
     Args:
         key: the signing key; its name is the checkpoints' origin.

@@ -15,7 +15,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from .chain import Chainer, Head, Heads, Verifier
+from .chain import Chainer, Head, Verifier
+from .heads import Heads
 from .logfile import create_file, prepare, scan
 from .rows import COLUMNS, LogRow
 from .schema import APPEND_ONLY, BUSY_TIMEOUT, LAST_ROW, SCHEMA, statement

@@ -12,11 +12,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from schemas import strict_yaml
+
+# Defined with the digests it names; importable from here, where it always was.
+from ..core.digest import LogContent
 
 __all__ = [
     "AuditSettings",
@@ -94,9 +97,6 @@ DEFAULT_HTTP_REFUSAL_LOG_INTERVAL = DEFAULT_REFUSAL_LOG_INTERVAL
 DEFAULT_WEBHOOK_MAX_ANSWER_BYTES = 64 << 10
 
 _T = TypeVar("_T")
-
-LogContent = Literal["full", "digest"]
-"""What the log keeps of each message: ``full`` or ``digest`` (see :class:`ServeConfig`)."""
 
 Count = Annotated[StrictInt, Field(ge=0)]
 """A count in a config section: a YAML integer, not negative (not ``1.5``, ``"3"`` or ``true``)."""

@@ -25,7 +25,7 @@ import bisect
 import collections
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -253,16 +253,20 @@ class _Families(Collector):
 def _counter(
     name: str, documentation: str, label: str, values: Mapping[str, float]
 ) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, documentation, labels=[label])
-    for key, value in sorted(values.items()):
-        family.add_metric([key], value)
-    return family
+    return _labelled(CounterMetricFamily(name, documentation, labels=[label]), values)
 
 
 def _gauge(
     name: str, documentation: str, label: str, values: Mapping[str, float]
 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=[label])
+    return _labelled(GaugeMetricFamily(name, documentation, labels=[label]), values)
+
+
+_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
+
+
+def _labelled(family: _Family, values: Mapping[str, float]) -> _Family:
+    """``family`` with one sample per label value, in a stable order."""
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
     return family

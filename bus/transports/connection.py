@@ -297,9 +297,9 @@ class Connection:
 
     async def flush(self) -> None:
         """Write every frame the session has queued; a closed socket drops them quietly."""
-        for text in self.session.data_to_send():
+        for frame in self.session.data_to_send():
             try:
-                await self.ws.send(text)
+                await self.ws.send(frame, text=True)  # UTF-8 already: written as it is
             except ConnectionClosed:
                 return
 

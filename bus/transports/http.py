@@ -382,6 +382,10 @@ class HttpBinding:
         back when the request is done. Raises as :func:`_read_body`."""
         return await _read_body(request, self.bus, self.settings.body_timeout, actor)
 
+    async def settled(self) -> None:
+        """Return once the requests taken so far are done: delivered, their bytes given back."""
+        await _finish(self._requests, None)
+
     def _own(self, coro: Awaitable[Any], charge: int) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._requests.add(task)

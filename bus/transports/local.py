@@ -45,7 +45,7 @@ class Socket(Protocol):
     @property
     def request(self) -> Any: ...
 
-    async def send(self, message: str) -> None: ...
+    async def send(self, message: str | bytes, *, text: bool | None = None) -> None: ...
 
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
@@ -70,17 +70,21 @@ class LocalSocket:
         self.other: LocalSocket = self
         self.close_code: int | None = None
         self.close_reason = ""
-        self._inbox: collections.deque[str] = collections.deque()
+        self._inbox: collections.deque[str | bytes] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
 
-    async def send(self, message: str) -> None:
-        """Queue ``message`` for the other end.
+    async def send(self, message: str | bytes, *, text: bool | None = None) -> None:
+        """Queue ``message`` for the other end, as websockets' ``send`` does: ``str``, or
+        UTF-8 bytes with ``text=True``, is a text frame (the other end reads ``str``); other
+        bytes are a binary frame (read as ``bytes``).
 
         Raises:
             ConnectionClosed: the link is closed.
         """
         if self.close_code is not None:
             raise ConnectionClosedOK(None, Close(self.close_code, self.close_reason))
+        if text and isinstance(message, bytes):
+            message = message.decode()
         self.other._deliver(message)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
@@ -91,10 +95,10 @@ class LocalSocket:
             end.close_code, end.close_reason = code, reason
             end._wake()
 
-    def __aiter__(self) -> AsyncIterator[str]:
+    def __aiter__(self) -> AsyncIterator[str | bytes]:
         return self._messages()
 
-    async def _messages(self) -> AsyncIterator[str]:
+    async def _messages(self) -> AsyncIterator[str | bytes]:
         while True:
             while self._inbox:
                 yield self._inbox.popleft()
@@ -106,7 +110,7 @@ class LocalSocket:
             finally:
                 self._waiter = None
 
-    def _deliver(self, message: str) -> None:
+    def _deliver(self, message: str | bytes) -> None:
         self._inbox.append(message)
         self._wake()
 

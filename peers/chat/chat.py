@@ -15,6 +15,10 @@
    the envelope ``messageId`` ``<id>.<attempt>``; the ``id`` stays, so the agent recognizes a
    retry. A ``tg_reply`` whose ``in_reply_to`` names a line ends its retries.
 
+A ``tg_reply`` from ``system:gateway`` is a reader's sealed text a controller forwarded
+(docs/bcp.md, "Sealed values"): taken only marked ``untrusted``, reported with its ``notice`` and
+``provenance``, and it answers a line only when its channel's controller is the chat's agent.
+
 Every decision is committed to the store before it is acted on, so a chat killed at any point and
 started again with the same file goes on where it was, without a second spawn.
 
@@ -35,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from schemas.bcp import UNTRUSTED_NOTICE
 from schemas.chat import (
     SPAWN_TOPIC,
     SYSTEM_CLIENT_ID,
@@ -45,6 +50,7 @@ from schemas.chat import (
     TgMessage,
     TgReply,
 )
+from schemas.common import GATEWAY_CLIENT_ID
 
 from ..client import Message, Peer, Reply
 from ..errors import DuplicateMessage, PeerError
@@ -284,16 +290,38 @@ class Chat:
 
     async def _on_reply(self, message: Message) -> Reply:
         route = self.store.route()
-        if route is None or message.sender != route.agent:
+        forwarded = message.sender == GATEWAY_CLIENT_ID
+        if not forwarded and (route is None or message.sender != route.agent):
             return Reply(False, "refused", "not from this chat's agent")
         try:
-            reply: TgReply = self._accept(message, TgReply)
+            reply = TgReply.model_validate(message.content)
         except ValidationError:
             return Reply(False, "invalid", "malformed tg_reply")
-        event = {"from": message.sender, "id": reply.in_reply_to, "text": reply.text}
-        if reply.in_reply_to is None or self.store.answered(reply.in_reply_to):
-            self.out({"event": "reply", **event})
-        else:
-            self.out({"event": "duplicate_reply", **event})
+        if forwarded and reply.untrusted is not True:
+            # The gateway marks every forward; one unmarked is not one to show as a reply.
+            return Reply(False, "refused", "a forward from the gateway comes marked untrusted")
+        self._accept(message, TgReply)
+        event: dict[str, Any] = {
+            "from": message.sender,
+            "id": reply.in_reply_to,
+            "text": reply.text,
+        }
+        if reply.untrusted:
+            # A reader's text the gateway forwarded: shown as data, never as the agent's words.
+            event |= {"untrusted": True, "notice": reply.notice or UNTRUSTED_NOTICE}
+            event["provenance"] = reply.provenance or {}
+        first = True
+        if reply.in_reply_to is not None and (not forwarded or _from_route(reply, route)):
+            first = self.store.answered(reply.in_reply_to)
+        self.out({"event": "reply" if first else "duplicate_reply", **event})
         self._wake.set()
         return Reply(True)
+
+
+def _from_route(reply: TgReply, route: Route | None) -> bool:
+    """Whether a forward was sent on by this chat's agent (the controller of the channel its
+    text came from): only then may it answer one of the chat's lines."""
+    channel = (reply.provenance or {}).get("channel", "")
+    _bcp, _, rest = channel.partition(":")
+    controller = rest.partition(":")[0]
+    return route is not None and bool(controller) and route.agent == f"agent:{controller}"

@@ -6,9 +6,10 @@
     printf 'hi\\n' | bcpbus chat tg:42 --agent echo --json     # JSON events; exits when answered
 
 It reads lines from standard input, sends each as a ``tg_message`` and prints the replies
-(``agent:echo> ...``; ``--json``: every event as one JSON line on stdout). At the end of input it
-exits once every line is answered; SIGINT or SIGTERM stop it at once, and what was not answered
-is sent when it is started again with the same ``--db``.
+(``agent:echo> ...``; a reader's text the gateway forwarded comes after a line with its notice and
+provenance, each line behind ``| ``; ``--json``: every event as one JSON line on stdout). At the
+end of input it exits once every line is answered; SIGINT or SIGTERM stop it at once, and what
+was not answered is sent when it is started again with the same ``--db``.
 """
 
 from __future__ import annotations
@@ -36,9 +37,13 @@ from ..urls import UrlOption
 from .chat import Chat, Out, RetrySettings, SpawnFailed
 from .store import ChatStore
 
-__all__ = ["add_chat"]
+__all__ = ["UNTRUSTED_BAR", "add_chat"]
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
+
+UNTRUSTED_BAR = "| "
+"""What starts each line of an untrusted text (a reader's, forwarded by the gateway) in plain
+output, after a line with the notice: the text is data, not the agent's words."""
 
 _SHOWN = {
     "resumed",
@@ -210,10 +215,21 @@ def _plain(event: dict[str, Any]) -> None:
     # reply can neither move the cursor nor pass itself off as this program's output.
     kind = event["event"]
     if kind == "reply":
+        prefix = f"{event['from']}> "
+        if event.get("untrusted"):
+            print(neutralize(prefix + _marking(event)), flush=True)
+            prefix += UNTRUSTED_BAR  # on every line: no line of the text can pass for another's
         for text in str(event["text"]).splitlines() or [""]:
-            print(f"{event['from']}> {neutralize(text)}", flush=True)
+            print(f"{prefix}{neutralize(text)}", flush=True)
     elif kind == "error":
         print(neutralize(f"bcpbus: error: {event['message']}"), file=sys.stderr, flush=True)
     elif kind in _SHOWN:
         details = " ".join(f"{key}={value}" for key, value in event.items() if key != "event")
         print(neutralize(f"bcpbus chat: {kind} {details}"), file=sys.stderr, flush=True)
+
+
+def _marking(event: dict[str, Any]) -> str:
+    """The line above an untrusted text: the notice and where the text came from."""
+    provenance = event.get("provenance") or {}
+    source = ", ".join(f"{key} {value}" for key, value in sorted(provenance.items()))
+    return f"[untrusted{': ' + source if source else ''}] {event.get('notice', '')}".rstrip()

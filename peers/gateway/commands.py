@@ -38,6 +38,22 @@ def add_gateway(sub: Any) -> None:
         "(`bcpbus serve --no-gateway`). SIGHUP, or a change to the agent definitions, reloads "
         "its channels; `bcpbus budget reset` takes effect within a second.",
     )
+    _add_connection_options(parser)
+    _add_limit_options(parser)
+    parser.add_argument(
+        "--log-content",
+        choices=("full", "digest"),
+        help="what its rows keep of questions, answers and values (default: the bus's, as its "
+        "latest bus_start row says)",
+    )
+    parser.add_argument(
+        "--audit-key", help="a version-1 log's HMAC key (default: the --db path + .key)"
+    )
+    parser.set_defaults(command=_gateway)
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """``bcpbus gateway``'s bus, credentials, database and agent definitions."""
     parser.add_argument(
         "--url", default="ws://127.0.0.1:8765", help="the bus (default ws://127.0.0.1:8765)"
     )
@@ -55,6 +71,10 @@ def add_gateway(sub: Any) -> None:
         help="the activity log the gateway records to and restores from (default ./bcpbus.db)",
     )
     parser.add_argument("--agents-dir", type=Path, help="agent definitions (default ./agents)")
+
+
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """``bcpbus gateway``'s timeouts and retries, defaulting to :class:`GatewaySettings`'."""
     defaults = GatewaySettings()
     parser.add_argument(
         "--query-ttl",
@@ -88,16 +108,6 @@ def add_gateway(sub: Any) -> None:
         help="seconds the gateway waits for a channel's screeners' verdicts "
         f"(default {defaults.screener_timeout:g})",
     )
-    parser.add_argument(
-        "--log-content",
-        choices=("full", "digest"),
-        help="what its rows keep of questions, answers and values (default: the bus's, as its "
-        "latest bus_start row says)",
-    )
-    parser.add_argument(
-        "--audit-key", help="a version-1 log's HMAC key (default: the --db path + .key)"
-    )
-    parser.set_defaults(command=_gateway)
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -113,17 +123,7 @@ def _gateway(args: argparse.Namespace) -> int:
     if agents_dir is None:
         raise FileNotFoundError("no agents directory: pass --agents-dir")
     check_db(args.db)
-    for name in ("query_ttl", "max_retries", "approval_timeout", "outbox_ttl", "screener_timeout"):
-        value = getattr(args, name)
-        if not 0 <= value < math.inf:
-            raise ValueError(f"--{name.replace('_', '-')} {value}: give a number from 0 up")
-    settings = GatewaySettings(
-        query_ttl=args.query_ttl,
-        max_retries=args.max_retries,
-        approval_timeout=args.approval_timeout,
-        outbox_ttl=args.outbox_ttl,
-        screener_timeout=args.screener_timeout,
-    )
+    settings = _settings(args)
     try:
         return asyncio.run(
             run_standalone(
@@ -151,6 +151,20 @@ def _gateway(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--url {args.url}: {exc}: is the bus running there (`bcpbus serve --no-gateway`)?"
         ) from None
+
+
+def _settings(args: argparse.Namespace) -> GatewaySettings:
+    """The gateway's settings from ``bcpbus gateway``'s options.
+
+    Raises:
+        ValueError: a timeout or retry count is negative or not finite; the message names it.
+    """
+    names = ("query_ttl", "max_retries", "approval_timeout", "outbox_ttl", "screener_timeout")
+    limits = {name: getattr(args, name) for name in names}
+    for name, value in limits.items():
+        if not 0 <= value < math.inf:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: give a number from 0 up")
+    return GatewaySettings(**limits)
 
 
 def add_budget(sub: Any) -> None:

@@ -83,6 +83,8 @@ class PeerJoined:
 
     client_id: str
     sender: str
+    roles: tuple[str, ...] = ()
+    """The roles the bus says it holds (``sealed_to``'s ``role:<name>`` entries read them)."""
 
 
 @dataclass(frozen=True)

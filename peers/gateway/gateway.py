@@ -31,12 +31,17 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
 
 from bus.core.errors import BusError
 from bus.log.activity import ActivityLog
 from bus.ops.config import LogContent
-from peers.client import Message, Peer, Reply
+from peers.client import ConnectionEvent, Disconnected, Message, Peer, Reconnected, Reply
+from peers.errors import PeerTimeout, RequestRefused
 from schemas.agents import Channel
+from schemas.bus import ListPeersResult, PeerJoined as BusPeerJoined
 
 from .core import APPROVAL_TOPIC, GATEWAY_CLIENT_ID, GatewayCore
 from .core.frames import wire
@@ -109,6 +114,8 @@ class Gateway:
         self._timers: dict[TimerKey, asyncio.TimerHandle] = {}
         self._work: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._told = peer.on_connection
+        peer.on_connection = self._on_connection
         for message_type in _HANDLED:
             peer.handle(message_type, self._on_message)
         peer.handle(None, self._ignore)
@@ -160,8 +167,32 @@ class Gateway:
             patterns.append(GATEWAY_CLIENT_ID)
         for pattern in patterns:
             await self.peer.subscribe(pattern)
+        await self._learn_roles()
         await self._carry_out(self.core.start())
         logger.info("gateway started with %d channels", len(self.channels))
+
+    def _on_connection(self, event: ConnectionEvent) -> None:
+        if isinstance(event, Disconnected):
+            # Peers may join, leave or change roles unseen: a role is unknown until heard again.
+            self.core.forwards.presence.reset()
+        elif isinstance(event, Reconnected) and not self._closed:
+            task = asyncio.ensure_future(self._learn_roles())
+            self._work.add(task)
+            task.add_done_callback(self._work.discard)
+        if self._told is not None:
+            self._told(event)
+
+    async def _learn_roles(self) -> None:
+        """Learn the roles of peers that joined before presence was subscribed (at start, and
+        after a reconnect), if the policy lets the gateway call ``listPeers``; if not, a peer's
+        roles are known from its next ``peer_joined`` on, and a forward by role to it is
+        refused until then."""
+        try:
+            listed = ListPeersResult.model_validate(await self.peer.request("listPeers"))
+        except (RequestRefused, PeerTimeout, ValidationError) as exc:
+            logger.info("roles of peers already connected not known (listPeers: %s)", exc)
+            return
+        self.core.forwards.presence.listed({p.client_id: p.roles for p in listed.peers})
 
     async def settle(self, orphans: Orphans) -> None:
         """Fail what was in flight when the gateway last stopped (see :mod:`.restore`).
@@ -191,7 +222,7 @@ class Gateway:
         event: Event
         client_id = str(message.content.get("clientId", ""))
         if message.type == "peer_joined":
-            event = PeerJoined(client_id, message.sender)
+            event = PeerJoined(client_id, message.sender, _announced_roles(message.content))
         elif message.type == "peer_left":
             event = PeerLeft(client_id, message.sender)
         else:
@@ -286,3 +317,11 @@ class Gateway:
 
     async def _quietly(self, work: Awaitable[Reply]) -> None:
         await work
+
+
+def _announced_roles(content: Mapping[str, Any]) -> tuple[str, ...]:
+    """The roles of a ``peer_joined``; none if it is malformed (a role entry then fails)."""
+    try:
+        return tuple(BusPeerJoined.model_validate(content).roles)
+    except ValidationError:
+        return ()

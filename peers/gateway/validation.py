@@ -175,16 +175,7 @@ def validate_response(
     elif spec.category == 2:
         _check_answers(spec, response, values, anomalies, reasons)
     elif "summary" in response:
-        text = _check_text(
-            "summary",
-            response["summary"],
-            spec.max_words or 0,
-            normalize_summary,
-            anomalies,
-            reasons,
-        )
-        if text is not None and _check_alphabet("summary", text, None, reasons):
-            values["summary"] = text
+        _check_summary(spec, response["summary"], values, anomalies, reasons)
     carried = 0.0
     if not reasons:
         carried = answer_bits(spec, values)
@@ -222,6 +213,21 @@ def _check_answers(
             if text is not None:
                 _store_formatted(question.id, text, question.expected_format, values, reasons)
     _check_same_as(spec, values, reasons)
+
+
+def _check_summary(
+    spec: QuerySpec,
+    summary: object,
+    values: dict[str, NormalizedValue],
+    anomalies: list[Anomaly],
+    reasons: list[ValidationReason],
+) -> None:
+    """Cat-3: check, screen and normalize the summary into ``values``."""
+    text = _check_text(
+        "summary", summary, spec.max_words or 0, normalize_summary, anomalies, reasons
+    )
+    if text is not None and _check_alphabet("summary", text, None, reasons):
+        values["summary"] = text
 
 
 def _reason(field: str | None, code: ValidationCode, message: str) -> ValidationReason:

@@ -8,7 +8,9 @@ go first). The MCP resource ``bcpbus://inbox`` shows the entries; a host that ta
 
 A ``bcp_response_delivery`` is shown as the marked data block of
 :func:`peers.bcp.render_for_prompt`, not as raw values: the model reads a reader's text as data
-inside a delimited block with its provenance, whichever way it gets to it. A message from
+inside a delimited block with its provenance, whichever way it gets to it. A message marked
+``untrusted`` (a sealed text the gateway forwarded) is shown with ``untrusted`` and the notice
+beside its content, as a delivery is. A message from
 ``system:bus`` (presence, ``delivery_status``) is shown as its model reads it, codes only;
 one that does not read as its model is not shown at all: the bus's word is trusted, so nothing
 else may pass for it.
@@ -76,6 +78,10 @@ def present(topic: str, payload: dict[str, Any]) -> dict[str, Any]:
     if payload.get("from") == BUS_CLIENT_ID:
         return {**shown, **_from_bus(payload.get("type"), content)}
     if payload.get("type") != "bcp_response_delivery":
+        if isinstance(content, dict) and content.get("untrusted") is True:
+            # A sealed text the gateway forwarded (or any message that says it is untrusted):
+            # marked where a delivery is, with this bridge's notice, not the sender's.
+            return {**shown, "untrusted": True, "notice": UNTRUSTED_NOTICE, "content": content}
         return {**shown, "content": content}
     try:
         delivery = BcpResponseDelivery.model_validate(content)

@@ -125,7 +125,7 @@ class ForwardArgs(_Args):
     reader: AgentName = Field(description="the reader whose channel the handles came from")
     to: Annotated[str, Field(max_length=128)] = Field(
         description="who gets it: a chat (tg:<chat>), a person (human:<name>) or a tainted agent "
-        "(agent:<name>), as the channel's sealed_to allows"
+        "(agent:<name>), as the channel's sealed_to allows (by clientId or by role)"
     )
     type: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")] = Field(
         "tg_reply", description="the message type it arrives as: tg_reply for a chat"

@@ -20,7 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(_json._orjson is None, reason="needs orjson to compare with")
 
 BACKENDS = {"orjson": _json._orjson_loads, "stdlib": _json._std_loads}
-DUMPERS = {"orjson": _json._orjson_dumps_finite, "stdlib": _json._std_dumps}
+DUMPERS = {
+    "orjson": _json._orjson_dumps_finite,
+    "stdlib": _json._std_dumps,
+    "orjson bytes": _json._orjson_dumpb,
+    "stdlib bytes": _json._std_dumpb,
+}
 
 
 def outcome(loads: Any, text: str) -> Any:
@@ -132,3 +137,21 @@ def test_wire_suite_passes_without_orjson():
         timeout=300,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def _written(dump: Any, value: Any) -> Any:
+    """What ``dump`` writes for ``value`` as text, or the marker that it refused."""
+    try:
+        data = dump(value)
+    except ValueError:
+        return ("refused", None)
+    return ("ok", data.decode() if isinstance(data, bytes) else data)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_values)
+def test_frames_as_bytes_are_the_text_encoded(value):
+    """``dumpb`` (what frames are written with) writes exactly ``dumps``'s text as UTF-8, and
+    refuses the same documents, in both backends."""
+    assert _written(_json._orjson_dumpb, value) == _written(_json._orjson_dumps_finite, value)
+    assert _written(_json._std_dumpb, value) == _written(_json._std_dumps, value)

@@ -453,7 +453,7 @@ async def test_internal_error_leaks_nothing(tmp_path, monkeypatch):
         async def broken(conn: Any, request: Any) -> Any:
             raise RuntimeError("secret path /etc/shadow")
 
-        monkeypatch.setitem(h.bus._methods, "ping", broken)
+        monkeypatch.setitem(h.bus._methods.table, "ping", broken)
         with pytest.raises(Exception) as caught:
             await peer.ping()
         assert caught.value.code == -32603  # type: ignore[attr-defined]

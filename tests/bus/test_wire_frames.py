@@ -43,6 +43,8 @@ class RawPeer:
 
     async def _read(self) -> None:
         async for text in self.ws:
+            # Frames are written as UTF-8 bytes with text=True: a text frame, never a binary one.
+            assert isinstance(text, str), "the bus wrote a binary frame"
             frame = json.loads(text)
             if "method" in frame:  # a processMessage call from the bus
                 self.frames.append((frame["method"], frame))

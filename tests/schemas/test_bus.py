@@ -6,10 +6,19 @@ import typing
 from typing import Any
 
 import pytest
+from hypothesis import given, strategies as st
 from pydantic import ValidationError
 
 from schemas import generate
-from schemas.bus import PRESENCE_MODELS, PeerJoined, PeerLeft, PresenceType
+from schemas.bus import (
+    PRESENCE_MODELS,
+    PeerJoined,
+    PeerLeft,
+    PingResult,
+    PresenceType,
+    SendMessageResult,
+)
+from schemas.common import timestamp
 
 
 def test_every_presence_type_has_a_content_model_and_a_schema_file():
@@ -76,3 +85,26 @@ def test_presence_events_are_frozen():
     left = PeerLeft(client_id="agent:w1", reason="replaced")
     with pytest.raises(ValidationError):
         left.reason = "disconnected"  # type: ignore[misc]
+
+
+@given(
+    message_id=st.text(min_size=1, max_size=40),
+    delivered=st.integers(min_value=0, max_value=10_000),
+    epoch=st.integers(min_value=0, max_value=2**53),
+)
+def test_send_message_frame_is_the_models_wire_form(message_id: str, delivered: int, epoch: int):
+    """The bus answers sendMessage with ``SendMessageResult.frame``: it must be exactly what the
+    validated model dumps, so the hot path's shortcut never drifts from the schema."""
+    frame = SendMessageResult.frame(message_id, delivered, epoch)
+    model = SendMessageResult.model_validate(frame)
+    assert model.model_dump(by_alias=True) == frame
+
+
+def test_ping_frame_is_the_models_wire_form():
+    """``PingResult.frame`` validates as the model and keeps the wire's time format."""
+    now = timestamp()
+    frame = PingResult.frame(now)
+    model = PingResult.model_validate(frame)
+    assert model.pong is True
+    assert timestamp(model.server_time) == now
+    assert set(frame) == set(model.model_dump(by_alias=True))

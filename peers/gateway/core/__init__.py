@@ -23,8 +23,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from bus.core.digest import LogContent
 from bus.core.logevents import LogEvent
-from bus.ops.config import LogContent
 from schemas.agents import Channel
 from schemas.bcp import ActiveSubscription, BcpResponse, BcpSubscriptionsActive, ReasonCode
 from schemas.common import BUS_CLIENT_ID, agent_id
@@ -193,7 +193,7 @@ class GatewayCore:
             case PeerJoined():
                 return self._joined(event)
             case PeerLeft():
-                return [Respond(True, "ignored")]  # Nothing waits on a peer that left.
+                return self._left(event)
             case MessageReceived(type="bcp_query_request"):
                 return self._query_request(event)
             case MessageReceived(type="bcp_response"):
@@ -240,6 +240,7 @@ class GatewayCore:
     def _joined(self, event: PeerJoined) -> list[Action]:
         if event.sender != BUS_CLIENT_ID:
             return [Respond(False, "ignored", "presence comes from the bus only")]
+        self.forwards.presence.joined(event.client_id, event.roles)
         prefix, _, name = event.client_id.partition(":")
         work: list[Action] = []
         if prefix == "agent" and name in {reader for _c, reader in self.channels}:
@@ -249,6 +250,12 @@ class GatewayCore:
         if prefix == "human":
             work += [Spawn((send,)) for send in self.approvals.resend(event.client_id)]
         return [*work, Respond(True)]
+
+    def _left(self, event: PeerLeft) -> list[Action]:
+        if event.sender != BUS_CLIENT_ID:
+            return [Respond(False, "ignored", "presence comes from the bus only")]
+        self.forwards.presence.left(event.client_id)  # Nothing else waits on a peer that left.
+        return [Respond(True)]
 
     def _announce(self, reader: str) -> Send:
         active = BcpSubscriptionsActive(subscriptions=_active(self.channels, reader))

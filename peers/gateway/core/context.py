@@ -15,9 +15,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from bus.core.digest import canonical_sha256
+from bus.core.digest import LogContent, canonical_sha256
 from bus.core.logevents import LogEvent
-from bus.ops.config import LogContent
 from schemas.agents import Channel, Subscription
 from schemas.bcp import (
     DeliveryBits,

@@ -94,23 +94,8 @@ class Screens:
         actions are dropped: the reply to the reader's message is the caller's to give now.
         """
         ctx, screen_id = self.ctx, f"sc-{uuid.uuid4().hex[:12]}"
-        assert result.response is not None  # needed() asks about accepted answers only
         timeout = ctx.settings.screener_timeout
-        request = BcpScreenRequest.model_validate(
-            {
-                "screen_id": screen_id,
-                "channel": channel.topic,
-                "controller": channel.controller,
-                "reader": channel.reader,
-                **ref,
-                "category": spec.category,
-                "texts": screen_texts(spec, raw, result.response),
-                "taint": channel.reader_taint,
-                "untrusted": True,
-                "notice": UNTRUSTED_NOTICE,
-                "expires_at": iso(ctx.clock() + timeout),
-            }
-        )
+        request = self._request(screen_id, channel, spec, raw, result, ref)
         fields = tuple(text.field for text in request.texts)
         screen = Screen(screen_id, channel, ref, fields, result, then)
         self.pending[screen_id] = screen
@@ -130,6 +115,34 @@ class Screens:
             for s in channel.screeners
         ]
         return [row, Commit(), SetTimer(screen.timer, timeout), *sends]
+
+    def _request(
+        self,
+        screen_id: str,
+        channel: Channel,
+        spec: QuerySpec,
+        raw: Mapping[str, Any],
+        result: ValidationResult,
+        ref: dict[str, str],
+    ) -> BcpScreenRequest:
+        """The ``bcp_screen_request`` every screener of ``channel`` gets about ``raw``."""
+        assert result.response is not None  # needed() asks about accepted answers only
+        expires = self.ctx.clock() + self.ctx.settings.screener_timeout
+        return BcpScreenRequest.model_validate(
+            {
+                "screen_id": screen_id,
+                "channel": channel.topic,
+                "controller": channel.controller,
+                "reader": channel.reader,
+                **ref,
+                "category": spec.category,
+                "texts": screen_texts(spec, raw, result.response),
+                "taint": channel.reader_taint,
+                "untrusted": True,
+                "notice": UNTRUSTED_NOTICE,
+                "expires_at": iso(expires),
+            }
+        )
 
     def receive(self, event: MessageReceived) -> list[Action]:
         """Take a screener's ``bcp_screen_verdict``; reply with whether it was taken."""

@@ -13,7 +13,8 @@ spec's own, the findings are charged with a ``flag`` channel's codes, and the ha
 
 :class:`Forwards` takes a ``bcp_forward``: every ``{"$sealed": HANDLE}`` in its content must be a
 handle issued to this controller on this channel and still alive, and the destination must match
-the channel's ``sealed_to`` and be a human or an agent tainted at least as high as the text.
+the channel's ``sealed_to`` (a clientId pattern, or ``role:<name>``: a role the bus announced it
+holding, see :mod:`.presence`) and be a human or an agent tainted at least as high as the text.
 Then the message goes out with the text in place, marked untrusted, after a committed
 ``bcp_forwarded`` row (the handles, the destination, each value's SHA-256). Each refusal is a
 ``bcp_forward_refused`` row and a ``bcp_forward_result`` with its :class:`ReasonCode`.
@@ -28,7 +29,7 @@ from typing import Any
 
 from bus.core.logevents import LogEvent
 from bus.core.topics import matches
-from schemas.agents import Channel
+from schemas.agents import SEALED_TO_ROLE, Channel
 from schemas.bcp import (
     UNTRUSTED_NOTICE,
     BcpForward,
@@ -45,6 +46,7 @@ from ..events import Action, Commit, MessageReceived, Record, Respond, Send
 from ..state import Seal
 from .context import GATEWAY_CLIENT_ID, Context, Refusal, channel_of, parse
 from .frames import codes_only, iso, wire
+from .presence import Presence
 
 __all__ = ["FORWARD_TYPES", "HUMAN_PREFIXES", "Forwards", "seal", "sealed_charge"]
 
@@ -162,6 +164,8 @@ class Forwards:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.presence = Presence()
+        """Connected peers' roles, for ``role:<name>`` entries of ``sealed_to``."""
 
     def receive(self, event: MessageReceived) -> list[Action]:
         """Forward the message, or refuse it; the controller gets a ``bcp_forward_result``."""
@@ -197,10 +201,8 @@ class Forwards:
         return kept
 
     def _check_destination(self, channel: Channel, to: str, seals: list[Seal]) -> None:
-        if not all(any(matches(p, to) for p in patterns) for patterns in channel.sealed_to):
-            raise Refusal(
-                ReasonCode.FORWARD_FORBIDDEN, f"{to} matches none of {channel.topic}'s sealed_to"
-            )
+        for entries in channel.sealed_to:
+            self._check_allowed(channel, to, entries)
         prefix, _, name = to.partition(":")
         if prefix in HUMAN_PREFIXES:
             return
@@ -215,6 +217,25 @@ class Forwards:
                 ReasonCode.FORWARD_UNTAINTED,
                 f"{to} is tainted {taint}; the sealed text is {needed}",
             )
+
+    def _check_allowed(self, channel: Channel, to: str, entries: tuple[str, ...]) -> None:
+        """Refuse unless ``to`` matches a clientId pattern of ``entries`` or holds a role one
+        names; a role entry is no match while the bus has not announced ``to``'s roles."""
+        roles = self.presence.roles_of(to)
+        wanted = {e.removeprefix(SEALED_TO_ROLE) for e in entries if e.startswith(SEALED_TO_ROLE)}
+        if any(matches(e, to) for e in entries if not e.startswith(SEALED_TO_ROLE)):
+            return
+        if roles is not None and wanted & roles:
+            return
+        if wanted and roles is None:
+            raise Refusal(
+                ReasonCode.FORWARD_ROLE_UNKNOWN,
+                f"{channel.topic}'s sealed_to allows {to} only by role, and the bus has not "
+                f"announced {to}'s roles (not connected?)",
+            )
+        raise Refusal(
+            ReasonCode.FORWARD_FORBIDDEN, f"{to} matches none of {channel.topic}'s sealed_to"
+        )
 
     def _send(
         self, event: MessageReceived, channel: Channel, forward: BcpForward, seals: list[Seal]

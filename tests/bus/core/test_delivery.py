@@ -36,14 +36,22 @@ def never() -> float:
     raise AssertionError("the clock was read")
 
 
-def test_every_subscriber_but_the_sender_gets_a_process_start():
-    """Plain subscribers are targets, each with its row carrying epoch and trace id."""
+def test_every_subscriber_but_the_sender_is_a_target():
+    """Plain subscribers are targets with no row of the core's (the shell writes each one's
+    process_start); nothing is held, so no timer."""
     router = table(("a", "agent:w1", None), ("b", "operator:ann", None))
     sender = router.route("a")
     picked = targets(router, PeerStates(), message(), sender=sender, clock=never)
     assert [r.handle for r in picked.routes] == ["b"] and picked.timers == []
-    assert statuses(picked) == [("process_start", "operator:ann", None)]
+    assert picked.rows == []
+
+
+def test_a_row_for_a_peer_left_out_carries_the_epoch_and_trace_id():
+    """A refused target's row names the message: its epoch and trace id."""
+    router = table(("r", "agent:r", "high"), ("c", "agent:c", None))
+    picked = targets(router, PeerStates(), message(), sender=router.route("r"), clock=never)
     assert picked.rows[0].epoch == 5 and picked.rows[0].trace_id == "t"
+    assert picked.rows[0].message_id == "m1" and picked.rows[0].topic == "agent:w1"
 
 
 def test_a_tainted_sender_does_not_write_down():

@@ -865,10 +865,12 @@ def test_presence_announces_subscriptions_and_resends_open_approvals(tmp_path):
 
 
 def test_presence_from_anyone_but_the_bus_and_other_messages_are_ignored(tmp_path):
-    """A forged peer_joined is refused; peer_left and unknown types change nothing."""
+    """A forged peer_joined or peer_left is refused; peer_left from the bus only forgets the
+    peer's roles (sends nothing); unknown types change nothing."""
     _, shell, _ = make(tmp_path)
     assert shell.handle(PeerJoined("agent:main", "agent:main"))[0].status == "ignored"
-    assert shell.handle(PeerLeft("agent:main", "system:bus")) == [Respond(True, "ignored")]
+    assert shell.handle(PeerLeft("agent:main", "agent:main"))[0].status == "ignored"
+    assert shell.handle(PeerLeft("agent:main", "system:bus")) == [Respond(True)]
     other = MessageReceived("m6", "agent:main", TOPIC, "chat", {})
     assert shell.handle(other) == [Respond(True, "ignored")]
 
