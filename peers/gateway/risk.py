@@ -72,6 +72,7 @@ OBSERVED_RESOLUTION_S: Final = 0.001
 timestamp), when the channel has no delivery quantum."""
 
 _OUTCOME_BIT: Final = 1.0  # docs/bcp.md "Outcome charges": a delivery is charged 1 bit more
+_FIRST_SLOT_BITS: Final = 2.0  # docs/bcp.md "Time": the cheapest slot of a grid, slot 0
 
 
 # Timing
@@ -159,6 +160,7 @@ def spec_risk(
     query_ttl: float,
     max_unsealed_words: int,
     sealed: Iterable[str] = (),
+    grid: bool = True,
 ) -> SpecRisk:
     """Return the exposure of one spec: per delivery, per budget, and its one-line verdict.
 
@@ -171,12 +173,14 @@ def spec_risk(
         query_ttl: seconds a reader has to answer a query.
         max_unsealed_words: the limit a gated spec is held to.
         sealed: fields to count as sealed besides those the spec marks ``sealed: true``.
+        grid: whether deliveries leave on a grid (``delivery_quantum`` above 0): each then
+            pays at least its first slot, and the verdict says when timing goes uncharged.
     """
     fields = _fields(spec, sealed)
     open_fields = [f for f in fields if f.free_text and not f.sealed]
     words = sum(f.max_words for f in open_fields)
     bits = delivered_spec_bits(spec)
-    count = int(budget_bits // (bits + _OUTCOME_BIT))
+    count = int(budget_bits // (bits + _OUTCOME_BIT + (_FIRST_SLOT_BITS if grid else 0.0)))
     window = _window(spec, query_ttl)
     timing = timing_bits(window, quantum_s)
     gated = kind != "ad_hoc"
@@ -201,7 +205,7 @@ def spec_risk(
         savings=savings,
         verdict="",
     )
-    return risk.model_copy(update={"verdict": _verdict(risk, max_unsealed_words)})
+    return risk.model_copy(update={"verdict": _verdict(risk, max_unsealed_words, grid)})
 
 
 def _savings(open_fields: list[FieldRisk]) -> dict[Any, Saving]:
@@ -233,7 +237,7 @@ def _savings(open_fields: list[FieldRisk]) -> dict[Any, Saving]:
     }
 
 
-def _verdict(risk: SpecRisk, limit: int) -> str:
+def _verdict(risk: SpecRisk, limit: int, grid: bool = True) -> str:
     what = {"subscription": "push", "query_template": "query", "ad_hoc": "query"}[risk.kind]
     name = f"ad hoc Cat-{risk.category} queries" if risk.kind == "ad_hoc" else risk.id
     timing = (
@@ -241,6 +245,8 @@ def _verdict(risk: SpecRisk, limit: int) -> str:
         if risk.timing_bits is None
         else f"timing {risk.timing_bits:.1f} bits"
     )
+    if risk.timing_bits is not None and not grid:
+        timing += " uncharged (delivery_quantum: 0)"
     head = (
         f"{name}: {risk.unsealed_words} unsealed words a {what}, {risk.bits:.1f} bits, "
         f"{risk.deliveries_per_budget} a budget, {timing}"
@@ -288,6 +294,7 @@ def channel_risk(
         quantum_s=delivery_quantum(channel),
         query_ttl=query_ttl,
         max_unsealed_words=max_unsealed_words,
+        grid=channel.delivery_quantum > 0,
     )
     specs = [risk("subscription", s.id, s) for s in channel.subscriptions]
     specs += [risk("ad_hoc", f"cat-{category}", spec) for category, spec in _ad_hoc(channel)]

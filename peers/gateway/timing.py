@@ -7,8 +7,9 @@ push, a ``bcp_query_failed``) is released at a point of a grid of step ``deliver
 seconds laid from an *anchor* the controller knows:
 
 - for a query, the moment the reader was asked;
-- for a push, the moment the subscription allowed it: the previous push plus
-  ``min_interval_s``, or the gateway's start.
+- for a push, the moment the subscription allowed it: the previous push's grid point plus
+  ``min_interval_s``, or the gateway's start (the grid point, not the moment the reader
+  pushed, which would show in the next push's release time).
 
 Whatever happened within a step, the controller sees only the slot ``k`` (the ``k``-th step
 after the anchor). That slot is what the reader still chooses, and it is charged

@@ -37,6 +37,7 @@ __all__ = [
     "GATEWAY_CLIENT_ID",
     "Approval",
     "Context",
+    "Leaving",
     "Query",
     "Refusal",
     "Release",
@@ -96,6 +97,13 @@ class Query:
         return ("query", self.channel.controller, self.query_id)
 
 
+Leaving = Callable[[], tuple[bool, list[Action]]]
+"""What runs the moment a delivery leaves for its controller: whether it still goes, and the
+actions that come first (a query's settlement, a push's charge or its refusal). The ledger
+changes then, on the grid, and not when the reader answered: the budget left decides
+admission, which a controller can probe."""
+
+
 @dataclass
 class Release:
     """A delivery held until its grid point (see :mod:`..timing`)."""
@@ -105,6 +113,8 @@ class Release:
     message_type: str
     content: dict[str, Any]
     then: Callable[[bool], list[Action]] | None
+    leaving: Leaving | None = None
+    """What runs the moment it leaves, before it is sent (see :data:`Leaving`)."""
 
 
 @dataclass

@@ -25,7 +25,7 @@ from schemas.common import agent_id
 
 from ..events import Action, CancelTimer, Commit, Send, SetTimer
 from ..state import Held
-from .context import Context, Release
+from .context import Context, Leaving, Release
 from .frames import iso
 
 __all__ = ["Outbox"]
@@ -45,25 +45,32 @@ class Outbox:
         then: Callable[[bool], list[Action]] | None = None,
         *,
         at: float | None = None,
+        leaving: Leaving | None = None,
     ) -> list[Action]:
         """Send to the channel's controller at ``at`` (a grid point), or hold it while the
         controller is away.
 
-        ``then`` gets whether it was delivered when it left; its actions follow. ``None`` for
-        ``at``, or a time already past: now.
+        ``leaving`` runs the moment it leaves and may drop it (:data:`~.context.Leaving`);
+        ``then`` gets whether it was delivered when it left, and its actions follow. ``None``
+        for ``at``, or a time already past: now.
         """
         # One id for this message however often it is sent (now, or from the outbox later), so
         # that a controller that also fetches the first copy by epoch can drop the repeat.
         content = {**content, "delivery_id": f"d-{uuid.uuid4().hex[:16]}"}
         now = self.ctx.clock()
         if at is None or at <= now:
-            return self._now(channel, message_type, content, then)
+            return self._leave(Release(now, channel, message_type, content, then, leaving))
         queue = self.ctx.releases.setdefault(channel.controller, [])
         # Earliest first; one due at the same point as another goes after it.
         index = next((i for i, r in enumerate(queue) if r.at > at), len(queue))
-        queue.insert(index, Release(at, channel, message_type, content, then))
+        queue.insert(index, Release(at, channel, message_type, content, then, leaving))
         key = ("release", channel.controller, content["delivery_id"])
         return [SetTimer(key, at - now)]
+
+    def at_grid(self, channel: Channel, at: float, leaving: Leaving) -> list[Action]:
+        """Run ``leaving`` at the grid point ``at``, in turn with the controller's deliveries,
+        sending nothing (a push held for review is charged and put before a human then)."""
+        return self.deliver(channel, "", {}, at=at, leaving=leaving)
 
     def release(self, controller: str, delivery_id: str) -> list[Action]:
         """Send the delivery whose timer fired, every one queued before it, and every other one
@@ -77,10 +84,16 @@ class Outbox:
             upto -= 1
             due = queue.pop(0)
             actions.append(CancelTimer(("release", controller, due.content["delivery_id"])))
-            actions += self._now(due.channel, due.message_type, due.content, due.then)
+            actions += self._leave(due)
         if not queue:
             self.ctx.releases.pop(controller, None)
         return actions
+
+    def _leave(self, due: Release) -> list[Action]:
+        go, first = due.leaving() if due.leaving else (True, [])
+        if not go or not due.message_type:
+            return first  # Dropped as it would leave, or nothing to send (at_grid).
+        return [*first, *self._now(due.channel, due.message_type, due.content, due.then)]
 
     def _now(
         self,

@@ -2,17 +2,20 @@
 
 A push must name a subscription the controller declared, keep within its rate limits and the
 channel's budget, and validate against the subscription's spec; each refusal is a
-``bcp_push_refused`` row. An accepted push is charged (committed) and then delivered, held for
-an offline controller, or held for a human's review; the reader's verdict says which. On a
+``bcp_push_refused`` row. An accepted push waits for its grid point; then it is charged
+(committed) and delivered, held for an offline controller, or held for a human's review; the
+reader's verdict says which. On a
 channel with screeners a valid Cat-2 or Cat-3 push is judged by them first (:mod:`.screens`),
 one push per subscription at a time; its limits are checked again once they have decided.
 
 A push is charged what it told the controller (:class:`~schemas.bcp.DeliveryBits`): what its
 value carries (:attr:`~peers.gateway.validation.ValidationResult.value_bits`, and a flag
 channel's codes), one bit that a push came at all, and the slot of the grid it was sent in,
-counted from when the subscription allowed it (the previous push plus ``min_interval_s``, or
-the gateway's start; :mod:`..timing`). A push that does not fit the budget left is refused
-``budget_exhausted``, uncharged, once validated.
+counted from when the subscription allowed it (the previous push's grid point plus
+``min_interval_s``, or the gateway's start; :mod:`..timing`). A push that does not fit the
+budget left is refused ``budget_exhausted``, uncharged, once validated or as it would leave
+(queries admitted meanwhile may have taken the budget): the budget changes on the grid only,
+since a controller can probe it with queries it expects refused.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ..bits import findings_bits
 from ..events import Action, Commit, MessageReceived, Respond
 from ..validation import ValidationResult, validate_response
 from .approvals import Approvals
-from .context import Context, Refusal, raw_answer
+from .context import Context, Leaving, Refusal, raw_answer
 from .frames import anomalies, codes_only, delivery
 from .outbox import Outbox
 from .outcomes import ANSWERED
@@ -139,21 +142,20 @@ class Pushes:
         )
         total = bits.value + bits.outcome + bits.timing
         if not ctx.state.ledger.fits(channel.key, total, channel.budget_bits):
-            left = ctx.state.ledger.left(channel.key, channel.budget_bits)
-            detail = f"this push carries {total:.1f} bits; {left:.1f} left"
-            return self._refuse(event, channel, ref, Refusal(ReasonCode.BUDGET_EXHAUSTED, detail))
-        charged = self._charge(channel, subscription, bits)
+            return self._refuse(event, channel, ref, self._over_budget(channel, total))
+        # The next push's grid is laid from this one's grid point, which the controller sees,
+        # not from this moment, which only the reader chose.
+        ctx.state.rates.record((*channel.key, sid), slot.at)
+        received = ctx.record(
+            LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, subscription_id=sid
+        )
+
+        leaving = self._leaving(event, channel, subscription, bits)
         if result.approval_required:
-
-            def review() -> list[Action]:
-                return self.approvals.review(
-                    channel, spec, result, subscription=subscription, bits=bits.value, split=bits
-                )
-
-            # The approval opens once the reader has its verdict (see answers.py).
-            held = "valid; held for human approval"
-            told = ctx.tell_reader(event, channel, ref, None, held, then=review)
-            return [*charged, *told, Respond(True, "held_for_approval")]
+            # Charged, and put before a human, at its grid point too.
+            review = self._review(event, channel, subscription, result, bits, leaving)
+            at_grid = self.outbox.at_grid(channel, slot.at, review)
+            return [received, Commit(), *at_grid, Respond(True, "held_for_approval")]
         values, sealed = seal(ctx, channel, spec, result.response or {}, found, **ref)
         content = delivery(channel, spec, values, bits, found, **ref)
 
@@ -166,23 +168,75 @@ class Pushes:
 
         # Deliver first, so that the verdict the reader waits for says whether it was held.
         deliver = self.outbox.deliver(
-            channel, "bcp_response_delivery", content, verdict, at=slot.at
+            channel, "bcp_response_delivery", content, verdict, at=slot.at, leaving=leaving
         )
-        return [*charged, *sealed, *deliver]
+        return [received, Commit(), *sealed, *deliver]
+
+    def _leaving(
+        self,
+        event: MessageReceived,
+        channel: Channel,
+        subscription: Subscription,
+        bits: DeliveryBits,
+    ) -> Leaving:
+        """Return the push's charge as it leaves, on the grid (see :data:`~.context.Leaving`):
+        queries admitted since it was validated may have taken the budget, and then it does
+        not go."""
+        total = bits.value + bits.outcome + bits.timing
+
+        def leaving() -> tuple[bool, list[Action]]:
+            if self.ctx.state.ledger.fits(channel.key, total, channel.budget_bits):
+                return True, self._charge(channel, subscription, bits)
+            refusal = self._over_budget(channel, total)
+            return False, self._refuse(
+                event, channel, {"subscription_id": subscription.id}, refusal
+            )
+
+        return leaving
+
+    def _review(
+        self,
+        event: MessageReceived,
+        channel: Channel,
+        subscription: Subscription,
+        result: ValidationResult,
+        bits: DeliveryBits,
+        leaving: Leaving,
+    ) -> Leaving:
+        """Return what charges a push held for review at its grid point, tells its reader,
+        and then opens the approval."""
+        ctx, spec = self.ctx, subscription.as_spec()
+        ref = {"subscription_id": subscription.id}
+
+        def review() -> list[Action]:
+            return self.approvals.review(
+                channel, spec, result, subscription=subscription, bits=bits.value, split=bits
+            )
+
+        def held_for_review() -> tuple[bool, list[Action]]:
+            go, charged = leaving()
+            if not go:
+                return False, charged
+            # The approval opens once the reader has its verdict (see answers.py).
+            held = "valid; held for human approval"
+            return True, [*charged, *ctx.tell_reader(event, channel, ref, None, held, then=review)]
+
+        return held_for_review
+
+    def _over_budget(self, channel: Channel, total: float) -> Refusal:
+        left = self.ctx.state.ledger.left(channel.key, channel.budget_bits)
+        detail = f"this push carries {total:.1f} bits; {left:.1f} left"
+        return Refusal(ReasonCode.BUDGET_EXHAUSTED, detail)
 
     def _charge(
         self, channel: Channel, subscription: Subscription, bits: DeliveryBits
     ) -> list[Action]:
-        """Charge an accepted push and count it for the rate limits; its rows, committed."""
+        """Charge an accepted push; its row, committed."""
         ctx, sid = self.ctx, subscription.id
         total = bits.value + bits.outcome + bits.timing
         ctx.state.ledger.charge(channel.key, total, cat2=False)
-        ctx.state.rates.record((*channel.key, sid), ctx.clock())
         split = bits.model_dump()
         return [
-            ctx.record(
-                LogEvent.BCP_PUSH_RECEIVED, channel, "accepted", bits=total, subscription_id=sid
-            ),
             ctx.charged(
                 channel, total, subscription_id=sid, category=subscription.category, split=split
             ),

@@ -30,9 +30,19 @@ from schemas.common import agent_id
 
 from .. import timing
 from ..bits import findings_bits, spec_bits, spec_ceiling
-from ..events import Action, CancelTimer, Commit, MessageReceived, Record, Respond, Send, SetTimer
+from ..events import (
+    Action,
+    CancelTimer,
+    Commit,
+    MessageReceived,
+    Record,
+    Respond,
+    Send,
+    SetTimer,
+    Spawn,
+)
 from ..state import QueryState
-from .context import GATEWAY_CLIENT_ID, Context, Query, Refusal, channel_of, parse
+from .context import GATEWAY_CLIENT_ID, Context, Leaving, Query, Refusal, channel_of, parse
 from .frames import codes_only, delivery, iso, wire
 from .outbox import Outbox
 from .outcomes import ANSWERED, FAILED, outcome_charge, reserve
@@ -108,7 +118,7 @@ class Queries:
             raise Refusal(
                 ReasonCode.BUDGET_EXHAUSTED,
                 f"this query needs {least:.1f} bits; {left:.1f} of {channel.budget_bits:.1f} "
-                "are left",
+                f"are left{self._in_flight(channel)}",
             )
         limit = channel.max_cat2_queries
         if request.category == 2 and limit is not None and state.ledger.cat2_used(key) >= limit:
@@ -124,6 +134,19 @@ class Queries:
             raise Refusal(verdict.reason, _ESCALATION_TEXT[verdict.reason])
         escalation = verdict.escalation and request.category == 3
         return Admitted(channel, request, spec, bits, escalation)
+
+    def _in_flight(self, channel: Channel) -> str:
+        """Say so when queries still hold reserves on ``channel``: the refusal may pass later."""
+        ctx = self.ctx
+        asking = [q for q in ctx.pending.values() if q.channel.key == channel.key and q.charged]
+        queued = ctx.releases.get(channel.controller, [])
+        leaving = [r for r in queued if r.channel == channel and "query_id" in r.content]
+        if not asking and not leaving:
+            return ""
+        return (
+            f" ({len(asking) + len(leaving)} queries in flight hold reserves and give back what "
+            "they do not use when their outcome is delivered: ask again then)"
+        )
 
     def least(self, channel: Channel, spec: QuerySpec, estimate: float) -> float:
         """Return the least a query of ``estimate`` bits reserves: what admission checks."""
@@ -188,17 +211,24 @@ class Queries:
 
         def sent(delivered_to: int) -> list[Action]:
             if delivered_to:
-                return [SetTimer(query.timer, ctx.settings.query_ttl), Respond(True, "accepted")]
+                return []
             # The controller learns that the reader was away: an outcome, charged as a failure.
             detail = f"{agent_id(channel.reader)} did not take it"
-            return [
-                *self.fail(query, ReasonCode.READER_UNAVAILABLE, detail),
-                Respond(False, ReasonCode.READER_UNAVAILABLE, "the reader is not connected"),
-            ]
+            return self.fail(query, ReasonCode.READER_UNAVAILABLE, detail)
 
         send = ctx.send_then(agent_id(channel.reader), "bcp_query", content, sent)
         charged = ctx.charged(channel, held.total, **ref, answer_bits=held.cap)
-        return [accepted, charged, Commit(), send]
+        # The controller's reply does not wait for the reader's: a reader that held its
+        # processMessage answer back would otherwise time the controller's sendMessage, a
+        # channel no grid point covers. The query's time runs from now, whenever it is taken.
+        return [
+            accepted,
+            charged,
+            Commit(),
+            SetTimer(query.timer, ctx.settings.query_ttl),
+            Respond(True, "accepted"),
+            Spawn((send,)),
+        ]
 
     def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
         """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row.
@@ -209,18 +239,16 @@ class Queries:
         channel = query.channel
         self.ctx.pending.pop((channel.controller, query.query_id), None)
         fields: dict[str, Any] = {"query_id": query.query_id, "error": reason, "detail": detail}
-        settle: list[Action] = []
+        cost: float | None = None
         at = None
         if query.asked_at is not None:
+            # reader_unavailable too: a reader can answer its processMessage "not taken" when
+            # it likes, so that moment is a slot like any other.
             slot = self._slot(query)
-            if reason == ReasonCode.READER_UNAVAILABLE:
-                # Always at once, before the gateway's reply: no reader timed it (it carries
-                # no slot), and the controller tells it from "no gateway" by its coming first.
-                slot = timing.Release(self.ctx.clock(), 0, 0.0)
             bits = DeliveryBits(value=0.0, outcome=FAILED, timing=slot.bits)
-            settle = self._settle(query, FAILED + slot.bits, reason)
+            cost = FAILED + slot.bits
             fields["bits"] = bits
-            at = None if reason == ReasonCode.READER_UNAVAILABLE else slot.at
+            at = slot.at
         failed = BcpQueryFailed.model_validate(fields)
         split = fields["bits"].model_dump() if "bits" in fields else None
         row = self.ctx.record(
@@ -231,12 +259,12 @@ class Queries:
             detail=detail,
             split=split,
         )
+        settle = None if cost is None else self._settle_on_release(query, cost, reason)
         return [
             CancelTimer(query.timer),
-            *settle,
             row,
             Commit(),
-            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed), at=at),
+            *self.outbox.deliver(channel, "bcp_query_failed", wire(failed), at=at, leaving=settle),
         ]
 
     def _slot(self, query: Query) -> timing.Release:
@@ -286,13 +314,24 @@ class Queries:
         ref = {"query_id": query.query_id}
         values, sealed = seal(self.ctx, channel, query.spec, response, found, **ref)
         content = delivery(channel, query.spec, values, bits, found, **ref)
+        settle = self._settle_on_release(query, value_bits + ANSWERED + slot.bits, "delivered")
         return [
             CancelTimer(query.timer),
-            # A lost refund row only leaves the ledger charging more: no commit needed here.
-            *self._settle(query, value_bits + ANSWERED + slot.bits, "delivered"),
             *sealed,
-            *self.outbox.deliver(channel, "bcp_response_delivery", content, at=slot.at),
+            *self.outbox.deliver(
+                channel, "bcp_response_delivery", content, at=slot.at, leaving=settle
+            ),
         ]
+
+    def _settle_on_release(self, query: Query, cost: float, outcome: str) -> Leaving:
+        """Return what settles ``query`` once its outcome leaves for the controller.
+
+        Not before: the budget left decides admission, so a refund at the moment the reader
+        answered would show that moment to a controller probing with queries it expects
+        refused, finer than the grid. A lost refund row only leaves the ledger charging more:
+        no commit is needed for it.
+        """
+        return lambda: (True, self._settle(query, cost, outcome))
 
     def _settle(self, query: Query, cost: float, outcome: str) -> list[Action]:
         """Give back what ``query`` was charged beyond ``cost``, what its outcome costs."""

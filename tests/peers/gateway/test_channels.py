@@ -1,12 +1,12 @@
 """Every channel a reader has into a controller, played by an attacker on a real bus.
 
 Each test has a hostile reader encode a secret in one channel (invisible characters on a flag
-channel, the timing of answers and pushes, the number of failed retries) and a controller-side
-decoder read it back from what it receives. What the decoder can tell apart must be paid for:
-grouping the runs by what the decoder read, each group charged the least any of its runs was,
-the groups must satisfy Kraft's inequality (``sum 2**-charge <= 1``). A decoder that tells 8
-secrets apart from deliveries charged nothing fails it (8 > 1); one that reads only the grid
-slot, which is charged in a prefix code, passes.
+channel, the timing of answers and pushes, the number of failed retries, when it takes a query)
+and a controller-side decoder read it back from what it receives. What the decoder can tell
+apart must be paid for: grouping the runs by what the decoder read, each group charged the
+least any of its runs was, the groups must satisfy Kraft's inequality (``sum 2**-charge <=
+1``). A decoder that tells 8 secrets apart from deliveries charged nothing fails it (8 > 1);
+one that reads only the grid slot, which is charged in a prefix code, passes.
 
 The readers' ``asyncio.sleep`` calls are the attack itself (when to answer), not synchronization.
 """
@@ -20,6 +20,9 @@ from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from peers import Message, QueryFailed, Reply
 from peers.testing import Inbox, running_bcp, scaled
 
 from .test_flows import Pair, agents
@@ -159,6 +162,56 @@ async def test_push_timing_is_released_on_the_grid_and_charged(tmp_path):
                 runs.append((round((now - previous) / QUANTUM), bits["timing"] + bits["outcome"]))
             previous = now
     assert kraft(runs) <= 1
+
+
+async def test_a_reader_holding_a_query_does_not_time_the_controllers_request(tmp_path):
+    """A reader that answers the bus's processMessage for bcp_query when it likes would set how
+    long the controller's sendMessage takes (up to process_timeout, at any grain): the
+    controller is answered first, and a query the reader then refuses fails on the grid,
+    its slot charged."""
+    directory = channel(tmp_path, quantum=QUANTUM)
+    async with running_bcp(tmp_path, agents_dir=directory) as h, Pair(h) as p:
+        taken, release = asyncio.Event(), asyncio.Event()
+
+        async def holding(message: Message) -> Reply:
+            taken.set()
+            await release.wait()  # the attack: answer processMessage at a moment of its choice
+            return Reply(False, "not_now")
+
+        p.reader.peer.handle("bcp_query", holding)
+        async with asyncio.timeout(scaled(10)):
+            _, result = await p.main.send_query("researcher", BOOLEAN, query_id="q-held")
+            assert result.delivered_to == 1  # the gateway took it; the reader still holds it
+            await taken.wait()
+            release.set()
+            with pytest.raises(QueryFailed) as failed:
+                await p.main.ask("researcher", BOOLEAN)
+            assert failed.value.reason == "reader_unavailable"
+        rows = [json.loads(r["payload_json"]) for r in p.rows(event="bcp_query_failed")]
+        assert len(rows) == 2 and all(r["split"]["timing"] >= 2 for r in rows), rows
+
+
+async def test_admission_shows_a_query_settled_only_when_its_outcome_leaves(tmp_path):
+    """A controller probing with queries it expects refused reads when the budget left grows:
+    a query's refund comes when its delivery leaves on the grid, not when the reader answered,
+    so the probe sees only the (charged) slot. Meanwhile a concurrent query is refused
+    budget_exhausted, and admitted once the first one's outcome is delivered."""
+    directory = agents(tmp_path, max_category=2, budget=20, quantum=2.0)
+    async with running_bcp(tmp_path, agents_dir=directory) as h, Pair(h) as p:
+        p.reader.on_query(_answers({"ok": True}, {"ok": True}))
+        first = asyncio.create_task(p.main.ask("researcher", BOOLEAN, timeout=scaled(20)))
+        async with asyncio.timeout(scaled(10)):
+            verdict = await p.reader.next_result()
+        assert verdict.success  # validated, and waiting for its grid point 2 s after the ask
+        assert not first.done()
+        with pytest.raises(QueryFailed) as probe:
+            await p.main.ask("researcher", BOOLEAN, query_id="probe-1", timeout=scaled(10))
+        assert probe.value.reason == "budget_exhausted"
+        assert "queries in flight hold reserves" in probe.value.detail, probe.value.detail
+        delivery = await first
+        assert delivery.response == {"ok": True}
+        again = await p.main.ask("researcher", BOOLEAN, query_id="probe-2", timeout=scaled(20))
+        assert again.response == {"ok": True}
 
 
 def _answers(*responses: Any) -> Any:

@@ -272,18 +272,22 @@ def approval_of(actions: list[Any]) -> str:
 
 
 def test_an_admitted_query_is_charged_committed_then_sent_and_timed(tmp_path):
-    """The query's rows are committed before bcp_query; once the reader took it, its timer runs."""
+    """The query's rows are committed before bcp_query; its timer runs from then, and the
+    controller's reply is not held back by the reader's (the send is spawned after it)."""
     core, shell, clock = make(tmp_path)
-    actions = ask(shell)
+    request = {"query_id": "q1", **CAT1}
+    raw = core.handle(MessageReceived("m1", "agent:main", TOPIC, "bcp_query_request", request))
+    assert isinstance(raw[-1], Spawn) and isinstance(raw[-2], Respond)
+    actions = shell.run(raw)
     assert show(actions) == [
         "record bcp_query_accepted accepted",
         "record bcp_bits_charged charged",
         "commit",
-        "send bcp_query to agent:researcher",
         "set query",
         "reply accepted",
+        "send bcp_query to agent:researcher",
     ]
-    assert actions[4] == SetTimer(("query", "main", "q1"), SETTINGS.query_ttl)
+    assert actions[3] == SetTimer(("query", "main", "q1"), SETTINGS.query_ttl)
     assert sent(actions, "bcp_query").expires_at.timestamp() == clock.now + SETTINGS.query_ttl
     assert actions[1].payload["bits"] == pytest.approx(CAT1_BITS + 1)
     assert actions[1].payload["answer_bits"] == pytest.approx(CAT1_BITS)
@@ -300,17 +304,19 @@ def test_a_reader_that_takes_nothing_pays_for_a_failure_and_the_query_fails(tmp_
     """No reader online: the controller learns it, so the query is settled to a failure's bits."""
     core, shell, _ = make(tmp_path, "agent:researcher")
     actions = ask(shell, spec=CAT2)
-    assert show(actions)[4:] == [
+    assert show(actions)[3:] == [
+        "set query",
+        "reply accepted",
+        "send bcp_query to agent:researcher",
         "cancel query",
-        "record bcp_bits_charged charged",
         "record bcp_query_failed reader_unavailable",
         "commit",
+        "record bcp_bits_charged charged",  # settled as the failure leaves, not before
         "send bcp_query_failed to agent:main",
-        "reply reader_unavailable",
     ]
     charge = outcome_charge(actions[1].payload["answer_bits"])
-    assert actions[5].payload["bits"] == pytest.approx(charge.failed - charge.reserve)
-    assert actions[5].payload["outcome"] == "reader_unavailable"
+    assert actions[9].payload["bits"] == pytest.approx(charge.failed - charge.reserve)
+    assert actions[9].payload["outcome"] == "reader_unavailable"
     assert core.state.ledger.used(KEY) == pytest.approx(FAILED)
     assert core.state.ledger.cat2_used(KEY) == 1
     assert ("main", "q1") in core.state.used_query_ids and not core.ctx.pending
@@ -461,9 +467,9 @@ def test_invalid_answers_count_down_retries_then_fail_the_query(tmp_path):
         "commit",
         "send bcp_validation_result to agent:researcher",
         "cancel query",
-        "record bcp_bits_charged charged",
         "record bcp_query_failed retries_exhausted",
         "commit",
+        "record bcp_bits_charged charged",
         "send bcp_query_failed to agent:main",
         "reply retries_exhausted",
     ]
@@ -502,9 +508,9 @@ def test_a_query_with_no_valid_answer_expires_once(tmp_path):
     assert show(actions) == [
         "record bcp_expired timeout",
         "cancel query",
-        "record bcp_bits_charged charged",
         "record bcp_query_failed timeout",
         "commit",
+        "record bcp_bits_charged charged",
         "send bcp_query_failed to agent:main",
     ]
     assert shell.handle(TimerFired(("query", "main", "q1"))) == []
@@ -685,12 +691,14 @@ def push(shell: Shell, sid: str, response: Any, controller: str = "main") -> lis
 
 
 def test_a_valid_push_is_charged_and_committed_before_it_is_delivered(tmp_path):
-    """The push's rows are durable first; the reader's verdict says it was delivered."""
+    """The push's rows are durable first, its charge as it leaves; the reader's verdict says
+    it was delivered."""
     core, shell, _ = pushing(tmp_path)
     actions = push(shell, "alerts", {"urgent": True})
     assert show(actions) == [
         "record bcp_validation pass",
         "record bcp_push_received accepted",
+        "commit",
         "record bcp_bits_charged charged",
         "commit",
         "send bcp_response_delivery to agent:main",
@@ -771,7 +779,7 @@ def test_pushes_to_an_offline_controller_are_held_in_order_and_flushed_when_it_j
     """The first push is held after its send fails, the next without trying; both land in order."""
     core, shell, _ = pushing(tmp_path, "agent:main")
     first = push(shell, "alerts", {"urgent": True})
-    assert show(first)[4:] == [
+    assert show(first)[5:] == [
         "send bcp_response_delivery to agent:main",
         "record bcp_held held",
         "commit",
@@ -933,9 +941,13 @@ def test_an_answer_leaves_at_its_grid_point_charged_its_slot(tmp_path):
     and pays what it carries, one bit, and slot 0."""
     core, shell, clock = make(tmp_path, quantum=0.1)
     ask(shell)
+    reserved = core.state.ledger.used(KEY)
     clock.now += 0.07
     actions = answer(shell, {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"})
     assert "send bcp_response_delivery to agent:main" not in show(actions)
+    # The reserve stays until the delivery leaves: admission cannot show when the reader answered.
+    assert core.state.ledger.used(KEY) == reserved
+    assert "record bcp_bits_charged charged" not in show(actions)
     [timer] = [a for a in actions if isinstance(a, SetTimer) and a.key[0] == "release"]
     assert timer.delay == pytest.approx(0.03, abs=1e-5)
     clock.now += timer.delay
@@ -991,6 +1003,49 @@ def test_a_failure_leaves_on_the_grid_and_says_what_it_cost(tmp_path):
         "timing": 2.0,
     }
     assert core.state.ledger.used(KEY) == pytest.approx(FAILED + 2, abs=1e-3)
+
+
+def _first_release(actions: list[Any]) -> SetTimer:
+    [timer] = [a for a in actions if isinstance(a, SetTimer) and a.key[0] == "release"]
+    return timer
+
+
+def test_a_push_is_charged_as_it_leaves_and_the_next_grid_starts_at_its_grid_point(tmp_path):
+    """A push changes the budget only when it leaves on the grid, and the next push's grid is
+    laid from that grid point: when within its slot the reader pushed shows nowhere."""
+    releases = []
+    for phase in (0.01, 0.09):
+        (tmp_path / str(phase)).mkdir()
+        core, shell, clock = make(tmp_path / str(phase), subscriptions=SUBSCRIPTIONS, quantum=0.1)
+        start = clock.now
+        clock.now += phase
+        actions = push(shell, "hourly", {"level": 1})
+        assert "record bcp_bits_charged charged" not in show(actions)
+        assert core.state.ledger.used(KEY) == 0
+        timer = _first_release(actions)
+        clock.now += timer.delay
+        assert "record bcp_bits_charged charged" in show(shell.handle(TimerFired(timer.key)))
+        assert core.state.ledger.used(KEY) == pytest.approx(3 + 1 + 2)  # value, came, slot 0
+        clock.now = start + 0.1 + 10 + 0.05  # the next push, at one moment in both runs
+        timer = _first_release(push(shell, "hourly", {"level": 2}))
+        releases.append(clock.now + timer.delay - start)
+    assert releases[0] == pytest.approx(releases[1]) == pytest.approx(10.2)
+
+
+def test_a_push_whose_budget_a_query_took_meanwhile_does_not_leave(tmp_path):
+    """A query admitted while a push waits for its grid point may take the budget it needs:
+    the push is then refused budget_exhausted as it would leave, and never reaches the
+    controller; the reader is told."""
+    core, shell, clock = make(tmp_path, subscriptions=SUBSCRIPTIONS, quantum=0.1, budget=24)
+    clock.now += 0.03
+    timer = _first_release(push(shell, "hourly", {"level": 1}))
+    assert show(ask(shell))[-2:] == ["reply accepted", "send bcp_query to agent:researcher"]
+    assert core.state.ledger.left(KEY, 24) < 6  # what the push carries no longer fits
+    clock.now += timer.delay
+    actions = shell.handle(TimerFired(timer.key))
+    assert "send bcp_response_delivery to agent:main" not in show(actions)
+    assert "record bcp_push_refused budget_exhausted" in show(actions)
+    assert sent(actions, "bcp_validation_result").error == "budget_exhausted"
 
 
 def test_a_cat2_answer_is_charged_what_it_carries_not_its_estimate(tmp_path):

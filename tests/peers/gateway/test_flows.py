@@ -304,6 +304,29 @@ async def test_budget_runs_out_and_survives_a_gateway_restart(tmp_path):
                 assert failed.value.reason == "budget_exhausted"
 
 
+async def test_a_delivery_waiting_for_its_grid_point_fails_timeout_after_a_restart(tmp_path):
+    """A gateway that stops while a validated answer waits for its grid point loses it; the
+    restarted gateway fails the query as timeout, and the reserve stays charged."""
+    from peers.gateway.runner import running_gateway
+
+    directory = agents(tmp_path, quantum=5.0)
+    async with running_bcp(tmp_path, agents_dir=directory) as h, Pair(h) as p:
+        p.reader.on_query(answers({"ok": True}))
+        asked = asyncio.create_task(p.main.ask("researcher", BOOLEAN, timeout=scaled(20)))
+        async with asyncio.timeout(scaled(10)):
+            assert (await p.reader.next_result()).success
+        reserved = h.gateway.ledger.used(("main", "researcher"))
+        assert not asked.done() and not p.rows(event="bcp_delivered")
+        await h.gateway.close()
+        token = h.bus.token("system:gateway")
+        async with running_gateway(h.bus.url, token, h.bus.log, directory) as again:
+            with pytest.raises(QueryFailed) as failed:
+                await asked
+            assert failed.value.reason == "timeout"
+            assert again.ledger.used(("main", "researcher")) == pytest.approx(reserved)
+        assert not p.rows(event="bcp_delivered")
+
+
 async def test_cat2_query_limit(tmp_path):
     """max_cat2_queries: 1 refuses the second Cat-2 query."""
     good = {"company": "Acme", "founded": "2001-02-03"}
@@ -527,7 +550,8 @@ async def test_query_expires(tmp_path):
 
 
 async def test_reader_unavailable_is_charged_as_a_failure(tmp_path):
-    """With no reader connected the query fails at once, charged what a failure carries."""
+    """With no reader connected the query fails at the first grid point, charged what a failure
+    carries and its slot (a reader can pick the moment it refuses a query, like any other)."""
     async with running_bcp(tmp_path) as h:
         main = h.controller("main")
         await main.start()
@@ -535,11 +559,15 @@ async def test_reader_unavailable_is_charged_as_a_failure(tmp_path):
             with pytest.raises(QueryFailed) as failed:
                 await main.ask("researcher", CAT1, timeout=scaled(10))
             assert failed.value.reason == "reader_unavailable"
-            assert h.gateway.ledger.used(("main", "researcher")) == pytest.approx(FAILED)
+            [row] = h.bus.rows(event="bcp_query_failed")
+            slot = json.loads(row["payload_json"])["split"]["timing"]
+            assert slot >= 2.0  # slot 0 of the reference channel's grid costs 2 bits, later more
+            used = h.gateway.ledger.used(("main", "researcher"))
+            assert used == pytest.approx(FAILED + slot)
             charges = [
                 json.loads(r["payload_json"])["bits"] for r in h.bus.rows(event="bcp_bits_charged")
             ]
-            assert sum(charges) == pytest.approx(FAILED) and len(charges) == 2
+            assert sum(charges) == pytest.approx(used) and len(charges) == 2
         finally:
             await main.close()
 

@@ -45,8 +45,8 @@ class Recorded:
     def request(self) -> Any:
         return self.ws.request
 
-    async def send(self, message: str) -> None:
-        await self.ws.send(message)
+    async def send(self, message: str | bytes, text: bool | None = None) -> None:
+        await self.ws.send(message, text=text)  # the SDK sends UTF-8 bytes as text frames
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         await self.ws.close(code, reason)

@@ -187,3 +187,20 @@ def test_a_subscription_window_is_its_min_interval_or_its_hourly_share():
     )
     assert risk.timing_window_s == 360.0 and not risk.over_limit
     assert risk.timing_bits == pytest.approx(math.log2(361))
+
+
+def test_the_grid_costs_each_delivery_its_first_slot_and_no_grid_says_timing_is_uncharged():
+    """On a grid every delivery pays at least slot 0 (2 bits), so fewer fit a budget; with
+    delivery_quantum 0 timing is not charged, and the verdict says so."""
+    spec = Subscription.model_validate(
+        {"id": "s", "category": 1, "fields": [{"name": "up", "type": "boolean"}]}
+    )
+    common = {"budget_bits": 30, "query_ttl": 300.0, "max_unsealed_words": 0}
+    gridded = spec_risk("subscription", "s", spec, quantum_s=0.1, **common)
+    bare = spec_risk(
+        "subscription", "s", spec, quantum_s=OBSERVED_RESOLUTION_S, grid=False, **common
+    )
+    assert gridded.deliveries_per_budget == 30 // (1 + 1 + 2)
+    assert bare.deliveries_per_budget == 30 // (1 + 1)
+    assert "uncharged" not in gridded.verdict
+    assert "timing 13.3 bits uncharged (delivery_quantum: 0)" in bare.verdict
