@@ -40,7 +40,7 @@ from .core.identities import PeerIdentity, default_agents_dir, load_identities
 from .core.policy import Policy, PolicyError
 from .log import audit, merged
 from .log.chain_v1 import default_key_path
-from .log.checkpoints import create_signing_key, default_checkpoints_path
+from .log.checkpoints import create_signing_key, default_checkpoints_path, load_signing_key
 from .ops import completion
 from .ops.config import AuditSettings, ClusterSettings, ConfigError, ServeConfig
 from .ops.credentials import Credentials, CredentialsError, validate_webhook_url
@@ -461,6 +461,14 @@ def _add_audit_checks(actions: Any) -> None:
         help="the key's name, the checkpoints' origin (default: HOSTNAME/bcpbus)",
     )
     keygen.set_defaults(command=_audit_keygen)
+    pubkey = actions.add_parser(
+        "pubkey",
+        help="print a signing key's verifier key, the line its lost .pub held",
+        description="Print the verifier key (NAME+KEYID+...) of the signing key at KEY: "
+        "`bcpbus audit pubkey KEY > KEY.pub` makes its .pub again.",
+    )
+    pubkey.add_argument("key", type=Path, metavar="KEY", help="the signing key (mode 0600)")
+    pubkey.set_defaults(command=_audit_pubkey)
     head = actions.add_parser("head", help="print the last row's ID:HASH")
     head.add_argument(
         "--db", type=Path, action="append", default=argparse.SUPPRESS, help="activity log"
@@ -1040,6 +1048,12 @@ def _audit_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_pubkey(args: argparse.Namespace) -> int:
+    # The .pub is the only file auditors need; it is derived, so a lost one costs nothing.
+    print(load_signing_key(args.key).verifier.to_text())
+    return 0
+
+
 def default_signing_key_path() -> Path:
     """Where ``bcpbus serve`` keeps its signing key when none is given: the user's config
     directory (``$XDG_CONFIG_HOME/bcpbus``, else ``~/.config/bcpbus``), not the database's."""
@@ -1054,9 +1068,16 @@ def _checkpoints_line(config: ServeConfig) -> str:
         return "off (nothing signs the activity log: give --signing-key)"
     target = settings.checkpoints or default_checkpoints_path(config.db)
     syslog = f" and to syslog {settings.syslog}" if settings.syslog else ""
+    public = f"{settings.signing_key}.pub"
+    # No .pub beside a key handed over on its own (a systemd credential, a copied file).
+    how = (
+        f"`bcpbus audit verify --pubkey {public}`"
+        if os.path.exists(public)
+        else f"its public key (`bcpbus audit pubkey {settings.signing_key}` prints it)"
+    )
     return (
         f"signed with {settings.signing_key}, appended to {target}{syslog}; auditors check "
-        f"them with `bcpbus audit verify --pubkey {settings.signing_key}.pub`"
+        f"them with {how}"
     )
 
 

@@ -143,8 +143,10 @@ class Peer(BusMethods, Receiver):
         token: the secret that proves it (from ``bcpbus peers add``).
         reconnect: reconnect, re-initialize and re-subscribe when the connection drops.
         request_timeout: seconds to wait for the bus to answer a request; None waits forever.
-        auth_header: send the token as ``Authorization: Bearer`` at the handshake instead of in
-            ``initialize``.
+        auth_header: send the token as ``Authorization: Bearer`` at the handshake as well as
+            in ``initialize`` (the default), so that anonymous sockets filling the bus's cap for
+            this peer's address cannot keep it out; False sends it in ``initialize`` only, and
+            such a peer gets the handshake's HTTP 503 like any stranger while the cap is full.
         connector: opens the connection instead of a WebSocket to ``url``; a peer in the bus's
             own process passes :meth:`bus.server.Bus.connect_local` (see
             :mod:`bus.transports.local`).
@@ -170,7 +172,7 @@ class Peer(BusMethods, Receiver):
         *,
         reconnect: bool = True,
         request_timeout: float | None = 30.0,
-        auth_header: bool = False,
+        auth_header: bool = True,
         connector: Callable[[], Awaitable[Socket]] | None = None,
         resume: bool = True,
         cafile: str | os.PathLike[str] | None = None,
@@ -290,9 +292,9 @@ class Peer(BusMethods, Receiver):
             params: dict[str, Any] = {
                 "clientId": self.client_id,
                 "clientInfo": {"name": "bcpbus-peer", "version": __version__},
+                # Here too with the header: a proxy that drops Authorization loses nothing.
+                "auth": {"token": self._token},
             }
-            if not self.auth_header or self._connector is not None:  # no handshake, no header
-                params["auth"] = {"token": self._token}
             result = InitializeResult.model_validate(
                 await self.request("initialize", params, _ready=True)
             )

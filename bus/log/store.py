@@ -69,6 +69,7 @@ class LogStore:
         self.conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
         self._rows_since_checkpoint = 0
+        self._refused_after = 0  # the last row id of others' rows that did not verify
         self._chainer = Chainer(COLUMNS)
         # The INSERT parameters and head of the batch about to be written, chained on the loop.
         self._prepared: tuple[list[LogRow], list[Any], int, str] | None = None
@@ -211,12 +212,12 @@ class LogStore:
             raise
         return head_id, head_chain
 
-    def _check_others(self, head: Head) -> None:
+    def _check_others(self, head: Head) -> bool:
         """Verify the rows other connections wrote after ``head``; say so if one is forged.
 
         Cheap (only the rows since this log's last batch), and it makes a row forged with a
         plain ``INSERT`` while the bus runs visible at once on stderr, not only at the next
-        ``bcpbus audit verify``.
+        ``bcpbus audit verify``. Return whether they all verify.
         """
         assert self.conn is not None
         verifier = Verifier()
@@ -231,6 +232,7 @@ class LogStore:
                 problem.why,
                 self.path,
             )
+        return not verifier.problems
 
     def after_batch(self) -> None:
         """Between batches: the checkpoint and the head, when due."""
@@ -239,11 +241,33 @@ class LogStore:
             self.ship_head()
 
     def ship_head(self) -> None:
-        """Write the head where it goes, if it moved; a failure waits for the next one."""
+        """Write the head where it goes, if it moved, over the rows others wrote since too;
+        a failure waits for the next one."""
+        try:
+            self._take_others()
+        except sqlite3.Error as exc:  # a busy or failing file: this log's own head still goes
+            logger.warning("could not read the activity log's last row: %s", exc)
         try:
             self.heads.ship(self.head)
         except OSError as exc:  # the next head will be tried; the log itself is fine
             logger.warning("could not write the activity log's head: %s", exc)
+
+    def _take_others(self) -> None:
+        """Move the head over rows other connections wrote after it, once they verify.
+
+        ``bcpbus gateway`` and ``bcpbus budget reset`` write to this file with no signing key:
+        their rows are signed by the bus's checkpoints. Without this, an idle bus would sign
+        only its own last row, again and again, and leave theirs unsigned until it writes one.
+        """
+        if self.conn is None or self.head is None:
+            return
+        found = self.conn.execute(LAST_ROW).fetchone()
+        if found is None or found[0] <= self.head.id or found[0] == self._refused_after:
+            return
+        if self._check_others(self.head):
+            self.head = Head(*found)
+        else:  # never signed; checked again, and said again, only once more rows come
+            self._refused_after = found[0]
 
     def _check_file(self) -> None:
         """Raise :class:`FileGone` unless ``path`` is still the file the connection writes."""

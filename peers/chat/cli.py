@@ -22,6 +22,7 @@ import signal
 import sqlite3
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from bus.ops.credentials import validate_client_id
 from schemas.chat import MAX_TEXT
 
 from ..approver import neutralize
-from ..client import Peer
+from ..client import ConnectionEvent, GaveUp, Peer
 from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
 from ..urls import UrlOption
@@ -131,6 +132,7 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    peer.on_connection = partial(_stop_on_refusal, stop)
     try:
         await peer.connect()
     except PeerError as exc:
@@ -150,6 +152,9 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
         outcomes = await asyncio.gather(runner, stopper, return_exceptions=True)
         await peer.close()
     failure = outcomes[0]
+    if peer.gave_up is not None:
+        out({"event": "error", "message": _revoked(peer)})
+        return 2
     if isinstance(failure, SpawnFailed):
         out({"event": "error", "message": f"{failure}; the lines typed stay queued in the --db"})
         return 1
@@ -159,6 +164,22 @@ async def _run(peer: Peer, store: ChatStore, agent: str, out: Out, settings: Ret
     if isinstance(failure, Exception):
         raise failure  # a bug: its traceback is the report
     return 0
+
+
+def _revoked(peer: Peer) -> str:
+    who = peer.client_id
+    return (
+        f"the bus at {peer.url} no longer accepts {who}'s token: it was revoked or rotated; get "
+        f"a new one (`bcpbus peers add {who}`, or `bcpbus peers rotate {who}` where it still "
+        "has one); the lines typed stay queued in the --db"
+    )
+
+
+def _stop_on_refusal(stop: asyncio.Event, event: ConnectionEvent) -> None:
+    # The SDK reconnects after a restart; once the bus refuses the token (revoked, rotated) it
+    # gives up, and a chat left waiting would retry into nothing, saying nothing.
+    if isinstance(event, GaveUp):
+        stop.set()
 
 
 def _read_lines(chat: Chat, out: Out) -> None:

@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 from bus.log.activity import ActivityLog
@@ -20,7 +21,7 @@ from bus.ops.config import AuditSettings, LogContent
 from bus.ops.reload import Reloader
 from bus.server import Bus
 from bus.transports.local import Socket
-from peers.client import Peer
+from peers.client import ConnectionEvent, GaveUp, Peer
 from schemas.agents import build_channels, load_agents
 from schemas.common import GATEWAY_CLIENT_ID
 
@@ -138,6 +139,10 @@ async def run_standalone(
 ) -> int:
     """Run the gateway as its own process until SIGINT or SIGTERM; return the exit code.
 
+    Raises:
+        AuthenticationFailed: the bus refused the gateway's token, at the start or on a
+            reconnect (revoked or rotated while it ran).
+
     SIGHUP, or a change to the agent definitions, reloads its channels; budget resets take
     effect within a second. ``audit`` names the chain's key file (the bus's) for the rows it
     writes to ``db``.
@@ -154,13 +159,23 @@ async def run_standalone(
             url, token, log, agents_dir, settings, cafile=cafile, log_content=log_content
         ) as g,
     ):
+        g.peer.on_connection = partial(_stop_on_refusal, stop)
         reloader = Reloader(log, say=_stderr)
         watch(g, reloader, agents_dir, db, after)
         loop.add_signal_handler(signal.SIGHUP, reloader.trigger)
         async with reloader:
             print(f"gateway connected to {url}", flush=True)
             await stop.wait()
+        if g.peer.gave_up is not None:
+            raise g.peer.gave_up
     return 0
+
+
+def _stop_on_refusal(stop: asyncio.Event, event: ConnectionEvent) -> None:
+    """Stop once the SDK gave up reconnecting because the bus refused the token (revoked,
+    rotated): a gateway left waiting would deliver nothing and say nothing."""
+    if isinstance(event, GaveUp):
+        stop.set()
 
 
 def _stderr(line: str) -> None:

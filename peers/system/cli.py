@@ -24,7 +24,7 @@ from bus.core.identities import default_agents_dir
 from schemas.chat import SYSTEM_CLIENT_ID
 
 from ..approver import neutralize
-from ..client import Peer
+from ..client import ConnectionEvent, GaveUp, Peer
 from ..errors import PeerError, RequestRefused
 from ..tokens import TOKEN_ENV, find_token
 from ..urls import UrlOption
@@ -96,11 +96,19 @@ async def _run(system: SystemPeer, out: Out) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    peer = system.peer
+
+    def stop_on_refusal(event: ConnectionEvent) -> None:
+        # The SDK reconnects after a restart; once the bus refuses the token (revoked, rotated)
+        # it gives up, and waiting on would leave a peer that starts nothing and says nothing.
+        if isinstance(event, GaveUp):
+            stop.set()
+
+    peer.on_connection = stop_on_refusal
     try:
         await system.start()
     except PeerError as exc:
         # ConnectFailed says "cannot connect to URL: ..."; a refusal needs the who and where.
-        peer = system.peer
         refused = f"the bus at {peer.url} refused {peer.client_id}: {exc}"
         out({"event": "error", "message": refused if isinstance(exc, RequestRefused) else str(exc)})
         await system.close()
@@ -110,7 +118,19 @@ async def _run(system: SystemPeer, out: Out) -> int:
     finally:
         await system.close()
         out({"event": "stopped"})
+    if peer.gave_up is not None:
+        out({"event": "error", "message": _revoked(peer)})
+        return 2
     return 0
+
+
+def _revoked(peer: Peer) -> str:
+    who = peer.client_id
+    return (
+        f"the bus at {peer.url} no longer accepts {who}'s token: it was revoked or rotated; "
+        f"get a new one (`bcpbus peers add {who}`, or `bcpbus peers rotate {who}` where it "
+        "still has one) and start again"
+    )
 
 
 def _json_line(event: dict[str, Any]) -> None:

@@ -9,6 +9,8 @@ import logging
 import socket
 import sqlite3
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from bus import cli
 from bus.core.logevents import LogEvent
 from bus.log import audit
 from bus.log.activity import ActivityLog
-from bus.log.chain import GENESIS, INTEGER_COLUMNS, Chainer, canonical_row
+from bus.log.chain import GENESIS, INTEGER_COLUMNS, Chainer, Head, canonical_row
 from bus.log.chain_v1 import encode_row as encode_v1, fields_of as fields_v1
 from bus.log.checkpoints import (
     Checkpoint,
@@ -268,6 +270,62 @@ async def test_rows_after_the_last_checkpoint_are_noted_not_failed(
     cli.main(["audit", "verify", "--db", str(db), "--pubkey", str(signer[1])])
     out = capsys.readouterr().out
     assert "note: rows 13-13 come after the last checkpoint" in out and "ok: 13 rows" in out
+
+
+class Watched(Checkpointer):
+    """A real :class:`Checkpointer` that lets a test wait for the log's turns: each time the
+    log hands it a head (every timer tick, moved or not), it counts and notifies."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.signed: list[int] = []
+        self.turns = 0
+        self._turned = threading.Condition()
+
+    def write(self, head: Head) -> None:
+        super().write(head)
+        with self._turned:
+            self.signed.append(head.id)
+            self.turns += 1
+            self._turned.notify_all()
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Return once ``done()`` holds after a turn; fail after TIMEOUT seconds."""
+
+        def wait() -> bool:
+            with self._turned:
+                return self._turned.wait_for(done, TIMEOUT)
+
+        assert await asyncio.to_thread(wait), "the log's timer never got there"
+
+
+async def test_an_idle_bus_signs_rows_others_wrote_and_never_a_forged_one(
+    tmp_path: Path, signer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows a writer with no key adds (as `budget reset` does) are signed by the signing log's
+    next timed checkpoint though it writes nothing itself; a row that does not verify is
+    reported once and never signed."""
+    db = tmp_path / "bcpbus.db"
+    sink = Watched(load_signing_key(signer[0]), f"{db}.checkpoints")
+    options: dict[str, Any] = {"head_every_rows": 1000, "head_every_seconds": 0.05}
+    async with asyncio.timeout(TIMEOUT), ActivityLog(db, checkpoints=sink, **options) as log:
+        await log.write(LogEvent.SEND_START, message_id="own")
+        async with ActivityLog(db) as other:  # signs nothing
+            await other.write(LogEvent.BCP_BUDGET_RESET, actor="operator:ann", status="reset")
+        await sink.wait_for(lambda: max(sink.signed, default=0) >= 3)
+        tamper(db, "INSERT INTO activity_log (ts, event, status) VALUES ('x', 'forged', 'ok');")
+        later = sink.turns + 3
+        await sink.wait_for(lambda: sink.turns >= later)
+    assert max(sink.signed) == 3
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "row 4, written by another connection, does not verify" in error
+    assert signed_rows(db)[-1] == 3
+
+
+def signed_rows(db: Path) -> list[int]:
+    """The row each checkpoint in the file beside ``db`` signs, in the file's order."""
+    notes = read_notes(Path(f"{db}.checkpoints").read_text())
+    return [Checkpoint.from_text(note.text).size for note in notes]
 
 
 # The key's files

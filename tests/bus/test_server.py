@@ -111,10 +111,11 @@ async def test_wrong_token_is_refused_logged_and_closed(tmp_path):
 async def test_bearer_header_authenticates(tmp_path):
     """The token may come in an Authorization: Bearer header instead of initialize params."""
     async with running_bus(tmp_path) as h:
-        peer = Peer(h.url, "agent:w1", h.token("agent:w1"), auth_header=True)
-        async with peer:
-            assert peer.server_info.server_info.name == "bcpbus"
-            assert "agent:w1" in peer.server_info.capabilities.topics
+        bearer = {"Authorization": f"Bearer {h.token('agent:w1')}"}
+        async with connect(h.url, additional_headers=bearer) as ws:
+            reply = await raw_call(ws, "initialize", {"clientId": "agent:w1"})
+        assert reply["result"]["serverInfo"]["name"] == "bcpbus", reply
+        assert "agent:w1" in reply["result"]["capabilities"]["topics"]
 
 
 async def test_malformed_client_id_is_invalid_params(tmp_path):

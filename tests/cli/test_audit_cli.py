@@ -6,17 +6,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import stat
+from pathlib import Path
 
 import pytest
 
 from bus.core.logevents import LogEvent
 from bus.log.activity import ActivityLog
+from bus.log.checkpoints import Checkpoint, read_notes
 from peers.testing import scaled
 
 from .test_cli import BCPBUS, run, serving
+from .test_operators import serving as serving_process, stderr_line
+
+AGENTS = Path(__file__).parents[2] / "agents"
 
 
 async def write_rows(db, *events: str) -> None:
@@ -145,6 +151,69 @@ async def test_keygen_serve_and_verify_with_nothing_but_the_public_key(tmp_path)
     assert "checkpoints verify, the last at row" in checked.stdout
     again = run("audit", "keygen", "--out", "keys/signing.key", cwd=tmp_path)
     assert again.returncode == 2 and "never overwritten" in again.stderr
+
+
+async def test_a_lost_pub_is_made_again_from_the_signing_key(tmp_path):
+    """Without the key's .pub, serve's summary points at `audit pubkey KEY`, which prints the
+    verifier key keygen wrote, byte for byte; `verify --pubkey` takes what it printed; a key
+    others can read is refused, not read."""
+    assert run("audit", "keygen", "--out", "signing.key", cwd=tmp_path).returncode == 0
+    lost = tmp_path / "signing.key.pub"
+    original = lost.read_text()
+    lost.unlink()
+    async with serving_process(tmp_path, "--no-gateway", "--signing-key", "signing.key") as (
+        _,
+        process,
+    ):
+        summary = await stderr_line(process, "bcpbus: checkpoints: ")
+    assert summary.endswith("its public key (`bcpbus audit pubkey signing.key` prints it)")
+    derived = run("audit", "pubkey", "signing.key", cwd=tmp_path)
+    assert derived.returncode == 0, derived.stderr
+    assert derived.stdout == original
+    lost.write_text(derived.stdout)
+    checked = run("audit", "verify", "--pubkey", "signing.key.pub", cwd=tmp_path)
+    assert checked.returncode == 0 and "checkpoints verify" in checked.stdout, checked.stdout
+    (tmp_path / "signing.key").chmod(0o640)
+    exposed = run("audit", "pubkey", "signing.key", cwd=tmp_path)
+    assert exposed.returncode == 2 and exposed.stdout == ""
+    assert exposed.stderr.startswith("bcpbus: error: signing key signing.key may be read by")
+
+
+def last_signed(checkpoints: Path) -> int:
+    """The latest row a checkpoint in the file signs; 0 for none."""
+    text = checkpoints.read_text() if checkpoints.exists() else ""
+    return max((Checkpoint.from_text(note.text).size for note in read_notes(text)), default=0)
+
+
+async def signed_up_to(checkpoints: Path, row: int) -> None:
+    """Wait until ``checkpoints`` holds a checkpoint of ``row`` or a later one."""
+    async with asyncio.timeout(scaled(30)):
+        while True:
+            if last_signed(checkpoints) >= row:
+                return
+            await asyncio.sleep(0.05)  # another process appends it: nothing to wait on here
+
+
+async def test_rows_other_commands_write_are_signed_while_the_bus_is_idle(tmp_path):
+    """`budget reset` writes to a running bus's log without a key: the bus's next timed
+    checkpoint signs its row though the bus writes none meanwhile, so verify --pubkey leaves
+    no row unsigned."""
+    assert run("audit", "keygen", "--out", "keys/signing.key", cwd=tmp_path).returncode == 0
+    shutil.copytree(AGENTS, tmp_path / "agents")
+    every = str(scaled(0.2))
+    async with serving(
+        tmp_path, "--no-gateway", "--signing-key", "keys/signing.key", "--audit-head-seconds", every
+    ):
+        reset = run("budget", "reset", "main", "researcher", cwd=tmp_path)
+        assert reset.returncode == 0, reset.stderr
+        [row] = json.loads(
+            run("audit", "--event", "bcp_budget_reset", "--json", cwd=tmp_path).stdout
+        )
+        await signed_up_to(tmp_path / "bcpbus.db.checkpoints", row["id"])
+        checked = run("audit", "verify", "--pubkey", "keys/signing.key.pub", cwd=tmp_path)
+        assert checked.returncode == 0, checked.stdout
+        assert f"the last at row {row['id']}" in checked.stdout
+        assert "note:" not in checked.stdout
 
 
 async def test_serve_refuses_a_signing_key_others_can_read_in_one_line(tmp_path):

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from peers.testing import running_bus, scaled
+from tests.cli.test_cli import serving
 from tests.cli.test_operators import BCPBUS, arun, assert_one_line_error, run
+
+ROOT = Path(__file__).parents[2]
 
 
 def test_budget_reset_outside_the_log_s_folder_creates_nothing(tmp_path):
@@ -123,3 +128,38 @@ async def test_an_unknown_client_id_is_pointed_at_peers_add(tmp_path):
         )
     last = assert_one_line_error(code, err, "refused agent:ghost's token")
     assert "bcpbus peers add agent:ghost" in last and "rotate" not in last
+
+
+async def test_what_the_docs_leave_in_a_working_copy_is_ignored(tmp_path, monkeypatch):
+    """Run from a git working copy as docs/bootstrap.md and docs/audit.md do, `peers add`,
+    `audit keygen` and `serve` leave tokens, keys, the log and its checkpoints there: the
+    repository's .gitignore covers each, so `git status` shows none of them."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the default signing key
+    work = tmp_path / "work"
+    (work / "agent-tokens").mkdir(parents=True)
+    git("init", "-q", cwd=work)
+    shutil.copy(ROOT / ".gitignore", work)
+    for client_id, path in [
+        ("agent:system", "system.token"),
+        ("agent:echo", "agent-tokens/echo.token"),
+        ("tg:42", "tg42.token"),
+    ]:
+        made = run("peers", "add", client_id, cwd=work)
+        assert made.returncode == 0, made.stderr
+        (work / path).write_text(made.stdout)
+    assert run("audit", "keygen", "--out", "keys/signing.key", cwd=work).returncode == 0
+    async with serving(work, "--signing-key", "keys/signing.key"):
+        pass
+    left = {
+        path.relative_to(work).as_posix() for path in work.rglob("*") if ".git" not in path.parts
+    }
+    assert {"bcpbus.db", "bcpbus.db.checkpoints", "tg42.token", "keys/signing.key.pub"} <= left
+    status = git("status", "--porcelain", "--untracked-files=all", cwd=work)
+    assert status.splitlines() == ["?? .gitignore"]
+
+
+def git(*args: str, cwd: Path) -> str:
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=scaled(30)
+    )
+    return done.stdout

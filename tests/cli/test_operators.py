@@ -186,13 +186,15 @@ def test_a_database_in_a_read_only_directory(tmp_path):
 
 
 async def test_gateway_with_a_wrong_token(tmp_path):
-    """`bcpbus gateway` with a token the bus refuses: one line saying how to get a good one."""
+    """`bcpbus gateway` with a token the bus refuses: one line saying how to get a good one,
+    `peers add`, naming `peers rotate` (which fails for an id not listed) only for a listed one."""
     async with running_bus(tmp_path) as h:
         h.token("system:gateway")
         code, _, err = await arun(
             "gateway", "--url", h.url, "--token", "bcpbus_wrong", "--db", "g.db", cwd=tmp_path
         )
-    assert_one_line_error(code, err, "refused system:gateway's token", "peers add")
+    last = assert_one_line_error(code, err, "refused system:gateway's token", "peers add")
+    assert last.count("rotate") == 1 and "rotate system:gateway` where it is listed" in last
 
 
 def _walk(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:

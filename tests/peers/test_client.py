@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedError, InvalidStatus, InvalidURI
 
 import peers
@@ -30,6 +31,7 @@ from peers import (
 )
 from peers.errors import InvalidParams, RemoteError, SubscriptionNotFound, refused
 from peers.testing import BusHarness, running_bus, scaled
+from tests.cli.test_operators import arun
 
 
 def closed_port() -> int:
@@ -75,14 +77,39 @@ async def test_a_bad_url_raises_invalid_url_from_invalid_uri(url):
 
 async def test_a_bus_that_answers_503_raises_connect_failed_with_the_status(tmp_path):
     """A full bus refuses the handshake with HTTP 503: ConnectFailed(status=503) from
-    InvalidStatus."""
+    InvalidStatus (for a peer whose token is not in the handshake, which would pass)."""
     async with running_bus(tmp_path, limits=Limits(max_anonymous_connections=0)) as h:
-        peer = h.peer("agent:main", reconnect=False)
+        peer = h.peer("agent:main", reconnect=False, auth_header=False)
         with pytest.raises(ConnectFailed) as caught:
             await peer.connect()
         assert caught.value.status == 503 and "HTTP 503" in str(caught.value)
         assert isinstance(caught.value.__cause__, InvalidStatus)
         await peer.close()
+
+
+async def test_anonymous_sockets_filling_an_address_keep_no_peer_or_tool_out(tmp_path):
+    """Idle sockets fill their address's anonymous cap and one more is refused; an SDK peer
+    with its defaults and `bcpbus pub` from that address still get in, since the token rides
+    the handshake."""
+    limits = Limits(max_anonymous_per_address=3, initialize_timeout=scaled(120))
+    async with running_bus(tmp_path, limits=limits) as h:
+        idle = [await connect(h.url) for _ in range(3)]
+        try:
+            with pytest.raises(InvalidStatus):
+                await connect(h.url)
+            async with h.peer("agent:w1", reconnect=False) as peer:
+                assert (await peer.ping()).pong is True
+            token = h.token("tg:42")
+            code, out, err = await arun(
+                *("pub", "agent:w1", "tg_message", '{"text": "hi"}', "--url", h.url),
+                *("--as", "tg:42", "--token", token),
+                cwd=tmp_path,
+            )
+            assert code == 0 and '"accepted": true' in out, err
+            assert h.bus.refusals.total.get("max_anonymous_per_address") == 1
+        finally:
+            for ws in idle:
+                await ws.close()
 
 
 async def test_a_connection_the_bus_closes_mid_request_raises_peer_closed(tmp_path):

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
+from bus.ops.config import Limits
 from peers.testing import BcpHarness, running_bcp, scaled
 
 JS_DIR = Path(__file__).resolve().parents[2] / "peers" / "examples" / "js"
@@ -248,6 +251,22 @@ async def test_js_reader_retries_after_a_validation_failure(tmp_path, node):
                 "answer", lambda e: e["query_id"] == "js-q2" and e["attempt"] == 2
             )
             assert second["correlationId"] == retry["messageId"]
+
+
+async def test_js_reader_gets_in_while_strangers_fill_its_address_s_cap(tmp_path, node):
+    """Idle anonymous sockets fill 127.0.0.1's cap and one more is refused; reader.mjs, which
+    sends its token at the handshake, still connects and gets ready."""
+    limits = Limits(max_anonymous_per_address=3, initialize_timeout=scaled(120))
+    async with running_bcp(tmp_path, limits=limits) as h:
+        idle = [await connect(h.bus.url) for _ in range(3)]
+        try:
+            with pytest.raises(InvalidStatus):
+                await connect(h.bus.url)
+            async with js_reader(node, h) as reader:  # it waits for the reader's `ready`
+                assert "ready" in [event["event"] for event in reader.events]
+        finally:
+            for ws in idle:
+                await ws.close()
 
 
 CONTROLLER_JS = JS_DIR / "controller.mjs"

@@ -92,7 +92,8 @@ function onFrame(text) {
 }
 
 async function run() {
-  ws = new WebSocket(URL_, { perMessageDeflate: false });
+  // The token in the handshake too: it passes the bus's cap on sockets not yet initialized.
+  ws = new WebSocket(URL_, { perMessageDeflate: false, headers: { Authorization: `Bearer ${TOKEN}` } });
   ws.on("message", (data, isBinary) => isBinary || onFrame(data.toString("utf8")));
   await new Promise((resolve, reject) => {
     ws.once("open", resolve);

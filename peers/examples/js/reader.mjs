@@ -276,8 +276,9 @@ async function start() {
     warn("no token: pass it as the third argument or in BCPBUS_TOKEN");
     process.exit(2);
   }
-  // No compression: the bus does not negotiate it.
-  ws = new WebSocket(URL_, { perMessageDeflate: false });
+  // No compression: the bus does not negotiate it. The token in the handshake too: it passes
+  // the bus's cap on sockets that have not initialized, which strangers may have filled.
+  ws = new WebSocket(URL_, { perMessageDeflate: false, headers: { Authorization: `Bearer ${TOKEN}` } });
   ws.on("message", (data, isBinary) => {
     if (!isBinary) onFrame(data.toString("utf8"));
   });

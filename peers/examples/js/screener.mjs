@@ -185,7 +185,8 @@ async function start() {
     warn("no token: pass it as the third argument or in BCPBUS_TOKEN");
     process.exit(2);
   }
-  ws = new WebSocket(URL_, { perMessageDeflate: false });
+  // The token in the handshake too: it passes the bus's cap on sockets not yet initialized.
+  ws = new WebSocket(URL_, { perMessageDeflate: false, headers: { Authorization: `Bearer ${TOKEN}` } });
   ws.on("message", (data, isBinary) => {
     if (!isBinary) onFrame(data.toString("utf8"));
   });
