@@ -57,7 +57,7 @@ from .ops.startup import (
 )
 from .ops.tls import server_context
 from .server import Bus
-from .transports.cluster import joined
+from .transports.cluster import ClusterLink, joined
 from .transports.egress import private_host
 
 __all__ = [
@@ -408,7 +408,19 @@ def _add_audit(sub: Any) -> None:
 
 
 def _add_audit_checks(actions: Any) -> None:
-    """``bcpbus audit verify``, ``keygen`` and ``head``: checking the log rather than reading it."""
+    """``bcpbus audit verify``, ``keygen``, ``pubkey`` and ``head``: checking the log rather
+    than reading it."""
+    _add_audit_verify(actions)
+    _add_audit_keys(actions)
+    head = actions.add_parser("head", help="print the last row's ID:HASH")
+    head.add_argument(
+        "--db", type=Path, action="append", default=argparse.SUPPRESS, help="activity log"
+    )
+    head.set_defaults(command=_audit_head)
+
+
+def _add_audit_verify(actions: Any) -> None:
+    """``bcpbus audit verify``: rows, chain, checkpoints and a head kept elsewhere."""
     verify = actions.add_parser(
         "verify", help="check the hash chain: exit 0 if intact, 1 naming the first bad row"
     )
@@ -451,6 +463,10 @@ def _add_audit_checks(actions: Any) -> None:
         help="report nothing before this chain_start row (a segment after an accepted break)",
     )
     verify.set_defaults(command=_audit_verify)
+
+
+def _add_audit_keys(actions: Any) -> None:
+    """``bcpbus audit keygen`` and ``pubkey``: the key checkpoints are signed with."""
     keygen = actions.add_parser(
         "keygen",
         help="make a key to sign checkpoints with: PATH (0600) and PATH.pub for auditors",
@@ -469,11 +485,6 @@ def _add_audit_checks(actions: Any) -> None:
     )
     pubkey.add_argument("key", type=Path, metavar="KEY", help="the signing key (mode 0600)")
     pubkey.set_defaults(command=_audit_pubkey)
-    head = actions.add_parser("head", help="print the last row's ID:HASH")
-    head.add_argument(
-        "--db", type=Path, action="append", default=argparse.SUPPRESS, help="activity log"
-    )
-    head.set_defaults(command=_audit_head)
 
 
 def _add_completion(sub: Any, root: argparse.ArgumentParser) -> None:
@@ -627,28 +638,40 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
         bus = await _start(stack, config, credentials, policy, identities, tls)
-        link = None
-        if config.cluster.url is not None:
-            link = await stack.enter_async_context(
-                joined(bus, url=config.cluster.url, node=config.cluster.node)
-            )
+        link = await _join_cluster(stack, bus, config)
         reloader = Reloader(bus.log, say=say)
         reloader.add(
             BusFiles(bus, peers_file=config.peers_file, policy=config.policy, agents_dir=agents_dir)
         )
         if run_beside is not None:
             await stack.enter_async_context(run_beside(bus, reloader))
-        hup = reloader.trigger
-        if link is not None:  # a SIGHUP here reloads every node, and theirs reload this one
-            link.follow(reloader)
-            hup = link.reload_everywhere
-        loop.add_signal_handler(signal.SIGHUP, hup)
+        loop.add_signal_handler(signal.SIGHUP, _on_hup(reloader, link))
         await stack.enter_async_context(reloader)
         _say_ready(bus, config, policy, agents, gateway=run_beside is not None, say=say)
         if ready is not None:
             ready(bus)
         await stop.wait()
     return 0
+
+
+async def _join_cluster(
+    stack: contextlib.AsyncExitStack, bus: Bus, config: ServeConfig
+) -> ClusterLink | None:
+    """Join the cluster the config names (its link stays up until ``stack`` closes)."""
+    if config.cluster.url is None:
+        return None
+    return await stack.enter_async_context(
+        joined(bus, url=config.cluster.url, node=config.cluster.node)
+    )
+
+
+def _on_hup(reloader: Reloader, link: ClusterLink | None) -> Callable[[], None]:
+    """What SIGHUP does: reload this bus's files; on a cluster node, every node's (and the
+    other nodes' reloads reach this one)."""
+    if link is None:
+        return reloader.trigger
+    link.follow(reloader)
+    return link.reload_everywhere
 
 
 def _checked(config: ServeConfig) -> ServeConfig:

@@ -253,7 +253,8 @@ class ReasonCode(StrEnum):
       connected, or joined before the gateway): refused rather than guessed.
     - ``forward_untainted``: the destination is an agent tainted less than the sealed text
       (an untainted agent never gets one).
-    - ``forward_undelivered``: the destination took nothing (offline, or it refused it).
+    - ``forward_undelivered``: a person's chat took nothing (offline, or it refused it); a
+      forward to an agent is handed over without waiting for its answer, and never gets this.
     """
 
     UNKNOWN_CHANNEL = "unknown_channel"

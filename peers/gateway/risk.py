@@ -181,11 +181,7 @@ def spec_risk(
     words = sum(f.max_words for f in open_fields)
     bits = delivered_spec_bits(spec)
     count = int(budget_bits // (bits + _OUTCOME_BIT + (_FIRST_SLOT_BITS if grid else 0.0)))
-    window = _window(spec, query_ttl)
-    timing = timing_bits(window, quantum_s)
-    gated = kind != "ad_hoc"
-    over = gated and words > max_unsealed_words
-    savings = _savings(open_fields)
+    window, gated = _window(spec, query_ttl), kind != "ad_hoc"
     risk = SpecRisk(
         kind=kind,
         id=spec_id,
@@ -199,10 +195,10 @@ def spec_risk(
         words_per_budget=count * words,
         bits_per_budget=count * bits,
         timing_window_s=window,
-        timing_bits=timing,
+        timing_bits=timing_bits(window, quantum_s),
         gated=gated,
-        over_limit=over,
-        savings=savings,
+        over_limit=gated and words > max_unsealed_words,
+        savings=_savings(open_fields),
         verdict="",
     )
     return risk.model_copy(update={"verdict": _verdict(risk, max_unsealed_words, grid)})

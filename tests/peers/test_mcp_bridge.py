@@ -78,7 +78,8 @@ async def test_every_tool_answers_in_process(tmp_path):
             type="agent_event",
             content={"note": "hello"},
         )
-        assert not sent.is_error and sent.structured_content["deliveredTo"] == 1
+        # The reader gets it; main does not hear a more tainted peer's answer (deliveredTo 0).
+        assert not sent.is_error and sent.structured_content["deliveredTo"] == 0
         assert await asyncio.wait_for(updates.get(), scaled(5)) == INBOX_URI
         inbox = json.loads((await researcher.read_resource(INBOX_URI)).contents[0].text)
         assert inbox["messages"][-1]["content"] == {"note": "hello"}

@@ -187,14 +187,7 @@ class Queries:
         ctx.state.ledger.charge(key, held.total, cat2=query.spec.category == 2)
         query.charged, query.cap, query.asked_at = held.total, held.cap, ctx.clock()
         ctx.state.tasks.record(key, query.task_id, query.spec.category)
-        content = BcpQuery.model_validate(
-            {
-                "query_id": query.query_id,
-                "controller": channel.controller,
-                **query.spec.model_dump(exclude_none=True),
-                "expires_at": iso(ctx.clock() + ctx.settings.query_ttl),
-            }
-        )
+        content = self._question(query)
         ctx.pending[(channel.controller, query.query_id)] = query
         query.state = QueryState.ASKING
         ref = {"query_id": query.query_id, "category": query.spec.category}
@@ -229,6 +222,18 @@ class Queries:
             Respond(True, "accepted"),
             Spawn((send,)),
         ]
+
+    def _question(self, query: Query) -> BcpQuery:
+        """What the reader is asked: the spec, whose query it is, until when it may answer."""
+        ctx = self.ctx
+        return BcpQuery.model_validate(
+            {
+                "query_id": query.query_id,
+                "controller": query.channel.controller,
+                **query.spec.model_dump(exclude_none=True),
+                "expires_at": iso(ctx.clock() + ctx.settings.query_ttl),
+            }
+        )
 
     def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
         """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row.

@@ -42,7 +42,7 @@ from schemas.bcp import (
 from schemas.common import TaintLevel, agent_id, step_down, taint_rank
 
 from ..bits import facts_bits, value_bits
-from ..events import Action, Commit, MessageReceived, Record, Respond, Send
+from ..events import Action, Commit, MessageReceived, Record, Respond, Send, Spawn
 from ..state import Seal
 from .context import GATEWAY_CLIENT_ID, Context, Refusal, channel_of, parse
 from .frames import codes_only, iso, wire
@@ -260,13 +260,28 @@ class Forwards:
             sha256={s.handle: hashlib.sha256(s.text.encode()).hexdigest() for s in seals},
         )
 
+        def told(detail: str) -> Send:
+            result = BcpForwardResult(
+                forward_id=forward.forward_id, success=True, to=forward.to, detail=detail
+            )
+            return Send(agent_id(channel.controller), "bcp_forward_result", result)
+
+        if forward.to.partition(":")[0] not in HUMAN_PREFIXES:
+            # A tainted agent's processMessage answer must not choose what the controller reads
+            # back, nor when: it is handed the text in the background, and the controller is
+            # told only that (how it went is the bus's process_finish row).
+            handed = Send(forward.to, forward.type, content)
+            return [
+                row,
+                Commit(),
+                told("handed over"),
+                Respond(True, "forwarded"),
+                Spawn((handed,)),
+            ]
+
         def sent(delivered_to: int) -> list[Action]:
             if delivered_to:
-                result = BcpForwardResult(
-                    forward_id=forward.forward_id, success=True, to=forward.to, detail="forwarded"
-                )
-                told = Send(agent_id(channel.controller), "bcp_forward_result", result)
-                return [told, Respond(True, "forwarded")]
+                return [told("forwarded"), Respond(True, "forwarded")]
             refusal = Refusal(ReasonCode.FORWARD_UNDELIVERED, f"{forward.to} took nothing")
             return self._refuse(event, forward.forward_id, forward.to, refusal)
 

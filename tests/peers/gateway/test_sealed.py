@@ -17,7 +17,7 @@ from peers import Peer
 from peers.bcp import Controller, ForwardRefused
 from peers.gateway.core import GatewayCore
 from peers.gateway.core.sealed import seal
-from peers.gateway.events import Commit, MessageReceived, Record, Respond, Send, Sent
+from peers.gateway.events import Commit, MessageReceived, Record, Respond, Send, Sent, Spawn
 from peers.gateway.settings import GatewaySettings
 from peers.gateway.state import GatewayState
 from peers.testing import BcpHarness, Inbox, running_bcp, scaled
@@ -359,6 +359,21 @@ def test_a_forward_is_recorded_and_committed_before_the_text_leaves(tmp_path):
     result, respond = core.handle(Sent(send.token, 1))
     assert isinstance(result, Send) and result.content.success  # type: ignore[union-attr]
     assert respond == Respond(True, "forwarded")
+
+
+def test_a_forward_to_a_tainted_agent_does_not_wait_for_its_answer(tmp_path):
+    """To an agent the text is handed over in the background and the controller is told so at
+    once: the agent's processMessage answer (or its silence) chooses nothing it reads back."""
+    core, _clock, handle = sealed_core(tmp_path)
+    row, commit, result, respond, spawn = core.handle(forward(handle, to="agent:scribe"))
+    assert isinstance(row, Record) and row.event == "bcp_forwarded" and commit == Commit()
+    assert isinstance(result, Send) and result.topic == "agent:main"
+    assert result.content.success and result.content.detail == "handed over"  # type: ignore[union-attr]
+    assert respond == Respond(True, "forwarded")
+    assert isinstance(spawn, Spawn) and len(spawn.actions) == 1
+    [handed] = spawn.actions
+    assert isinstance(handed, Send) and handed.topic == "agent:scribe" and handed.token is None
+    assert handed.content["text"] == "a b c" and handed.content["untrusted"] is True
 
 
 def test_a_destination_that_takes_nothing_is_a_refusal(tmp_path):
