@@ -57,7 +57,7 @@ from ..log.fetch import sender_mark
 from ..ops.startup import StartupError
 from .cluster_history import PUBLISH_TIMEOUT, history_lost, open_history
 from .cluster_inbound import Inbound
-from .cluster_members import Members, Reloads
+from .cluster_members import Nodes, Reloads
 from .cluster_node import Accepted, Forwarder, Node, Trigger, grants_of
 from .cluster_registry import Registry
 from .cluster_wire import (
@@ -158,7 +158,7 @@ class ClusterLink:
         self._history: JetStreamContext.PushSubscription | None = None
         self._cut_at: datetime | None = None
         """When this node was last cut off from NATS."""
-        self._members = Members(bus.log, node, self._publish)
+        self._members = Nodes(bus.log, node, self._publish)
         self._waiting: dict[str, _Gather] = {}
         self._inbox = ""
         self._counter = 0

@@ -25,12 +25,12 @@ from .cluster_wire import HEARTBEAT, HELLO_SUBJECT, NODE_TTL, RELOAD_SUBJECT, He
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-__all__ = ["Members", "Reloads"]
+__all__ = ["Nodes", "Reloads"]
 
 logger = logging.getLogger("bus.transports.cluster")
 
 
-class Members:
+class Nodes:
     """The other nodes of the cluster as one node hears them.
 
     Args:
