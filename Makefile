@@ -26,8 +26,10 @@ COMPILED_SUITES = tests/test_compiled.py tests/bus/test_protocol.py tests/bus/te
 	tests/peers/gateway/test_core.py tests/peers/gateway/test_sealed.py tests/peers/test_bcp.py \
 	tests/peers/test_client.py
 
+# An in-place build's shared mypyc runtime (*__mypyc.*.so) sits at the checkout's top, which an
+# editable install does not put on sys.path: commands run from other folders need it there.
 tests-compiled: compiled
-	BCPBUS_EXPECT_COMPILED=1 pytest $(COMPILED_SUITES)
+	BCPBUS_EXPECT_COMPILED=1 PYTHONPATH=$(CURDIR) pytest $(COMPILED_SUITES)
 
 clean-compiled:
 	rm -rf build
