@@ -63,7 +63,7 @@ async def test_every_tool_answers_in_process(tmp_path):
     async with (
         running_bcp(tmp_path) as h,
         served(h, "agent:main", mode="legacy") as (main_bridge, main, main_updates),
-        served(h, "agent:researcher", mode="legacy") as (_bridge, researcher, updates),
+        served(h, "agent:researcher", mode="legacy") as (reader_bridge, researcher, updates),
     ):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MCPDeprecationWarning)
@@ -81,6 +81,10 @@ async def test_every_tool_answers_in_process(tmp_path):
         # The reader gets it; main does not hear a more tainted peer's answer (deliveredTo 0).
         assert not sent.is_error and sent.structured_content["deliveredTo"] == 0
         assert await asyncio.wait_for(updates.get(), scaled(5)) == INBOX_URI
+        # The gateway's bcp_subscriptions_active reaches the reader on its own time: main's
+        # send no longer waits for the (more tainted) reader, so wait for it here.
+        assert reader_bridge.reader is not None
+        await asyncio.wait_for(reader_bridge.reader.subscriptions_received.wait(), scaled(5))
         inbox = json.loads((await researcher.read_resource(INBOX_URI)).contents[0].text)
         assert inbox["messages"][-1]["content"] == {"note": "hello"}
         assert inbox["subscriptions"][0]["subscription_id"] == "research-findings"
