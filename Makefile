@@ -9,8 +9,11 @@ style:
 types:
 	mypy bus peers schemas
 
+# Two processes, whole files each (README's Development): the suite mostly waits on subprocesses.
+PYTEST_PARALLEL = -n 2 --dist loadfile
+
 tests:
-	pytest
+	pytest $(PYTEST_PARALLEL)
 
 # The compiled build (setup.py): the modules of bus/compiled.py compiled by mypyc, in place, so
 # that Python imports them instead of their .py; `make clean-compiled` goes back to pure Python.
@@ -29,7 +32,7 @@ COMPILED_SUITES = tests/test_compiled.py tests/bus/test_protocol.py tests/bus/te
 # An in-place build's shared mypyc runtime (*__mypyc.*.so) sits at the checkout's top, which an
 # editable install does not put on sys.path: commands run from other folders need it there.
 tests-compiled: compiled
-	BCPBUS_EXPECT_COMPILED=1 PYTHONPATH=$(CURDIR) pytest $(COMPILED_SUITES)
+	BCPBUS_EXPECT_COMPILED=1 PYTHONPATH=$(CURDIR) pytest $(PYTEST_PARALLEL) $(COMPILED_SUITES)
 
 clean-compiled:
 	rm -rf build
