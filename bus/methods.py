@@ -211,7 +211,9 @@ class Methods:
         message_id = fields.message_id
         message = Message(
             topic,
-            request.params["payload"],
+            # Taken out of the request: the message holds the one copy, encoded once it is
+            # logged, while the request waits for its deliveries.
+            request.params.pop("payload"),
             message_id,
             fields.type,
             trace_id=fields.trace_id,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from . import _json
 from .actions import Record
 from .logevents import LogEvent
 from .policy import RAW_TEXT_TYPES, Grants, may_flow
@@ -35,10 +36,16 @@ K = TypeVar("K", bound=Hashable)
 
 @dataclass(slots=True)
 class Message:
-    """One message on its way through the bus: what it is, and the epoch it was given."""
+    """One message on its way through the bus: what it is, and the epoch it was given.
+
+    Its envelope is held once: decoded (``decoded``, as it arrived) until :meth:`encode` is
+    called, then as the UTF-8 JSON every frame and row that carries it reuses (``encoded``).
+    :attr:`payload` decodes that again for the few readers that need a dict, for as long as
+    they use it.
+    """
 
     topic: str
-    payload: dict[str, Any]
+    decoded: dict[str, Any] | None
     message_id: str
     type: str
     trace_id: str | None = None
@@ -49,6 +56,26 @@ class Message:
     """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
     forwarded: bool = False
     """Another bus node of a cluster accepted it: delivered here, never forwarded again."""
+    encoded: bytes | None = None
+    """The envelope as compact UTF-8 JSON, once :meth:`encode` was called."""
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The envelope as a dict: the one that arrived, or a fresh decoding of ``encoded``
+        (do not keep it: a copy held is a copy more in memory)."""
+        if self.decoded is not None:
+            return self.decoded
+        assert self.encoded is not None  # one of the two is always set
+        payload: dict[str, Any] = _json.loads(self.encoded)
+        return payload
+
+    def encode(self) -> bytes:
+        """Encode the envelope once, drop the decoded copy, and return the bytes."""
+        if self.encoded is None:
+            assert self.decoded is not None
+            self.encoded = _json.dumpb(self.decoded)
+            self.decoded = None
+        return self.encoded
 
     def row(self, event: LogEvent, actor: str, status: str | None = None) -> Record:
         """A row about this message and one target."""

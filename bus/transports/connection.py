@@ -10,8 +10,9 @@ What one peer can make the bus hold is bounded here, whatever the peer does:
 - requests: at most ``max_inflight_requests`` are handled at once; past that the read loop stops
   reading, so the socket's buffers fill and TCP slows the sender down (backpressure) instead of
   the bus queueing tasks without end;
-- bytes: every request frame is charged to a :class:`ByteBudget` shared by the whole bus until
-  its last request is answered; a frame that does not fit is answered -32005 at once;
+- bytes: every request frame is charged to a :class:`ByteBudget` shared by the whole bus, in
+  UTF-8 bytes (:func:`frame_bytes`: what the bus holds of the message it carries), until its
+  last request is answered; a frame that does not fit is answered -32005 at once;
 - frames: a binary frame closes the connection with 1003 (the wire is JSON text).
 """
 
@@ -31,7 +32,7 @@ from ..core.protocol import ErrorResponse, Notification, Request, Response, Sess
 if TYPE_CHECKING:
     from .local import Socket
 
-__all__ = ["ByteBudget", "Connection", "Handler", "Link", "PeerGone"]
+__all__ = ["ByteBudget", "Connection", "Handler", "Link", "PeerGone", "frame_bytes"]
 
 logger = logging.getLogger("bus.transports.connection")
 
@@ -92,6 +93,13 @@ class ByteBudget:
     def give(self, size: int) -> None:
         """Return ``size`` bytes charged by :meth:`take`."""
         self.used -= size
+
+
+def frame_bytes(text: str) -> int:
+    """The size of a text frame in UTF-8 bytes, as it came on the wire and as the bus holds
+    the message it carries (encoded once): what :class:`ByteBudget` counts. Most frames are
+    ASCII, where it is the length; any other is encoded to be measured."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 class _FrameCharge:
@@ -182,7 +190,9 @@ class Connection:
                     await self.ws.close(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
                     return
                 self.session.receive_text(text)
-                self._dispatch(len(text))
+                size = frame_bytes(text)
+                del text  # parsed: hold no copy of it while its requests are handled
+                self._dispatch(size)
                 if self._on_protocol_error is not None:
                     for error in self.session.errors_sent():
                         self._on_protocol_error(self, error)
