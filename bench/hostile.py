@@ -11,8 +11,8 @@ message of 900 KiB at once to ``agent:stall``, which reads every frame and answe
 message stays in flight until ``process_timeout`` (or ``--config``'s). Each way the bus
 (``bcpbus serve --no-gateway`` with its default limits, run from ``--tree``, default this
 checkout) is sampled every second: resident memory (VmRSS), and what the attackers saw. Run it
-once on the tree before a change and once after (``git worktree add /tmp/before REV``); everything stays on 127.0.0.1,
-and every loop ends by ``--seconds``.
+once on the tree before a change and once after (``git worktree add /tmp/before REV``);
+everything stays on 127.0.0.1, and every loop ends by ``--seconds``.
 """
 
 from __future__ import annotations
