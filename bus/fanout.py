@@ -355,8 +355,8 @@ class _Params:
     """The ``processMessage`` params of one message, made once per form a link takes.
 
     A :class:`~bus.transports.connection.Connection` encodes the call itself, so it gets the
-    envelope as the message's encoded bytes (:func:`bus.core._json.fragment`): every frame
-    reuses the one encoding, and no decoded copy is held while deliveries wait. Other links
+    envelope as the message's one encoding (:func:`bus.core._json.fragment`): every frame
+    splices it in, and no decoded copy is held while deliveries wait. Other links
     (webhooks, the cluster) read the params as a dict; they get one decoded on first use.
     """
 
@@ -388,13 +388,13 @@ class _Params:
 def _content(message: Message, mode: LogContent) -> str:
     """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
 
-    The JSON is the message's one encoding (:meth:`~bus.core.delivery.Message.encode`), which
+    The JSON is the message's one encoding (:meth:`~bus.core.delivery.Message.text`), which
     its deliveries reuse. The digest is over the canonical JSON (keys sorted, no spaces,
     UTF-8), so an auditor who holds the message can recompute it:
     ``bus.core.digest.canonical_sha256(envelope)``.
     """
     if mode == "full":
-        return message.encode().decode()
+        return message.text()
     return json.dumps(
         {"type": message.type, "sha256": canonical_sha256(message.payload)},
         separators=(",", ":"),

@@ -12,9 +12,9 @@ accepts and another refuses would make the wire depend on an optional extra:
 - ``dumps`` returns compact text and raises ``ValueError`` on a non-finite float or a lone
   surrogate, rather than write a frame a strict parser would reject. ``dumpb`` is the same as
   UTF-8 bytes: what a frame is written as, without a decoded copy in between.
-- ``fragment`` wraps JSON already encoded (by ``dumpb``) so that ``dumps`` and ``dumpb`` write it
-  as it is: a message encoded once goes into every frame that carries it (orjson's
-  ``Fragment``). Without orjson it is decoded again, which writes the same text.
+- ``fragment`` wraps JSON already encoded (by ``dumpb``; bytes or text) so that ``dumps`` and
+  ``dumpb`` write it as it is: a message encoded once goes into every frame that carries it
+  (orjson's ``Fragment``). Without orjson it is decoded again, which writes the same text.
 """
 
 from __future__ import annotations
@@ -180,11 +180,11 @@ def _has_non_finite(obj: Any) -> bool:
     return False
 
 
-def _orjson_fragment(encoded: bytes) -> Any:
+def _orjson_fragment(encoded: str | bytes) -> Any:
     return _orjson.Fragment(encoded)
 
 
-def _std_fragment(encoded: bytes) -> Any:
+def _std_fragment(encoded: str | bytes) -> Any:
     return _std_loads(encoded)
 
 
