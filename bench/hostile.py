@@ -252,6 +252,8 @@ async def _measure_large(tree: Path, senders: int, config: Path | None) -> dict[
                 await asyncio.wait({attack}, timeout=0.5)
             await attack
             took = time.monotonic() - began
+            if os.environ.get("HOSTILE_TRACE"):
+                print(" ".join(f"{mib:.0f}" for mib in samples), file=sys.stderr)
             await asyncio.sleep(2.0)  # let the bus free what it held
             after = rss_bytes(pid) / MIB
     return {

@@ -28,6 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from ..core.calls import PeerGone, PendingCalls
 from ..core.errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
 from ..core.protocol import ErrorResponse, Notification, Request, Response, Session
+from .intake import Intake
 
 if TYPE_CHECKING:
     from .local import Socket
@@ -67,6 +68,11 @@ class Link(Protocol):
 Handler = Callable[["Connection", Request], Awaitable[Any]]
 """What the bus does with one request from one connection: returns the result or raises."""
 
+INTAKE_SHARE = 4 << 20
+"""Bytes of a :class:`ByteBudget` per socket that may be reading a large frame at once
+(:mod:`bus.transports.intake`): frames of up to 1 MiB being read hold about a quarter of the
+budget more, whatever the number of peers sending them."""
+
 FORCED_CLOSE_WAIT = 1.0
 """Seconds :meth:`Connection.force_close` lets the close frame go out before it drops the TCP
 connection; a peer that reads nothing would otherwise hold the close for ``close_timeout``."""
@@ -82,6 +88,8 @@ class ByteBudget:
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.used = 0
+        self.intake = None if limit is None else Intake(limit // INTAKE_SHARE)
+        """Bounds the large frames being read from sockets, before this budget sees them."""
 
     def take(self, size: int) -> bool:
         """Charge ``size`` bytes; return False (charging nothing) if they do not fit."""
@@ -165,6 +173,8 @@ class Connection:
         self._request_done = asyncio.Event()
         self._request_tasks: set[asyncio.Task[None]] = set()
         self._abandon_with: BusError | None = None
+        intake = budget.intake if budget is not None else None
+        self._reader = intake.watch(ws) if intake is not None else None
 
     @property
     def kind(self) -> str:
@@ -192,6 +202,8 @@ class Connection:
                 self.session.receive_text(text)
                 size = frame_bytes(text)
                 del text  # parsed: hold no copy of it while its requests are handled
+                if self._reader is not None:
+                    self._reader.taken(size)
                 self._dispatch(size)
                 if self._on_protocol_error is not None:
                     for error in self.session.errors_sent():
@@ -203,6 +215,8 @@ class Connection:
                     await self._request_done.wait()
         finally:
             self._gone = True
+            if self._reader is not None:
+                self._reader.close()
             self._pending.fail_all(PeerGone(self.name))
             self._closed.set()
 
