@@ -36,6 +36,8 @@ from websockets.exceptions import ConnectionClosed
 
 from .common import rss_bytes
 
+__all__ = ["LARGE", "large", "login", "main", "measure", "serve", "tokens_for"]
+
 HERE = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 WINDOW = 2_000
@@ -68,9 +70,11 @@ def _token(tree: Path, peers_file: Path, client_id: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _serve(
+async def serve(
     tree: Path, directory: Path, config: Path | None = None
 ) -> AsyncIterator[tuple[int, str]]:
+    """Run ``bcpbus serve --no-gateway`` from ``tree`` with its files in ``directory`` (peers
+    in ``peers.yaml``) and ``config``; yield its process id and ``ws://`` URL, stop it after."""
     peers = directory / "peers.yaml"
     argv = _bcpbus(
         tree, "serve", "--port", "0", "--no-gateway", "--db", str(directory / "log.db"),
@@ -120,7 +124,8 @@ def _tiny_socket(url: str) -> socket.socket:
     return sock
 
 
-async def _login(url: str, client_id: str, token: str, **kwargs: Any) -> ClientConnection:
+async def login(url: str, client_id: str, token: str, **kwargs: Any) -> ClientConnection:
+    """Connect to ``url`` and initialize as ``client_id``; ``kwargs`` go to ``connect``."""
     ws = await connect(url, max_size=None, **kwargs)
     params = {"clientId": client_id, "auth": {"token": token}}
     await ws.send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}))
@@ -129,9 +134,9 @@ async def _login(url: str, client_id: str, token: str, **kwargs: Any) -> ClientC
 
 
 async def _slow(url: str, tokens: dict[str, str], until: float, seen: dict[str, int]) -> None:
-    stall = await _login(url, "agent:stall", tokens["agent:stall"], sock=_tiny_socket(url))
+    stall = await login(url, "agent:stall", tokens["agent:stall"], sock=_tiny_socket(url))
     stall.transport.pause_reading()  # never read again
-    pub = await _login(url, "tg:pub", tokens["tg:pub"])
+    pub = await login(url, "tg:pub", tokens["tg:pub"])
     content = {"text": "x" * (64 << 10)}
     ids = iter(range(10**9))
     answers: asyncio.Queue[str] = asyncio.Queue()
@@ -166,7 +171,7 @@ async def _slow(url: str, tokens: dict[str, str], until: float, seen: dict[str, 
 
 
 async def _flood(url: str, tokens: dict[str, str], until: float, seen: dict[str, int]) -> None:
-    ws = await _login(url, "tg:pipe", tokens["tg:pipe"], sock=_tiny_socket(url))
+    ws = await login(url, "tg:pipe", tokens["tg:pipe"], sock=_tiny_socket(url))
     ws.transport.pause_reading()  # never read an answer
     frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
     try:
@@ -189,7 +194,7 @@ LARGE = 900 << 10
 """Characters of content in each message of the ``large`` case."""
 
 
-def _tokens(peers_file: Path, client_ids: Sequence[str]) -> dict[str, str]:
+def tokens_for(peers_file: Path, client_ids: Sequence[str]) -> dict[str, str]:
     """Tokens for many peers at once, written to ``peers_file`` (one ``peers add`` each would
     start a process per peer)."""
     from bus.ops.credentials import Credentials
@@ -211,11 +216,11 @@ async def large(url: str, tokens: dict[str, str], seen: dict[str, int]) -> None:
     """``agent:stall`` reads every frame and answers none; every other peer in ``tokens`` sends
     one message of :data:`LARGE` characters to it at once and waits for its answer, counted in
     ``seen`` by outcome (``answered`` or the error code). Returns once all are answered."""
-    stall = await _login(url, "agent:stall", tokens["agent:stall"])
+    stall = await login(url, "agent:stall", tokens["agent:stall"])
     drop = asyncio.create_task(_read_all(stall))
     senders = [cid for cid in tokens if cid != "agent:stall"]
     # One at a time: sockets not yet initialized are capped per address (HTTP 503 past it).
-    links = [await _login(url, cid, tokens[cid]) for cid in senders]
+    links = [await login(url, cid, tokens[cid]) for cid in senders]
 
     async def send(ws: ClientConnection, sender: str) -> None:
         await ws.send(_large_frame(sender, 1))
@@ -240,8 +245,8 @@ async def _measure_large(tree: Path, senders: int, config: Path | None) -> dict[
     with tempfile.TemporaryDirectory(prefix="bcpbus-hostile-") as tmp:
         directory = Path(tmp)
         ids = ["agent:stall", *(f"tg:flood{i}" for i in range(senders))]
-        tokens = _tokens(directory / "peers.yaml", ids)
-        async with _serve(tree, directory, config) as (pid, url):
+        tokens = tokens_for(directory / "peers.yaml", ids)
+        async with serve(tree, directory, config) as (pid, url):
             start_rss = rss_bytes(pid)
             seen: dict[str, int] = {}
             attack = asyncio.create_task(large(url, tokens, seen))
@@ -277,7 +282,7 @@ async def measure(case: str, tree: Path, seconds: float) -> dict[str, Any]:
             cid: _token(tree, directory / "peers.yaml", cid)
             for cid in ("agent:stall", "tg:pub", "tg:pipe")
         }
-        async with _serve(tree, directory) as (pid, url):
+        async with serve(tree, directory) as (pid, url):
             start_rss = rss_bytes(pid)
             seen: dict[str, int] = {"sent": 0, "answered": 0, "error": 0, "send_blocked": 0}
             seen.setdefault("closed", 0)
