@@ -5,9 +5,9 @@ but it raises that threshold to the size of each such block freed: after the fir
 message, the next ones come from the heap, whose free space is kept rather than returned. A
 bus that held 170 MB of 900 KiB messages for a while then kept about 400 MiB of RSS for good
 (bench/README.md, "Hostile peers"). :func:`return_large_blocks` pins the threshold, as
-``MALLOC_MMAP_THRESHOLD_=131072`` in the environment would: large blocks are always mapped, so
+``MALLOC_MMAP_THRESHOLD_=524288`` in the environment would: large blocks are always mapped, so
 their memory goes back when they are freed. Small objects are not concerned (Python's own
-allocator serves them).
+allocator serves them), nor asyncio's read buffers (below the threshold).
 """
 
 from __future__ import annotations
@@ -18,14 +18,21 @@ import logging
 import os
 import sys
 
-__all__ = ["MMAP_THRESHOLD", "return_large_blocks"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "return_large_blocks"]
 
 logger = logging.getLogger("bus.ops.memory")
 
-MMAP_THRESHOLD = 128 << 10
-"""Blocks of this many bytes or more are mapped on their own (glibc's starting value)."""
+MMAP_THRESHOLD = 512 << 10
+"""Blocks of this many bytes or more are mapped on their own. Above asyncio's 256 KiB read
+buffer, which every read of every socket allocates: mapping it would cost two system calls a
+read (about 12% more CPU per small message in ``bench.ab``, in a wide spread)."""
 
-_M_MMAP_THRESHOLD = -3  # from <malloc.h>
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
+"""Free bytes at the top of the heap past which glibc gives them back (twice the mmap
+threshold, as glibc's own adjustment sets it)."""
+
+_M_TRIM_THRESHOLD = -1  # from <malloc.h>
+_M_MMAP_THRESHOLD = -3
 
 
 def return_large_blocks() -> bool:
@@ -40,7 +47,9 @@ def return_large_blocks() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False  # not glibc
-    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
     if not done:
         logger.debug("mallopt(M_MMAP_THRESHOLD) refused")
     return done
