@@ -87,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "limit": options.limit,
             "bus_sample": options.bus_sample,
             "action": options.action,
+            "transport": options.transport,
         }
         fields = {field.name for field in dataclasses.fields(settings)}
         settings = dataclasses.replace(
@@ -131,6 +132,11 @@ def _parser() -> argparse.ArgumentParser:
         choices=("asyncio", "uvloop"),
         default="asyncio",
         help="event loop of the server processes (uvloop must be installed)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("websockets", "picows"),
+        help="what serves the bus's WebSocket peers (delivery; picows needs its extra)",
     )
     return parser
 

@@ -31,7 +31,10 @@ import asyncio, json, sys, tempfile
 from pathlib import Path
 from bench import delivery
 window, count = int(sys.argv[1]), int(sys.argv[2])
-options = delivery.Options(reps=1, windows=(window,), count=count, warmup=min(1000, count))
+extra = {"transport": sys.argv[3]} if len(sys.argv) > 3 else {}
+options = delivery.Options(
+    reps=1, windows=(window,), count=count, warmup=min(1000, count), **extra
+)
 async def main():
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
         return await delivery._one("bus", Path(tmp), options)
@@ -39,9 +42,10 @@ print(json.dumps(asyncio.run(main())[str(window)]))
 """
 
 
-def _run(tree: Path, window: int, count: int) -> dict[str, float]:
+def _run(tree: Path, window: int, count: int, transport: str | None) -> dict[str, float]:
+    extra = [] if transport is None else [transport]
     done = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(window), str(count)],
+        [sys.executable, "-c", _DRIVER, str(window), str(count), *extra],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -71,12 +75,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=6, help="runs of each tree (default 6)")
     parser.add_argument("--window", type=int, default=64, help="sendMessage calls in flight")
     parser.add_argument("--count", type=int, default=20_000, help="messages measured per run")
+    parser.add_argument(
+        "--transport",
+        choices=("websockets", "picows"),
+        help="this tree's bus's serve --transport (the other tree's keeps its default); with "
+        "the other tree this one, it compares the transports",
+    )
     args = parser.parse_args(argv)
     trees = {"other": args.other.resolve(), "this": args.this.resolve()}
     runs: dict[str, list[dict[str, float]]] = {"other": [], "this": []}
     for pair in range(args.pairs):
         for name in ("other", "this") if pair % 2 == 0 else ("this", "other"):
-            figures = _run(trees[name], args.window, args.count)
+            transport = args.transport if name == "this" else None
+            figures = _run(trees[name], args.window, args.count, transport)
             runs[name].append(figures)
             print(
                 f"pair {pair + 1} {name}: {figures['msgs_per_s']:,.0f} msgs/s, "

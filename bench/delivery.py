@@ -50,6 +50,8 @@ class Options:
     windows: tuple[int, ...] = (1, 64)
     payload_bytes: int = 200
     loop: str = "asyncio"
+    transport: str = "websockets"
+    """The bus's ``serve --transport``; the relay is always websockets."""
 
     @classmethod
     def quick(cls, loop: str = "asyncio") -> Options:
@@ -62,11 +64,17 @@ def options(quick: bool, loop: str) -> Options:
 
 
 def server(
-    target: str, directory: Path, loop: str, *, policy: Path | None = None
+    target: str,
+    directory: Path,
+    loop: str,
+    *,
+    policy: Path | None = None,
+    transport: str = "websockets",
 ) -> AbstractAsyncContextManager[Server]:
-    """The bus (with ``policy``, else the built-in one) or the relay, run in ``directory``."""
+    """The bus (with ``policy``, else the built-in one; served by ``transport``) or the relay,
+    run in ``directory``."""
     if target == "bus":
-        return running_bus(directory, loop=loop, policy=policy)
+        return running_bus(directory, loop=loop, policy=policy, transport=transport)
     return running_relay(directory, loop=loop)
 
 
@@ -106,7 +114,7 @@ async def measure_windows(
 
 async def _one(target: str, directory: Path, options: Options) -> dict[str, dict[str, float]]:
     tokens = make_peers(directory / "peers.yaml", {PUBLISHER: [], SUBSCRIBER: []})
-    async with server(target, directory, options.loop) as srv:
+    async with server(target, directory, options.loop, transport=options.transport) as srv:
         subscriber = await spawn_worker(
             "subscriber",
             "subscribers",
