@@ -35,6 +35,10 @@ CLOSE_TOO_BIG = 1009
 CLOSE_INVALID_TEXT = 1007
 CLOSE_ABNORMAL = 1006
 
+MAX_QUEUE = 16
+"""Messages read and not yet taken by the connection before the socket stops reading, so TCP
+pushes back on the peer: websockets' ``max_queue``."""
+
 WRITE_LIMIT = 32 * 1024
 """The write buffer's high water mark: websockets' ``write_limit``, so that slow consumers are
 found (:meth:`bus.transports.connection.Connection.write_blocked`) at the same point."""
@@ -150,13 +154,13 @@ class PicowsSocket(WSListener):
         ws = self._ws
         if ws is None or self._gone or self._sent is not None:
             raise self._closed_error()
-        writable = self._writable
-        if writable is not None and not writable.is_set():
-            await writable.wait()  # backpressure: the peer is not reading fast enough
-            if self._gone or self._sent is not None:
-                raise self._closed_error()
         binary = isinstance(message, bytes) and not text
         ws.send(WSMsgType.BINARY if binary else WSMsgType.TEXT, message)
+        writable = self._writable
+        if writable is not None and not writable.is_set():
+            # Written first, then waited for, as websockets does: the bytes a peer leaves
+            # unread show in the write buffer, which is how the bus finds slow consumers.
+            await writable.wait()
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Send a close frame with ``code``; wait up to ``close_timeout`` for the peer's, then
@@ -180,7 +184,10 @@ class PicowsSocket(WSListener):
     async def _messages(self) -> AsyncIterator[str | bytes]:
         while True:
             while self._inbox:
-                yield self._inbox.popleft()
+                message = self._inbox.popleft()
+                if len(self._inbox) == MAX_QUEUE // 4 and self.transport is not None:
+                    self.transport.resume_reading()
+                yield message
             if self._gone:
                 if self._sent is not None and self._sent.code == CLOSE_TOO_BIG:
                     raise self._closed_error()
@@ -195,6 +202,8 @@ class PicowsSocket(WSListener):
 
     def _deliver(self, message: str | bytes) -> None:
         self._inbox.append(message)
+        if len(self._inbox) == MAX_QUEUE and self.transport is not None:
+            self.transport.pause_reading()  # the connection stopped taking: TCP pushes back
         self._wake()
 
     def _wake(self) -> None:
