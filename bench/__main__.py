@@ -136,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--transport",
         choices=("websockets", "picows"),
-        help="what serves the bus's WebSocket peers (delivery; picows needs its extra)",
+        help="what serves the bus's peers (delivery, connections; picows needs its extra)",
     )
     return parser
 

@@ -5,7 +5,9 @@ pairs, in ABBA order (other, this; this, other; ...), so that both see the same 
 run is a child ``python -c`` started in its tree, so ``bench``, ``bus`` and ``peers`` are that
 tree's (and the children it starts get ``PYTHONPATH`` to it, see :mod:`bench.common`). Make the
 other tree with ``git worktree add /tmp/base COMMIT``; remove it with ``git worktree remove``.
-``--this TREE`` compares two other trees, e.g. a change of the past against its parent.
+``--this TREE`` compares two other trees, e.g. a change of the past against its parent;
+``--transport picows`` serves this tree's bus with picows (``python -m bench.ab . --transport
+picows`` compares the two transports on one tree).
 
 Prints each run, then per tree the median msgs/s and server CPU µs/msg, and the median (min-max)
 of the per-pair ratios this/other.
