@@ -124,7 +124,7 @@ class PicowsSocket(WSListener):
         self._gone = True
         self._gone_event.set()
         if self._writable is not None:
-            self._writable.set()  # senders waiting for room raise ConnectionClosed now
+            self._writable.set()  # senders waiting for room go on, and raise ConnectionClosed
         self._wake()
 
     def pause_writing(self) -> None:
@@ -161,6 +161,8 @@ class PicowsSocket(WSListener):
             # Written first, then waited for, as websockets does: the bytes a peer leaves
             # unread show in the write buffer, which is how the bus finds slow consumers.
             await writable.wait()
+            if self._gone:
+                raise self._closed_error()
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Send a close frame with ``code``; wait up to ``close_timeout`` for the peer's, then
