@@ -1,5 +1,5 @@
 """What a WebSocket transport must do beyond the wire suite, the same on websockets and picows
-(fragments, bad UTF-8, pings), and how ``--transport`` / ``transport:`` choose one."""
+(fragments, bad UTF-8, pings, wss://), and how ``--transport`` / ``transport:`` choose one."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bus import cli
-from bus.assemble import door_for
+from bus.assemble import door_for, running
 from bus.ops.config import ConfigError, Limits, ServeConfig
 from bus.ops.credentials import Credentials
 from bus.ops.startup import StartupError
+from bus.ops.tls import server_context
 from bus.transports.websocket import WebSocketDoor
 from peers import Peer
 from peers.testing import running_bus, scaled
@@ -87,6 +89,24 @@ async def test_a_ping_is_answered(tmp_path):
         await ws.send(PING)
         async with asyncio.timeout(scaled(5)):
             assert json.loads(await ws.recv())["id"] == 1
+
+
+async def test_wss_on_each_transport(tmp_path, each_transport):
+    """With a certificate either transport serves wss://, and the SDK with the CA file pings."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    credentials = Credentials.empty()
+    token = credentials.add_ephemeral("tg:1", [])
+    tls = server_context(tmp_path / "cert.pem", tmp_path / "key.pem")
+    async with running(
+        tmp_path / "log.db", credentials=credentials, ssl=tls, transport=each_transport
+    ) as bus:
+        assert bus.url.startswith("wss://127.0.0.1:")
+        async with Peer(bus.url, "tg:1", token, cafile=str(tmp_path / "ca.pem")) as peer:
+            assert (await peer.ping()).pong is True
 
 
 @pytest.mark.skipif(not HAS_PICOWS, reason="picows is not installed: pip install 'bcpbus[picows]'")
