@@ -101,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, tree in trees.items():
         msgs = [f["msgs_per_s"] for f in runs[name]]
         cpu = [f["server_cpu_us"] for f in runs[name]]
-        print(f"{name} ({tree}): msgs/s {_spread(msgs)}; server CPU us/msg {_spread(cpu)}")
+        served = f", --transport {args.transport}" if name == "this" and args.transport else ""
+        print(f"{name} ({tree}{served}): msgs/s {_spread(msgs)}; server CPU us/msg {_spread(cpu)}")
     pairs = list(zip(runs["this"], runs["other"], strict=True))
     msgs_ratio = [a["msgs_per_s"] / b["msgs_per_s"] for a, b in pairs]
     cpu_ratio = [a["server_cpu_us"] / b["server_cpu_us"] for a, b in pairs if b["server_cpu_us"]]
