@@ -66,6 +66,9 @@ class Epochs:
         self._clock = clock
         self.base: int | None = None
         """The cluster's base (:meth:`follow`); None on a bus of its own."""
+        self.on_read: Callable[[], None] | None = None
+        """Told each time :meth:`at` moves this node's place in the stream (a read waiting for
+        it to reach a cursor given on another node: :mod:`bus.readback`)."""
 
     def follow(self, base: int) -> None:
         """Give epochs from the cluster's stream from now on, above ``base``.
@@ -80,9 +83,13 @@ class Epochs:
     def read(self) -> int:
         """The stream sequence this node's epochs have reached: 0 if none of the stream
         above :attr:`base` (a node new to it), else the last whose epoch it gave or passed."""
-        if self.base is None or self.last < self.base:
+        return self.seq_of(self.last)
+
+    def seq_of(self, epoch: int) -> int:
+        """The stream sequence at or before ``epoch`` (0: before the stream's first)."""
+        if self.base is None or epoch < self.base:
             return 0
-        return (self.last - self.base) // STREAM_STEP
+        return (epoch - self.base) // STREAM_STEP
 
     def at(self, seq: int) -> int:
         """The epoch of the stream's message ``seq``, now :attr:`last` (given or not).
@@ -98,6 +105,8 @@ class Epochs:
         if epoch > MAX_EPOCH:
             raise OverflowError("epochs exhausted: the stream is past 2**63-1")
         self.last = epoch
+        if self.on_read is not None:
+            self.on_read()
         return epoch
 
     def next(self) -> int:

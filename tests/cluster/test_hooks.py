@@ -18,7 +18,6 @@ from peers.testing import Inbox, running_bus
 from schemas.bus import ListPeersResult
 from tests.cluster.conftest import POLICY
 
-
 T = TypeVar("T")
 BASE = 10**15
 
