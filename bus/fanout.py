@@ -20,7 +20,7 @@ from .core import _json, delivery
 from .core.actions import Record
 from .core.delivery import Message
 from .core.digest import canonical_sha256
-from .core.epochs import Epochs
+from .core.epochs import Epochs, NoRoom
 from .core.errors import BusError, ClusterUnavailable
 from .core.logevents import LogEvent
 from .core.policy import Grants
@@ -164,7 +164,7 @@ class Fanout:
             try:
                 targets = await self.cluster.sequence(message, actor, stamp)
             except ClusterUnavailable:
-                targets = stamp(None)
+                targets = _local(stamp)
         else:
             targets = await self.cluster.sequence(message, actor, stamp)
         if targets:  # else fan_out commits the rows (and fetch commits before it reads)
@@ -402,6 +402,18 @@ def record_row(log: ActivityLog, row: Record) -> None:
         epoch=row.epoch,
         trace_id=row.trace_id,
     )
+
+
+def _local(stamp: Callable[[int | None], list[Route[Link]]]) -> list[Route[Link]]:
+    """``stamp`` at an epoch of this cluster node alone.
+
+    Raises:
+        ClusterUnavailable: no epoch is left before the stream's next one.
+    """
+    try:
+        return stamp(None)
+    except NoRoom as exc:
+        raise ClusterUnavailable(f"{exc}: not kept while this node is cut off") from exc
 
 
 class _SlowConsumer(Exception):
