@@ -341,17 +341,7 @@ class ClusterLink:
         self._counter += 1
         token = str(self._counter)
         gather = self._waiting[token] = _Gather(self.live_nodes())
-        forwarded = Forwarded(
-            node=self.node,
-            topic=message.topic,
-            payload=message.payload,
-            message_id=message.message_id,
-            type=message.type,
-            trace_id=message.trace_id,
-            sender=sender,
-            mark=self._mark(sender),
-            reply=f"{self._inbox}.{token}",
-        )
+        forwarded = _forwarded(self.bus, self.node, message, sender, f"{self._inbox}.{token}")
         try:
             result = await self._order.store(js, forwarded, token, stamp)
         except BaseException:
@@ -393,11 +383,6 @@ class ClusterLink:
         """Seconds a sender waits for the other nodes: ``process_timeout`` and a grace."""
         process = self.bus.limits.process_timeout
         return (process if process is not None else 30.0) + ANSWER_GRACE
-
-    def _mark(self, sender: str) -> str:
-        if sender == BUS_CLIENT_ID:
-            return sender_mark(None)
-        return sender_mark(grants_of(self.bus, sender))
 
     async def _on_answer(self, msg: Msg) -> None:
         gather = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
@@ -448,6 +433,22 @@ class ClusterLink:
         """Register ``client_id``'s new link here, at once (see :class:`Registry`)."""
         if self._registry is not None and self._nc is not None and self._nc.is_connected:
             self._registry.joined(client_id)
+
+
+def _forwarded(bus: Node, node: str, message: Accepted, sender: str, reply: str) -> Forwarded:
+    """``message`` as ``node`` stores it in the stream, with its sender's taint mark there."""
+    grants = None if sender == BUS_CLIENT_ID else grants_of(bus, sender)
+    return Forwarded(
+        node=node,
+        topic=message.topic,
+        payload=message.payload,
+        message_id=message.message_id,
+        type=message.type,
+        trace_id=message.trace_id,
+        sender=sender,
+        mark=sender_mark(grants),
+        reply=reply,
+    )
 
 
 async def _connect(
