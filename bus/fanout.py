@@ -168,7 +168,12 @@ class Fanout:
         else:
             targets = await self.cluster.sequence(message, actor, stamp)
         if targets:  # else fan_out commits the rows (and fetch commits before it reads)
-            await self._commit(message, actor)
+            try:
+                await self._commit(message, actor)
+            except BusError:
+                if self.cluster is not None:
+                    self.cluster.forget(message)  # never delivered: its answers are not awaited
+                raise
         return targets
 
     def stamp(

@@ -350,6 +350,11 @@ class ClusterLink:
         self._sequenced[message.epoch] = (token, gather)
         return result
 
+    def forget(self, message: Accepted) -> None:
+        """Await no answers for ``message``: its rows here failed, it is not delivered."""
+        token, _ = self._sequenced.pop(message.epoch, ("", None))
+        self._waiting.pop(token, None)
+
     async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
         """Wait for the other nodes' answers to ``message`` (stored by :meth:`sequence`), those
         of the nodes alive when it was sent.

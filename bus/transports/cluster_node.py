@@ -94,6 +94,9 @@ class Forwarder(Protocol):
             ClusterUnavailable: the stream could not be reached; ``stamp`` was not called.
         """
 
+    def forget(self, message: Accepted) -> None:
+        """``message`` (sequenced) is not delivered here after all: await no answers for it."""
+
     async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
         """Gather the other nodes' answers to ``message`` (sequenced); return (processed,
         tried) over them."""

@@ -49,6 +49,9 @@ class OtherNodes:
         self.seq += 1
         return stamp(self.epochs.at(self.seq))
 
+    def forget(self, message: Accepted) -> None:
+        pass
+
     async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
         if sender != BUS_CLIENT_ID:
             self.forwarded.append((message.message_id, sender))
