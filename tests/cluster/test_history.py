@@ -123,7 +123,8 @@ async def test_a_peer_whose_node_is_killed_resumes_on_another_node(cluster):
 
 async def test_a_nats_server_back_without_its_store_is_given_it_again(cluster):
     """nats-server restarted on an empty store (no stream, no consumers, no bucket): the nodes
-    make them again on reconnect (the first one the stream) and messages cross again."""
+    make them again on reconnect (the first one the stream) and messages cross again, under a
+    new base: each log's epochs still strictly increase, and agree across the nodes."""
     tokens = {cid: cluster.token(cid) for cid in ("w:0", "w:1", "watch:a")}
     a, b = await cluster.node("a"), await cluster.node("b")
     watch, inbox = Inbox(reply=True), Inbox(reply=True)
@@ -154,3 +155,9 @@ async def test_a_nats_server_back_without_its_store_is_given_it_again(cluster):
     # Each node made its part again once; the first to come back made the stream.
     assert all(len(statuses) == 1 for statuses in lost)
     assert ["stream_lost"] in lost
+    for db in (a.db, b.db):
+        epochs = [row["epoch"] for row in rows(db, "send_start")]
+        assert epochs == sorted(set(epochs)), db
+    assert [row["epoch"] for row in rows(a.db, "send_start", result.message_id)] == [
+        row["epoch"] for row in rows(b.db, "send_start", result.message_id)
+    ]
