@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import TypeVar
 
 import pytest
 
+from bus import readback
 from bus.core.epochs import STREAM_STEP, Epochs
 from bus.core.errors import ClusterUnavailable
 from bus.core.policy import Policy
 from bus.core.presence import BUS_CLIENT_ID
 from bus.transports.cluster import Accepted
-from peers.errors import ClusterUnavailable as ClusterUnavailableError
-from peers.testing import Inbox, running_bus
+from peers.errors import (
+    ClusterUnavailable as ClusterUnavailableError,
+    EpochNotKept as EpochNotKeptError,
+)
+from peers.testing import Inbox, running_bus, scaled
 from schemas.bus import ListPeersResult
 from tests.cluster.conftest import POLICY
 
@@ -124,3 +129,26 @@ async def test_a_message_from_another_node_is_delivered_here_and_not_forwarded_a
     assert answer == (1, 1) and heard.content == {"text": "from b"}
     assert heard.epoch == epoch == latest
     assert others.forwarded == []
+
+
+async def test_a_cursor_from_a_node_further_on_is_waited_for_then_refused(tmp_path, monkeypatch):
+    """A cursor two stream messages past what this node read is refused (-32009) only after
+    the catch-up wait; one between the last message read and the next (a local epoch of a node
+    that was cut off) is answered at once, empty, with nextEpoch the cursor itself."""
+    monkeypatch.setattr(readback, "CATCH_UP_WAIT", scaled(0.3))
+    async with AsyncExitStack() as stack:
+        harness = await stack.enter_async_context(
+            running_bus(tmp_path, policy=Policy.from_yaml(POLICY))
+        )
+        others = OtherNodes(answers=(0, 0), epochs=harness.bus.epochs)
+        harness.bus.cluster = others
+        reader = await stack.enter_async_context(harness.peer("w:1"))
+        read = harness.bus.epochs.read()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(EpochNotKeptError):
+            await reader.fetch("room:x", BASE + (read + 2) * STREAM_STEP)
+        waited = asyncio.get_running_loop().time() - started
+        between = BASE + read * STREAM_STEP + 5
+        page = await reader.fetch("room:x", between)
+    assert waited >= scaled(0.3)
+    assert page.messages == [] and page.next_epoch == between
