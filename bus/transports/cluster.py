@@ -277,6 +277,7 @@ class ClusterLink:
         await self._members.wait_for(node)
 
     async def _disconnected(self) -> None:
+        self._order.reading = False  # sends are refused until the reading is back (_heal)
         if not self._closing:
             logger.warning("node %s is cut off from NATS: sends are refused (-32011)", self.node)
             self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="cut_off")

@@ -5,7 +5,10 @@ stream back in order, its own messages included: each message is given the epoch
 sequence (:meth:`bus.core.epochs.Epochs.at`) and accepted there and then, with no wait between
 two messages, so the rows of every node's log follow the stream and a message has the same
 epoch on every node. A node's own message is accepted by the send waiting for it (its ``stamp``,
-which has the sender's link); another node's by :meth:`.cluster_inbound.Inbound.take`.
+which has the sender's link); another node's by :meth:`.cluster_inbound.Inbound.take`. When
+JetStream's answer to the publish comes while this node has read every message before it, the
+send accepts its message at once (it is next in the stream's order anyway) and the reading
+skips it: a node sending alone does not wait for its own message to come back.
 """
 
 from __future__ import annotations
@@ -130,7 +133,8 @@ class Order:
         self._own[token] = stamped
         try:
             async with asyncio.timeout(PUBLISH_TIMEOUT):
-                await js.publish(subject_for(forwarded.topic), encode(forwarded))
+                ack = await js.publish(subject_for(forwarded.topic), encode(forwarded))
+                self._caught_up(token, ack.seq)
                 return await done
         except BusError:
             raise  # the log failed as this node accepted it (-32006)
@@ -139,6 +143,16 @@ class Order:
             raise ClusterUnavailable() from exc
         finally:
             self._own.pop(token, None)
+
+    def _caught_up(self, token: str, seq: int) -> None:
+        """Accept this node's message stored at ``seq`` now, without waiting to read it back,
+        when this node has read every message before it: the order is the stream's all the
+        same, and the reading skips it (read already)."""
+        epochs = self.bus.epochs
+        if self.reading and seq == epochs.read() + 1:
+            stamped = self._own.pop(token, None)
+            if stamped is not None:
+                stamped(epochs.at(seq))
 
     async def _on_message(self, msg: Msg) -> None:
         """Accept the stream's next message, at its sequence's epoch; NATS calls this one
