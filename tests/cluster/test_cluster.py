@@ -90,12 +90,16 @@ async def test_a_message_reaches_subscribers_on_every_node_and_counts_their_answ
 
 async def audit_follows_the_message_across_logs(root: Path, message_id: str) -> None:
     """`bcpbus audit` with the three logs shows the message's rows on every node in time
-    order, its send_start on each with the same epoch; `audit verify` checks each chain."""
+    order, none before its send_start on the node that accepted it, its send_start on each
+    with the same epoch; `audit verify` checks each chain."""
     dbs = ("--db", "a.db", "--db", "b.db", "--db", "c.db")
     code, out, err = await arun("audit", *dbs, "--message-id", message_id, "--json", cwd=root)
     assert code == 0, err
     story = json.loads(out)
-    assert [row["ts"] for row in story] == sorted(row["ts"] for row in story)
+    origin = next(row["node"] for row in story if row["event"] == "cluster_out")
+    assert (story[0]["node"], story[0]["event"]) == (origin, "send_start")
+    later = [row["ts"] for row in story if row["node"] == origin or row["ts"] > story[0]["ts"]]
+    assert later == sorted(later)
     starts = [(row["node"], row["epoch"]) for row in story if row["event"] == "send_start"]
     assert sorted(node for node, _ in starts) == ["a", "b", "c"]
     assert len({epoch for _, epoch in starts}) == 1
