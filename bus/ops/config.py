@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -61,8 +61,12 @@ __all__ = [
     "Limits",
     "Seconds",
     "ServeConfig",
+    "Transport",
     "read_section",
 ]
+
+Transport = Literal["websockets", "picows"]
+"""The library that serves WebSocket peers (``serve --transport``, ``transport:``)."""
 
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
 DEFAULT_MAX_CONNECTIONS = 20_000
@@ -294,6 +298,9 @@ class ServeConfig:
     keyfile: Path | None = None
     """The private key of :attr:`certfile` (PEM)."""
     server_id: str | None = None
+    transport: Transport = "websockets"
+    """What serves WebSocket peers: ``websockets`` (the reference) or ``picows`` (the ``picows``
+    extra, compiled frame parsing: docs/operators.md)."""
     log_content: LogContent = "full"
     """What ``send_start`` rows keep of each envelope: ``full`` (all of it) or ``digest`` (its
     type and the SHA-256 of its canonical JSON, for deployments that must not keep content)."""
@@ -356,6 +363,7 @@ class _ConfigFile(BaseModel):
     keyfile: StrictStr | None = None
     server_id: StrictStr | None = None
     log_content: LogContent = ServeConfig.log_content
+    transport: Transport = ServeConfig.transport
     limits: Limits = Field(default_factory=Limits)
     audit: AuditSettings = Field(default_factory=AuditSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)

@@ -19,6 +19,7 @@ What one peer can make the bus hold is bounded here, whatever the peer does:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +34,15 @@ from .intake import Intake
 if TYPE_CHECKING:
     from .local import Socket
 
-__all__ = ["ByteBudget", "Connection", "Handler", "Link", "PeerGone", "frame_bytes"]
+__all__ = [
+    "ByteBudget",
+    "Connection",
+    "Handler",
+    "Link",
+    "PeerGone",
+    "frame_bytes",
+    "hold_request_bytes",
+]
 
 logger = logging.getLogger("bus.transports.connection")
 
@@ -111,7 +120,8 @@ def frame_bytes(text: str) -> int:
 
 
 class _FrameCharge:
-    """The bytes one frame holds in the budget until its last request is answered."""
+    """The bytes one frame holds in the budget until its last request is answered and the
+    last work it left behind (:func:`hold_request_bytes`) is done."""
 
     __slots__ = ("budget", "requests", "size")
 
@@ -122,6 +132,24 @@ class _FrameCharge:
         self.requests -= 1
         if self.requests == 0:
             self.budget.give(self.size)
+
+
+_charge: contextvars.ContextVar[_FrameCharge | None] = contextvars.ContextVar(
+    "_charge", default=None
+)
+"""The charge of the request being handled, in its task (and the tasks it starts)."""
+
+
+def hold_request_bytes() -> Callable[[], None] | None:
+    """Keep the bytes of the request being handled charged to the bus's budget after it is
+    answered, for work it leaves running that holds its message (a delivery the sender does
+    not wait for); call the function returned when that work ends. None outside a request
+    from a :class:`Connection`."""
+    charge = _charge.get()
+    if charge is None:
+        return None
+    charge.requests += 1
+    return charge.done
 
 
 class Connection:
@@ -256,6 +284,7 @@ class Connection:
                     logger.debug("%s: ignored notification %s", self.name, method)
 
     async def _answer(self, request: Request, charge: _FrameCharge | None) -> None:
+        _charge.set(charge)  # this task's own context: hold_request_bytes() finds it
         try:
             try:
                 result = await self._handler(self, request)

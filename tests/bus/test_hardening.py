@@ -18,6 +18,9 @@ from bus.ops.config import Limits
 from peers import Message
 from peers.testing import BusHarness, Inbox, running_bus, scaled
 
+pytestmark = pytest.mark.usefixtures("each_transport")
+"""Every test here runs on both WebSocket transports (tests/bus/conftest.py)."""
+
 ENVELOPE = {
     "type": "tg_message",
     "from": "tg:42",
