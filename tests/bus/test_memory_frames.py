@@ -12,6 +12,7 @@ import pytest
 
 from bus.core import _json
 from bus.core.delivery import Message
+from bus.core.identities import PeerIdentity
 from bus.fanout import _content, _Params
 from bus.ops.config import Limits
 from bus.ops.memory import return_large_blocks
@@ -164,3 +165,45 @@ async def test_a_delivery_carries_the_envelope_as_sent(tmp_path: Path) -> None:
             async with asyncio.timeout(scaled(5)):
                 delivered = await got.get()
             assert delivered.payload["content"] == content
+
+
+IDENTITIES = {
+    "agent:main": PeerIdentity(frozenset({"controller"}), "none"),
+    "agent:researcher": PeerIdentity(frozenset({"reader"}), "high"),
+}
+
+
+async def test_a_delivery_the_sender_does_not_wait_for_keeps_its_bytes_charged(
+    tmp_path: Path,
+) -> None:
+    """The bytes of a request answered before its delivery to a more tainted receiver ends stay
+    charged to max_inflight_bytes until that delivery ends: the bus still holds the message."""
+    async with running_bus(tmp_path, identities=IDENTITIES) as h:
+        release, seen = asyncio.Event(), asyncio.Event()
+
+        async def holds(message: Delivered) -> None:
+            seen.set()
+            await release.wait()
+
+        async with h.peer("agent:main") as main, h.peer("agent:researcher") as reader:
+            reader.handle(None, holds)
+            await reader.subscribe("agent:researcher")
+            budget = h.bus.byte_budget
+            async with asyncio.timeout(scaled(5)):
+                result = await main.send(
+                    "agent:researcher", "agent_event", {"x": "y" * 5000}, message_id="u-1"
+                )
+                await seen.wait()
+            assert result.delivered_to == 0  # answered: the sender does not hear this reader
+            assert budget.used > 5000  # and yet its bytes are still charged
+            emptied, give = asyncio.Event(), budget.give
+
+            def give_and_tell(size: int) -> None:
+                give(size)
+                if not budget.used:
+                    emptied.set()
+
+            budget.give = give_and_tell  # type: ignore[method-assign]
+            release.set()
+            async with asyncio.timeout(scaled(5)):
+                await emptied.wait()  # given back once the delivery ended
