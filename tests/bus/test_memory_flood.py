@@ -14,16 +14,16 @@ ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 CAP = 24 * MIB
 """``max_inflight_bytes`` of the bus under test."""
-SENDERS = 40
-"""Each sends one message of :data:`bench.hostile.LARGE` characters: about 1.5x the cap."""
+SENDERS = 32
+"""Each sends one message of :data:`bench.hostile.LARGE` characters: about 1.2x the cap."""
 FIXED = 16 * MIB
 """What the bus may add whatever the cap: the frames being read (a quarter of it), a log batch
-(4 MiB of content), forty connections and SQLite's page cache. Once the flood is over, the bus
+(4 MiB of content), the connections and SQLite's page cache. Once the flood is over, the bus
 keeps at most this and a quarter of the cap: the heap that its connections and rows grew."""
 
 
 async def test_flood_of_large_messages_stays_within_the_cap(tmp_path: Path) -> None:
-    """Forty peers sending 900 KiB each to a subscriber that never answers raise the bus's RSS
+    """Thirty-two peers sending 900 KiB each to a subscriber that never answers raise the bus's RSS
     by at most 1.5x its in-flight cap (plus fixed costs), each gets an answer or -32005, pings
     are answered throughout, and the memory goes back once the flood is over."""
     config = tmp_path / "bus.yaml"
