@@ -32,6 +32,7 @@ from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 from ..core import joins, strangers
 from ..core.actions import Action, Record
 from ..core.errors import (
+    CLOSE_EVICTED,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
     AlreadyInitialized,
@@ -125,6 +126,8 @@ class WebSocketDoor:
         self._anonymous = Anonymous(
             total=limits.max_anonymous_connections, per_address=limits.max_anonymous_per_address
         )
+        self._waiting: dict[str, dict[Connection, None]] = {}
+        """By address, the sockets that have not initialized, oldest first."""
         timeout = limits.slow_consumer_timeout
         self._slow: SlowConsumers[Connection] | None = (
             None if timeout is None else SlowConsumers(timeout)
@@ -245,13 +248,38 @@ class WebSocketDoor:
         # shared host) cannot keep it out.
         address = address_of(ws)
         refusal = self._anonymous.refusal(address)
-        if refusal is not None and bus.credentials.identify(bearer_of(ws)) is None:
-            name, _ = refusal
-            bus.refusals.count(name, address)
-            return ws.respond(
-                HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
-            )
-        return None
+        if refusal is None or bus.credentials.identify(bearer_of(ws)) is not None:
+            return None
+        name, _ = refusal
+        bus.refusals.count(name, address)
+        if name == "max_anonymous_per_address" and self._evict_oldest(address):
+            return None  # a flood from an address cannot keep a newer socket of it out
+        return ws.respond(
+            HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
+        )
+
+    def _evict_oldest(self, address: str) -> bool:
+        """Close (4006) the oldest socket from ``address`` that has not initialized and has no
+        request being handled (an ``initialize`` under way is let finish); False if none."""
+        victim = next(
+            (conn for conn in self._waiting.get(address, ()) if not conn.requests_in_flight), None
+        )
+        if victim is None:
+            return False
+        self._initialized_or_gone(victim, address)
+        reason = "evicted: too many sockets from this address have not initialized"
+        victim.spawn(victim.force_close(CLOSE_EVICTED, reason))
+        return True
+
+    def _initialized_or_gone(self, conn: Connection, address: str) -> None:
+        """Stop counting ``conn`` as anonymous: it initialized, closed, or is being evicted."""
+        group = self._waiting.get(address)
+        if group is None or conn not in group:
+            return
+        del group[conn]
+        if not group:
+            del self._waiting[address]
+        self._anonymous.closed(address)
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
         bus, limits = self._bus, self._bus.limits
@@ -271,6 +299,7 @@ class WebSocketDoor:
         bus.states.open(conn)
         address = address_of(ws)
         self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
+        self._waiting.setdefault(address, {})[conn] = None
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
             await conn.run()
@@ -281,8 +310,7 @@ class WebSocketDoor:
                 bus.carry(strangers.frame_refused(event, conn.client_id, address, error=limit))
         finally:
             watchdog.cancel()
-            if conn.client_id is None:
-                self._anonymous.closed(address)
+            self._initialized_or_gone(conn, address)
             self.connections.discard(conn)
             if self._slow is not None:
                 self._slow.forget(conn)
@@ -339,7 +367,7 @@ class WebSocketDoor:
         client_id, result = await self._bus.join(
             conn, request, address=address, remote=str(ws.remote_address), bearer=bearer_of(ws)
         )
-        self._anonymous.closed(address)
+        self._initialized_or_gone(conn, address)
         conn.authenticated(client_id)
         return result
 
