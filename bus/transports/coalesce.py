@@ -3,9 +3,10 @@
 websockets writes every frame to its transport at once, and asyncio's transport makes one
 ``send()`` system call per write while its buffer is empty: under load a peer's answers and
 deliveries cost a system call each, the largest single share of the bus's CPU in a profile at
-window 64. :class:`CoalescingTransport` stands in for the transport of one connection: it keeps
-the writes of one pass and hands them to the real transport joined, from a callback the loop runs
-right after the pass. Wrap a connection with :func:`coalesce` once its handshake is done.
+window 64. :class:`CoalescingTransport` stands in for the transport of one connection: the first
+write of a pass goes out at once (a lone frame, as at window 1, waits for nothing), the ones after
+it in the same pass are held and handed to the real transport joined, from a callback the loop
+runs right after the pass. Wrap a connection with :func:`coalesce` once its handshake is done.
 
 What it holds is bounded: past :data:`FLUSH_BYTES` it writes at once, so the transport's flow
 control (``pause_writing`` past websockets' ``write_limit``) sees every byte as it did before.
@@ -33,25 +34,34 @@ class CoalescingTransport:
         transport: the connection's transport.
     """
 
-    __slots__ = ("_held", "_loop", "_size", "transport")
+    __slots__ = ("_busy", "_held", "_loop", "_size", "transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self._loop = asyncio.get_running_loop()
+        self._busy = False
         self._held: list[bytes] = []
         self._size = 0
 
     def write(self, data: bytes) -> None:
-        """Hold ``data`` until the end of this pass of the loop (or until enough is held)."""
-        if not self._held:
+        """Write ``data`` now if it is the first write of this pass of the loop, so that a lone
+        frame waits for nothing; else hold it until the pass ends (or enough is held)."""
+        if not self._busy:
+            self._busy = True
             self._loop.call_soon(self.flush)
+            self.transport.write(data)
+            return
         self._held.append(data)
         self._size += len(data)
         if self._size >= FLUSH_BYTES:
-            self.flush()
+            self._write_held()
 
     def flush(self) -> None:
-        """Write what is held now, as one write."""
+        """The pass is over: write what is held, as one write."""
+        self._busy = False
+        self._write_held()
+
+    def _write_held(self) -> None:
         held = self._held
         if not held:
             return
@@ -61,11 +71,11 @@ class CoalescingTransport:
         self.transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def write_eof(self) -> None:
-        self.flush()
+        self._write_held()
         self.transport.write_eof()
 
     def close(self) -> None:
-        self.flush()
+        self._write_held()
         self.transport.close()
 
     def abort(self) -> None:
