@@ -49,7 +49,6 @@ from ..core.watch import Anonymous, SlowConsumers, disconnect_slow
 from ..ops.config import Limits
 from ..ops.credentials import Credentials
 from ..ops.refusals import Refusals
-from .coalesce import coalesce
 from .connection import SLOW, ByteBudget, Connection, Link
 from .local import LocalSocket, Socket, local_pair
 
@@ -283,7 +282,6 @@ class WebSocketDoor:
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
         bus, limits = self._bus, self._bus.limits
-        coalesce(ws)  # a socket's frames of one pass of the loop in one send()
         conn = Connection(
             ws,
             self._handle_request,
