@@ -32,9 +32,10 @@ from pathlib import Path
 from bench import delivery
 window, count = int(sys.argv[1]), int(sys.argv[2])
 options = delivery.Options(reps=1, windows=(window,), count=count, warmup=min(1000, count))
+one = getattr(delivery, "one", None) or delivery._one  # trees before 2026-11-27 name it _one
 async def main():
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
-        return await delivery._one("bus", Path(tmp), options)
+        return await one("bus", Path(tmp), options)
 print(json.dumps(asyncio.run(main())[str(window)]))
 """
 

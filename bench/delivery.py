@@ -34,7 +34,7 @@ from .common import (
     table,
 )
 
-__all__ = ["Options", "measure_windows", "options", "report", "run", "server"]
+__all__ = ["Options", "measure_windows", "one", "options", "report", "run", "server"]
 
 PUBLISHER, SUBSCRIBER, TOPIC, TYPE = "tg:bench", "agent:bench", "agent:bench", "tg_message"
 TARGETS = ("bus", "relay")
@@ -104,7 +104,8 @@ async def measure_windows(
     return figures
 
 
-async def _one(target: str, directory: Path, options: Options) -> dict[str, dict[str, float]]:
+async def one(target: str, directory: Path, options: Options) -> dict[str, dict[str, float]]:
+    """One rep of ``target`` (``bus`` or ``relay``) at every window: figures per window."""
     tokens = make_peers(directory / "peers.yaml", {PUBLISHER: [], SUBSCRIBER: []})
     async with server(target, directory, options.loop) as srv:
         subscriber = await spawn_worker(
@@ -147,7 +148,7 @@ async def _reps(options: Options, root: Path) -> AsyncIterator[tuple[int, str, d
         for target in order:
             directory = root / f"{target}-{rep}"
             directory.mkdir()
-            yield rep, target, await _one(target, directory, options)
+            yield rep, target, await one(target, directory, options)
 
 
 async def run(options: Options) -> dict[str, Any]:
