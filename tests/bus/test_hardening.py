@@ -310,6 +310,49 @@ async def test_a_full_anonymous_cap_evicts_its_oldest_socket(tmp_path):
         assert await h.refused() == {"max_anonymous_per_address": 2}
 
 
+async def test_an_initialize_under_way_is_not_evicted(tmp_path, monkeypatch):
+    """At a full per-address cap the oldest socket whose initialize is still being carried out
+    is passed over for the next oldest; when every one has an initialize under way, the new
+    socket gets HTTP 503 instead."""
+    limits = Limits(max_anonymous_per_address=2)
+    async with running_bus(tmp_path, limits=limits) as h:
+        release, joining = asyncio.Event(), asyncio.Event()
+        join = h.bus.join
+
+        async def slow_join(*args: Any, **kwargs: Any) -> Any:
+            joining.set()
+            await release.wait()
+            return await join(*args, **kwargs)
+
+        monkeypatch.setattr(h.bus, "join", slow_join)
+        busy = await connect(h.url)
+        idle = await connect(h.url)
+        sockets = [busy, idle]
+        try:
+            params = {"clientId": "tg:42", "auth": {"token": h.token("tg:42")}}
+            await busy.send(frame("initialize", params))
+            async with asyncio.timeout(scaled(5)):
+                await joining.wait()
+            sockets.append(await connect(h.url))  # the idle one goes, not the older busy one
+            assert (await closed_with(idle))[0] == 4006
+            assert busy.close_code is None
+            joining.clear()
+            other = {"clientId": "agent:w1", "auth": {"token": h.token("agent:w1")}}
+            await sockets[2].send(frame("initialize", other))
+            async with asyncio.timeout(scaled(5)):
+                await joining.wait()
+            with pytest.raises(InvalidStatus) as caught:
+                await connect(h.url)  # both left are initializing: none can be evicted
+            assert caught.value.response.status_code == 503
+            release.set()
+            async with asyncio.timeout(scaled(5)):
+                assert "result" in json.loads(await busy.recv())
+        finally:
+            release.set()
+            for ws in sockets:
+                await ws.close()
+
+
 async def test_a_peer_with_its_token_at_the_handshake_passes_a_full_anonymous_cap(tmp_path):
     """Anonymous sockets fill their address's cap; a peer from that address that sends its
     token as Authorization: Bearer at the handshake connects without evicting any of them."""
