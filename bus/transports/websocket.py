@@ -241,21 +241,29 @@ class WebSocketDoor:
         bus = self._bus
         if bus.closing:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
-        # Sockets that have not authenticated are counted apart from peers, in total and per
-        # address, so that anonymous sockets can never take the places of peers. A handshake
-        # that carries a peer's token passes: anonymous sockets from its address (a NAT, a
-        # shared host) cannot keep it out.
-        address = address_of(ws)
-        refusal = self._anonymous.refusal(address)
-        if refusal is None or bus.credentials.identify(bearer_of(ws)) is not None:
+        if self.admits(address_of(ws), bearer_of(ws)):
             return None
-        name, _ = refusal
-        bus.refusals.count(name, address)
-        if name == "max_anonymous_per_address" and self._evict_oldest(address):
-            return None  # a flood from an address cannot keep a newer socket of it out
         return ws.respond(
             HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
         )
+
+    def admits(self, address: str, bearer: str | None) -> bool:
+        """Whether a handshake from ``address`` (with ``bearer``, its Authorization token) may
+        open a socket; False: answer it HTTP 503. A door on another WebSocket library calls it
+        at its handshake too.
+
+        Sockets that have not authenticated are counted apart from peers, in total and per
+        address, so that anonymous sockets can never take the places of peers. A handshake
+        that carries a peer's token passes: anonymous sockets from its address (a NAT, a
+        shared host) cannot keep it out. One more from an address at its cap closes the oldest
+        of that address (4006) rather than being refused: nor can they keep out a newer one.
+        """
+        refusal = self._anonymous.refusal(address)
+        if refusal is None or self._bus.credentials.identify(bearer) is not None:
+            return True
+        name, _ = refusal
+        self._bus.refusals.count(name, address)
+        return name == "max_anonymous_per_address" and self._evict_oldest(address)
 
     def _evict_oldest(self, address: str) -> bool:
         """Close (4006) the oldest socket from ``address`` that has not initialized and has no
