@@ -87,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "limit": options.limit,
             "bus_sample": options.bus_sample,
             "action": options.action,
+            "window": options.window,
         }
         fields = {field.name for field in dataclasses.fields(settings)}
         settings = dataclasses.replace(
@@ -118,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", type=int, metavar="N", help="peers (soak, connections)")
     parser.add_argument("--duration", type=float, metavar="S", help="seconds of load (soak)")
     parser.add_argument("--limit", type=int, metavar="N", help="samples per corpus (containment)")
+    parser.add_argument(
+        "--window", type=int, metavar="N", help="requests in flight per publisher (cluster)"
+    )
     parser.add_argument(
         "--bus-sample", type=int, metavar="N", help="answers sent over the bus (containment)"
     )

@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .core import _json, delivery
 from .core.actions import Record
 from .core.delivery import Message
 from .core.digest import canonical_sha256
-from .core.epochs import Epochs
-from .core.errors import BusError
+from .core.epochs import Epochs, NoRoom
+from .core.errors import BusError, ClusterUnavailable
 from .core.logevents import LogEvent
 from .core.policy import Grants
 from .core.presence import BUS_CLIENT_ID
@@ -101,7 +101,7 @@ class Fanout:
         hearer = sender.grants if sender is not None else None
         return await self.fan_out(targets, message, actor=actor, rpc_id=rpc_id, hearer=hearer)
 
-    async def deliver_forwarded(
+    def deliver_forwarded(
         self,
         topic: str,
         payload: dict[str, Any],
@@ -111,18 +111,27 @@ class Fanout:
         sender: Route[Link] | None,
         epoch: int,
         trace_id: str | None = None,
-    ) -> tuple[int, int]:
-        """Deliver a message another cluster node accepted (at ``epoch``) to this node's
-        subscribers, with this node's rows and checks; return how many processed it, of how
-        many were tried. :mod:`bus.transports.cluster` calls it (through the bus).
+    ) -> Awaitable[tuple[int, int]]:
+        """Accept a message another cluster node sent (at the stream's ``epoch``) now, and
+        return what delivers it to this node's subscribers, with this node's rows and checks;
+        awaited, it gives how many processed it, of how many were tried.
+        :mod:`bus.transports.cluster` calls it (through the bus) in the stream's order, so the
+        rows of every node follow that order; the deliveries may then run concurrently.
 
-        Its epoch here is above ``epoch`` (a hybrid clock: causes come before effects on every
-        node). It is marked forwarded, so it is not forwarded again."""
+        Raises:
+            AuditUnavailable: the log is closed; nothing was recorded.
+        """
         message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
-        self._epochs.last = max(self._epochs.last, epoch)
-        message.forwarded = True
-        targets = await self.accept(message, sender=sender, rpc_id=None)
+        message.forwarded = True  # delivered here, never forwarded again
+        targets = self.stamp(message, sender=sender, rpc_id=None, epoch=epoch)
+        return self._carry_forwarded(targets, message, sender)
+
+    async def _carry_forwarded(
+        self, targets: list[Route[Link]], message: Message, sender: Route[Link] | None
+    ) -> tuple[int, int]:
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        if targets:
+            await self._commit(message, actor)
         hearer = sender.grants if sender is not None else None
         delivered = await self.fan_out(targets, message, actor=actor, rpc_id=None, hearer=hearer)
         return delivered, len(targets)
@@ -133,15 +142,55 @@ class Fanout:
         """Give ``message`` its epoch, record it and its targets, commit the rows, and return
         the targets.
 
+        On a cluster node the epoch is the one the cluster's stream gives it: the message is
+        stored there first and accepted when this node reads it back in the stream's order
+        (:meth:`bus.transports.cluster.ClusterLink.sequence`). Only the bus's own messages
+        (presence) are accepted while the node is cut off, with an epoch of this node alone.
+
         Raises:
+            ClusterUnavailable: a cluster node could not store a peer's message in the stream;
+                nothing was recorded or delivered.
             AuditUnavailable: the rows could not be committed; deliver nothing. A
                 ``send_aborted`` row follows, so that the message is never fetched either.
         """
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+
+        def stamp(epoch: int | None) -> list[Route[Link]]:
+            return self.stamp(message, sender=sender, rpc_id=rpc_id, epoch=epoch)
+
+        if self.cluster is None or message.forwarded:
+            targets = stamp(None)
+        elif sender is None:  # the bus's own: kept on this node alone while it is cut off
+            try:
+                targets = await self.cluster.sequence(message, actor, stamp)
+            except ClusterUnavailable:
+                targets = _local(stamp)
+        else:
+            targets = await self.cluster.sequence(message, actor, stamp)
+        if targets:  # else fan_out commits the rows (and fetch commits before it reads)
+            try:
+                await self._commit(message, actor)
+            except BusError:
+                if self.cluster is not None:
+                    self.cluster.forget(message)  # never delivered: its answers are not awaited
+                raise
+        return targets
+
+    def stamp(
+        self,
+        message: Message,
+        *,
+        sender: Route[Link] | None,
+        rpc_id: str | None,
+        epoch: int | None = None,
+    ) -> list[Route[Link]]:
+        """Give ``message`` ``epoch`` (None: the next of this bus's), record its
+        ``send_start`` row and its targets' rows, and return the targets; nothing waits."""
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         grants = sender.grants if sender is not None else None
         # The epoch is given and the row recorded with no await between them, so epochs
         # follow the order of the rows, which the log commits in order.
-        epoch = message.epoch = self._epochs.next()
+        message.epoch = self._epochs.next() if epoch is None else epoch
         self.log.record(
             LogEvent.SEND_START,
             message_id=message.message_id,
@@ -150,12 +199,18 @@ class Fanout:
             topic=message.topic,
             status=sender_mark(grants),
             payload_json=_content(message.payload, message.type, self.log_content),
-            epoch=epoch,
+            epoch=message.epoch,
             trace_id=message.trace_id,
         )
-        targets = self._pick(message, sender)
-        if not targets:
-            return targets  # fan_out commits the rows (and fetch commits before it reads)
+        return self._pick(message, sender)
+
+    async def _commit(self, message: Message, actor: str) -> None:
+        """Commit ``message``'s rows before it is delivered.
+
+        Raises:
+            AuditUnavailable: they could not be; ``message`` is aborted (a ``send_aborted``
+                row follows, so that it is never fetched either).
+        """
         try:
             # Fail closed, for every message: nothing is delivered without its audit row, so
             # a peer that gets -32006 knows that nobody received the message and may resend it.
@@ -169,11 +224,10 @@ class Fanout:
                     message_id=message.message_id,
                     actor=actor,
                     topic=message.topic,
-                    epoch=epoch,
+                    epoch=message.epoch,
                     trace_id=message.trace_id,
                 )
             raise
-        return targets
 
     def _pick(self, message: Message, sender: Route[Link] | None) -> list[Route[Link]]:
         """The targets :func:`bus.core.delivery.targets` chose, each with its
@@ -353,6 +407,18 @@ def record_row(log: ActivityLog, row: Record) -> None:
         epoch=row.epoch,
         trace_id=row.trace_id,
     )
+
+
+def _local(stamp: Callable[[int | None], list[Route[Link]]]) -> list[Route[Link]]:
+    """``stamp`` at an epoch of this cluster node alone.
+
+    Raises:
+        ClusterUnavailable: no epoch is left before the stream's next one.
+    """
+    try:
+        return stamp(None)
+    except NoRoom as exc:
+        raise ClusterUnavailable(f"{exc}: not kept while this node is cut off") from exc
 
 
 class _SlowConsumer(Exception):

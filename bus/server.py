@@ -280,6 +280,11 @@ class Bus:
         return self._door.url
 
     @property
+    def epochs(self) -> Epochs:
+        """The bus's epochs; a cluster link makes them follow the cluster's stream."""
+        return self._epochs
+
+    @property
     def latest_epoch(self) -> int:
         """The epoch of the last message accepted (0 before the first one this log holds)."""
         return self._epochs.last
