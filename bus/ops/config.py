@@ -128,7 +128,8 @@ class Limits:
     """Sockets that have not (yet) initialized, counted apart from peers so that they cannot
     lock peers out; the handshake of one more is answered with HTTP 503."""
     max_anonymous_per_address: Count | None = DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
-    """Sockets not yet initialized from one remote IP address; one more gets HTTP 503."""
+    """Sockets not yet initialized from one remote IP address; one more closes the oldest of
+    them with 4006 (HTTP 503 if every one has an ``initialize`` under way)."""
     max_subscriptions: Count | None = DEFAULT_MAX_SUBSCRIPTIONS
     """Patterns per connection; one more ``subscribe`` gets -32005."""
     max_inflight_deliveries: Count | None = DEFAULT_MAX_INFLIGHT_DELIVERIES

@@ -1,9 +1,11 @@
 """One peer's WebSocket connection: the read loop, concurrent request handling, outgoing calls.
 
-:class:`Connection` wraps a :class:`bus.core.protocol.Session` around a websockets connection. Each
-incoming request runs in its own task, so a peer may call ``sendMessage`` while it is still
-answering a ``processMessage`` the bus sent it, and neither waits for the other. What a request
-means is the bus's business: the connection hands it to a :class:`Handler`.
+:class:`Connection` wraps a :class:`bus.core.protocol.Session` around a websockets connection. A
+request whose method never waits (``ping``, ``subscribe``...) is answered by the read loop itself,
+through the :class:`QuickHandler`; every other request runs in its own task, so a peer may call
+``sendMessage`` while it is still answering a ``processMessage`` the bus sent it, and neither
+waits for the other. What a request means is the bus's business: the connection hands it to a
+:class:`Handler`, and the errors answered to an :class:`ErrorHook` before the answer goes out.
 
 What one peer can make the bus hold is bounded here, whatever the peer does:
 
@@ -35,11 +37,14 @@ if TYPE_CHECKING:
     from .local import Socket
 
 __all__ = [
+    "SLOW",
     "ByteBudget",
     "Connection",
+    "ErrorHook",
     "Handler",
     "Link",
     "PeerGone",
+    "QuickHandler",
     "frame_bytes",
     "hold_request_bytes",
 ]
@@ -81,6 +86,16 @@ INTAKE_SHARE = 4 << 20
 """Bytes of a :class:`ByteBudget` per socket that may be reading a large frame at once
 (:mod:`bus.transports.intake`): frames of up to 1 MiB being read hold about a quarter of the
 budget more, whatever the number of peers sending them."""
+
+SLOW: Any = object()
+"""What a :data:`QuickHandler` returns for a request it cannot answer without waiting."""
+
+QuickHandler = Callable[["Connection", Request], Any]
+"""Answers a request on the spot: returns its result, raises its :class:`BusError`, or returns
+:data:`SLOW` so that the :data:`Handler` carries it out in a task. Saves a task per request."""
+
+ErrorHook = Callable[["Connection", Request, BusError], Awaitable[None]]
+"""Told of every error a request is answered with, before the answer is written (its row)."""
 
 FORCED_CLOSE_WAIT = 1.0
 """Seconds :meth:`Connection.force_close` lets the close frame go out before it drops the TCP
@@ -174,6 +189,8 @@ class Connection:
         ws: Socket,
         handler: Handler,
         *,
+        quick: QuickHandler | None = None,
+        on_error: ErrorHook | None = None,
         max_inflight: int | None = None,
         max_requests: int | None = None,
         budget: ByteBudget | None = None,
@@ -183,6 +200,8 @@ class Connection:
         self.ws = ws
         self.session = Session()
         self._handler = handler
+        self._quick = quick
+        self._on_error = on_error
         self._on_protocol_error = on_protocol_error
         self._on_frame_refused = on_frame_refused
         self.client_id: str | None = None
@@ -273,20 +292,42 @@ class Connection:
             match event:
                 case Request():
                     if requests:
-                        self._requests += 1
-                        task = self.spawn(self._answer(event, charge))
-                        self._request_tasks.add(task)
-                        task.add_done_callback(self._request_tasks.discard)
+                        self._start(event, charge)
                 case Response() | ErrorResponse():
                     self._pending.settle(event)
                 case Notification(method=method):
                     # JSON-RPC 2.0 §4.1: a notification is never answered, even with an error.
                     logger.debug("%s: ignored notification %s", self.name, method)
 
-    async def _answer(self, request: Request, charge: _FrameCharge | None) -> None:
+    def _start(self, request: Request, charge: _FrameCharge | None) -> None:
+        """Answer ``request`` now if the quick handler can; else carry it out in a task."""
+        failed: BusError | None = None
+        if self._quick is not None:
+            try:
+                result = self._quick(self, request)
+            except BusError as exc:
+                failed = exc  # its row is committed before the answer: that waits, in a task
+            except Exception:
+                logger.exception("%s: internal error in %s", self.name, request.method)
+                failed = InternalError()  # no details: they may be security-sensitive
+            if failed is None and result is not SLOW:
+                self.session.respond(request, result)
+                if charge is not None:
+                    charge.done()
+                return
+        self._requests += 1
+        task = self.spawn(self._answer(request, charge, failed))
+        self._request_tasks.add(task)
+        task.add_done_callback(self._request_tasks.discard)
+
+    async def _answer(
+        self, request: Request, charge: _FrameCharge | None, failed: BusError | None = None
+    ) -> None:
         _charge.set(charge)  # this task's own context: hold_request_bytes() finds it
         try:
             try:
+                if failed is not None:
+                    raise failed
                 result = await self._handler(self, request)
             except asyncio.CancelledError:
                 if self._abandon_with is None:
@@ -294,6 +335,8 @@ class Connection:
                 # abandon_requests(): the bus is closing; the peer still gets an answer.
                 self.session.respond_error(request, self._abandon_with)
             except BusError as exc:
+                if self._on_error is not None:
+                    await self._on_error(self, request, exc)
                 self.session.respond_error(request, exc)
             except Exception:
                 # Don't include exception details, which may be security-sensitive.
