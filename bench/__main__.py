@@ -87,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "limit": options.limit,
             "bus_sample": options.bus_sample,
             "action": options.action,
+            "transport": options.transport,
+            "window": options.window,
         }
         fields = {field.name for field in dataclasses.fields(settings)}
         settings = dataclasses.replace(
@@ -119,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, metavar="S", help="seconds of load (soak)")
     parser.add_argument("--limit", type=int, metavar="N", help="samples per corpus (containment)")
     parser.add_argument(
+        "--window", type=int, metavar="N", help="requests in flight per publisher (cluster)"
+    )
+    parser.add_argument(
         "--bus-sample", type=int, metavar="N", help="answers sent over the bus (containment)"
     )
     parser.add_argument(
@@ -131,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
         choices=("asyncio", "uvloop"),
         default="asyncio",
         help="event loop of the server processes (uvloop must be installed)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("websockets", "picows"),
+        help="what serves the bus's peers (delivery, connections; picows needs its extra)",
     )
     return parser
 

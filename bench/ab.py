@@ -5,7 +5,9 @@ pairs, in ABBA order (other, this; this, other; ...), so that both see the same 
 run is a child ``python -c`` started in its tree, so ``bench``, ``bus`` and ``peers`` are that
 tree's (and the children it starts get ``PYTHONPATH`` to it, see :mod:`bench.common`). Make the
 other tree with ``git worktree add /tmp/base COMMIT``; remove it with ``git worktree remove``.
-``--this TREE`` compares two other trees, e.g. a change of the past against its parent.
+``--this TREE`` compares two other trees, e.g. a change of the past against its parent;
+``--transport picows`` serves this tree's bus with picows (``python -m bench.ab . --transport
+picows`` compares the two transports on one tree).
 
 Prints each run, then per tree the median msgs/s and server CPU µs/msg, and the median (min-max)
 of the per-pair ratios this/other.
@@ -31,17 +33,22 @@ import asyncio, json, sys, tempfile
 from pathlib import Path
 from bench import delivery
 window, count = int(sys.argv[1]), int(sys.argv[2])
-options = delivery.Options(reps=1, windows=(window,), count=count, warmup=min(1000, count))
+extra = {"transport": sys.argv[3]} if len(sys.argv) > 3 else {}
+options = delivery.Options(
+    reps=1, windows=(window,), count=count, warmup=min(1000, count), **extra
+)
+one = getattr(delivery, "one", None) or delivery._one  # trees before 2026-11-27 name it _one
 async def main():
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
-        return await delivery._one("bus", Path(tmp), options)
+        return await one("bus", Path(tmp), options)
 print(json.dumps(asyncio.run(main())[str(window)]))
 """
 
 
-def _run(tree: Path, window: int, count: int) -> dict[str, float]:
+def _run(tree: Path, window: int, count: int, transport: str | None) -> dict[str, float]:
+    extra = [] if transport is None else [transport]
     done = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(window), str(count)],
+        [sys.executable, "-c", _DRIVER, str(window), str(count), *extra],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -71,12 +78,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=6, help="runs of each tree (default 6)")
     parser.add_argument("--window", type=int, default=64, help="sendMessage calls in flight")
     parser.add_argument("--count", type=int, default=20_000, help="messages measured per run")
+    parser.add_argument(
+        "--transport",
+        choices=("websockets", "picows"),
+        help="this tree's bus's serve --transport (the other tree's keeps its default); with "
+        "the other tree this one, it compares the transports",
+    )
     args = parser.parse_args(argv)
     trees = {"other": args.other.resolve(), "this": args.this.resolve()}
     runs: dict[str, list[dict[str, float]]] = {"other": [], "this": []}
     for pair in range(args.pairs):
         for name in ("other", "this") if pair % 2 == 0 else ("this", "other"):
-            figures = _run(trees[name], args.window, args.count)
+            transport = args.transport if name == "this" else None
+            figures = _run(trees[name], args.window, args.count, transport)
             runs[name].append(figures)
             print(
                 f"pair {pair + 1} {name}: {figures['msgs_per_s']:,.0f} msgs/s, "
@@ -87,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, tree in trees.items():
         msgs = [f["msgs_per_s"] for f in runs[name]]
         cpu = [f["server_cpu_us"] for f in runs[name]]
-        print(f"{name} ({tree}): msgs/s {_spread(msgs)}; server CPU us/msg {_spread(cpu)}")
+        served = f", --transport {args.transport}" if name == "this" and args.transport else ""
+        print(f"{name} ({tree}{served}): msgs/s {_spread(msgs)}; server CPU us/msg {_spread(cpu)}")
     pairs = list(zip(runs["this"], runs["other"], strict=True))
     msgs_ratio = [a["msgs_per_s"] / b["msgs_per_s"] for a, b in pairs]
     cpu_ratio = [a["server_cpu_us"] / b["server_cpu_us"] for a, b in pairs if b["server_cpu_us"]]

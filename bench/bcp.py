@@ -11,6 +11,16 @@ own rows.
 The agent definitions give the channel a budget no run can spend, so every query is admitted.
 Figures per category and window: queries/s, p50 and p99 of one ``ask``, and the bus process's
 CPU time per query (bus and gateway together: they share the process).
+
+The baseline beside it, rep by rep in alternating order: the bare relay (:mod:`bench.relay`)
+carrying five acknowledged deliveries per query (``relay5``: the SDK publisher of scenario 1
+sending ``5 x count`` messages of :data:`HOP_BYTES` with the same window, each lane's five
+consecutive sends one query). Its queries/s is its messages/s over five, its CPU per query the
+relay's CPU for five messages; the report gives each case's queries/s over it, per rep.
+
+The cases run on the channel as shipped, whose outcomes leave on the ``delivery_quantum`` grid
+(0.1 s: a query at window 1 takes at least one grid step), and Cat-1 again on a channel with
+the grid off (``cat1-nogrid``): the difference is what the timing channel's closing costs.
 """
 
 from __future__ import annotations
@@ -27,8 +37,11 @@ from typing import Any
 from peers.bcp import Controller, Reader
 from peers.client import Peer
 from peers.demo.run import CAT1, CAT2  # the reference specs, as the demo asks them
+from schemas.agents import DEFAULT_DELIVERY_QUANTUM
 
+from . import delivery
 from .common import (
+    Child,
     cpu_seconds,
     emit,
     make_peers,
@@ -44,6 +57,10 @@ from .common import (
 __all__ = ["Options", "controller", "options", "reader", "report", "run"]
 
 SPECS = {1: CAT1, 2: CAT2}
+HOPS = 5
+"""Acknowledged deliveries in one query: request, query, response, validation, delivery."""
+HOP_BYTES = 600
+"""The size of one relayed message in the baseline: about a BCP query's envelope."""
 ANSWERS: dict[int, dict[str, Any]] = {
     1: {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"},
     2: {"company": "Acme Corp", "founded": "1998-04-01"},
@@ -56,6 +73,7 @@ bcp_channels:
     role: {role}
     max_category: 2
     budget_bits: 1.0e+15
+    delivery_quantum: {quantum}
 ---
 {name}
 """
@@ -70,6 +88,9 @@ class Options:
     warmup: int = 200
     windows: tuple[int, ...] = (1, 64)
     categories: tuple[int, ...] = (1, 2)
+    ungridded: tuple[int, ...] = (1,)
+    """Categories also run on a channel without the delivery grid (``delivery_quantum: 0``):
+    what the grid costs."""
     loop: str = "asyncio"
 
 
@@ -80,15 +101,16 @@ def options(quick: bool, loop: str) -> Options:
     return Options(loop=loop)
 
 
-def write_agents(directory: Path) -> Path:
-    """Agent definitions for one controller-reader channel with a budget no run exhausts."""
+def write_agents(directory: Path, quantum: float = DEFAULT_DELIVERY_QUANTUM) -> Path:
+    """Agent definitions for one controller-reader channel with a budget no run exhausts and
+    deliveries on a grid of ``quantum`` seconds (0: no grid)."""
     agents = directory / "agents"
     agents.mkdir()
     (agents / "main.md").write_text(
-        _AGENT.format(name="main", peer="researcher", role="controller")
+        _AGENT.format(name="main", peer="researcher", role="controller", quantum=quantum)
     )
     (agents / "researcher.md").write_text(
-        _AGENT.format(name="researcher", peer="main", role="reader")
+        _AGENT.format(name="researcher", peer="main", role="reader", quantum=quantum)
     )
     return agents
 
@@ -159,9 +181,13 @@ async def reader(params: dict[str, Any]) -> None:
 # The orchestrator
 
 
-async def _one(directory: Path, options: Options) -> dict[str, dict[str, float]]:
+async def _one(
+    directory: Path, options: Options, categories: tuple[int, ...], quantum: float
+) -> dict[str, dict[str, float]]:
+    """One bus with its gateway on a channel whose grid is ``quantum``; figures per case."""
     tokens = make_peers(directory / "peers.yaml", {"agent:main": [], "agent:researcher": []})
-    agents = write_agents(directory)
+    agents = write_agents(directory, quantum)
+    suffix = "" if quantum else "-nogrid"
     figures: dict[str, dict[str, float]] = {}
     async with running_bus(directory, gateway=True, agents_dir=agents, loop=options.loop) as bus:
         rdr = await spawn_worker(
@@ -171,36 +197,96 @@ async def _one(directory: Path, options: Options) -> dict[str, dict[str, float]]
             "controller", "controller", {"url": bus.url, "token": tokens["agent:main"]}, directory
         )
         try:
-            for category in options.categories:
+            for category in categories:
                 for window in options.windows:
-                    await ctl.send("run", category, window, options.count, options.warmup)
-                    await ctl.expect("warm")
-                    before = cpu_seconds(bus.pid), cpu_seconds(rdr.pid)
-                    await ctl.send("go")
-                    done = await ctl.expect("done")
-                    after = cpu_seconds(bus.pid), cpu_seconds(rdr.pid)
-                    figures[f"cat{category}/w{window}"] = {
-                        "queries_per_s": options.count / done["elapsed"],
-                        "p50_ms": done["p50"] * 1e3,
-                        "p99_ms": done["p99"] * 1e3,
-                        "bus_cpu_us": (after[0] - before[0]) / options.count * 1e6,
-                        "reader_cpu_us": (after[1] - before[1]) / options.count * 1e6,
-                        "controller_cpu_us": done["cpu"] / options.count * 1e6,
-                    }
+                    case = f"cat{category}{suffix}/w{window}"
+                    figures[case] = await _case(bus.pid, rdr.pid, ctl, options, category, window)
         finally:
             await ctl.stop()
             await rdr.stop()
     return figures
 
 
+async def _case(
+    bus: int, reader: int, ctl: Child, options: Options, category: int, window: int
+) -> dict[str, float]:
+    await ctl.send("run", category, window, options.count, options.warmup)
+    await ctl.expect("warm")
+    before = cpu_seconds(bus), cpu_seconds(reader)
+    await ctl.send("go")
+    done = await ctl.expect("done")
+    after = cpu_seconds(bus), cpu_seconds(reader)
+    return {
+        "queries_per_s": options.count / done["elapsed"],
+        "p50_ms": done["p50"] * 1e3,
+        "p99_ms": done["p99"] * 1e3,
+        "bus_cpu_us": (after[0] - before[0]) / options.count * 1e6,
+        "reader_cpu_us": (after[1] - before[1]) / options.count * 1e6,
+        "controller_cpu_us": done["cpu"] / options.count * 1e6,
+    }
+
+
+async def _bus(directory: Path, options: Options) -> dict[str, dict[str, float]]:
+    """The shipped channel (deliveries on the 0.1 s grid), then the ungridded categories."""
+    (directory / "grid").mkdir()
+    figures = await _one(directory / "grid", options, options.categories, DEFAULT_DELIVERY_QUANTUM)
+    if options.ungridded:
+        (directory / "nogrid").mkdir()
+        figures |= await _one(directory / "nogrid", options, options.ungridded, 0.0)
+    return figures
+
+
+async def _relay5(directory: Path, options: Options) -> dict[str, dict[str, float]]:
+    """The baseline: the relay carrying ``HOPS`` deliveries a query, at the same windows."""
+    hops = delivery.Options(
+        reps=1,
+        count=options.count * HOPS,
+        warmup=options.warmup * HOPS,
+        windows=options.windows,
+        payload_bytes=HOP_BYTES,
+        loop=options.loop,
+    )
+    figures = await delivery.one("relay", directory, hops)
+    return {
+        f"relay5/w{window}": {
+            "queries_per_s": f["msgs_per_s"] / HOPS,
+            "p50_ms": f["p50_ms"] * HOPS,
+            "p99_ms": f["p99_ms"] * HOPS,
+            "bus_cpu_us": f["server_cpu_us"] * HOPS,
+            "reader_cpu_us": f["subscriber_cpu_us"] * HOPS,
+            "controller_cpu_us": f["publisher_cpu_us"] * HOPS,
+        }
+        for window, f in ((int(w), f) for w, f in figures.items())
+    }
+
+
+async def _rep(directory: Path, options: Options, rep: int) -> dict[str, dict[str, float]]:
+    """One rep of the bus cases and the baseline, who goes first alternating by rep."""
+    (directory / "bus").mkdir()
+    (directory / "relay").mkdir()
+    if rep % 2 == 0:
+        bus = await _bus(directory / "bus", options)
+        relay = await _relay5(directory / "relay", options)
+    else:
+        relay = await _relay5(directory / "relay", options)
+        bus = await _bus(directory / "bus", options)
+    ratios = {
+        case: {
+            "vs_relay5": f["queries_per_s"] / relay[f"relay5/{case.split('/')[1]}"]["queries_per_s"]
+        }
+        for case, f in bus.items()
+    }
+    return {case: {**f, **ratios[case]} for case, f in bus.items()} | relay
+
+
 async def run(options: Options) -> dict[str, Any]:
-    """Run scenario 3; return the samples and their summary."""
+    """Run scenario 3 and its baseline; return the samples and their summary."""
     samples: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-bcp-") as tmp:
         for rep in range(options.reps):
             directory = Path(tmp) / f"rep-{rep}"
             directory.mkdir()
-            samples.append(await _one(directory, options))
+            samples.append(await _rep(directory, options, rep))
             brief = ", ".join(f"{k} {v['queries_per_s']:,.0f} q/s" for k, v in samples[-1].items())
             print(f"  rep {rep + 1}/{options.reps}: {brief}", flush=True)
     summary = {
@@ -211,12 +297,21 @@ async def run(options: Options) -> dict[str, Any]:
 
 
 def report(result: Mapping[str, Any]) -> str:
-    """The results as a Markdown table."""
-    headers = ["case", "queries/s", "p50 ms", "p99 ms", "bus CPU us/query", "reader CPU us/q"]
+    """The results as a Markdown table: each bus case's queries/s over the baseline's, per rep."""
+    headers = [
+        "case",
+        "queries/s",
+        "vs relay5",
+        "p50 ms",
+        "p99 ms",
+        "server CPU us/query",
+        "reader CPU us/q",
+    ]
     rows = [
         [
             case,
             spread(f["queries_per_s"]),
+            spread(f["vs_relay5"], _ratio) if "vs_relay5" in f else "1",
             spread(f["p50_ms"]),
             spread(f["p99_ms"]),
             spread(f["bus_cpu_us"]),
@@ -225,3 +320,7 @@ def report(result: Mapping[str, Any]) -> str:
         for case, f in result["summary"].items()
     ]
     return table(headers, rows)
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}x"

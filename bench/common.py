@@ -324,9 +324,11 @@ async def running_bus(
     agents_dir: Path | None = None,
     loop: str = "asyncio",
     http: bool = False,
+    transport: str = "websockets",
 ) -> AsyncIterator[Server]:
     """Run ``bcpbus serve`` on 127.0.0.1 port 0 with its log and peers file in ``directory``;
-    ``http`` adds the HTTP binding on a free port (``Server.http_url``).
+    ``http`` adds the HTTP binding on a free port (``Server.http_url``); ``transport`` is its
+    ``--transport``.
 
     The peers file is ``directory/peers.yaml``: write it with :func:`make_peers` first. The bus
     runs with its default limits and audit log; SIGTERM at the end flushes the log.
@@ -355,6 +357,8 @@ async def running_bus(
         argv.append("--no-gateway")
     if http:
         argv += ["--http-port", "0"]
+    if transport != "websockets":  # the default: left out, for trees without the option
+        argv += ["--transport", transport]
     child = await spawn("bus", argv, directory)
     try:
         url = await _listening(child)

@@ -56,6 +56,8 @@ class Options:
     per_process: int = 2_500
     concurrency: int = DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
     loop: str = "asyncio"
+    transport: str = "websockets"
+    """The bus's ``serve --transport``."""
 
 
 def options(quick: bool, loop: str) -> Options:
@@ -134,7 +136,7 @@ async def _workers(
 async def _one(directory: Path, options: Options) -> dict[str, float]:
     ids = [f"agent:idle-{i:05d}" for i in range(options.peers)]
     tokens = make_peers(directory / "peers.yaml", {cid: [] for cid in ids})
-    async with running_bus(directory, loop=options.loop) as bus:
+    async with running_bus(directory, loop=options.loop, transport=options.transport) as bus:
         await _settle(bus.pid)
         rss_before, cpu_before = rss_bytes(bus.pid), cpu_seconds(bus.pid)
         workers = await _workers(bus.url, tokens, options, directory)

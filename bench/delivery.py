@@ -34,7 +34,7 @@ from .common import (
     table,
 )
 
-__all__ = ["Options", "measure_windows", "options", "report", "run", "server"]
+__all__ = ["Options", "measure_windows", "one", "options", "report", "run", "server"]
 
 PUBLISHER, SUBSCRIBER, TOPIC, TYPE = "tg:bench", "agent:bench", "agent:bench", "tg_message"
 TARGETS = ("bus", "relay")
@@ -50,6 +50,8 @@ class Options:
     windows: tuple[int, ...] = (1, 64)
     payload_bytes: int = 200
     loop: str = "asyncio"
+    transport: str = "websockets"
+    """The bus's ``serve --transport``; the relay is always websockets."""
 
     @classmethod
     def quick(cls, loop: str = "asyncio") -> Options:
@@ -62,11 +64,17 @@ def options(quick: bool, loop: str) -> Options:
 
 
 def server(
-    target: str, directory: Path, loop: str, *, policy: Path | None = None
+    target: str,
+    directory: Path,
+    loop: str,
+    *,
+    policy: Path | None = None,
+    transport: str = "websockets",
 ) -> AbstractAsyncContextManager[Server]:
-    """The bus (with ``policy``, else the built-in one) or the relay, run in ``directory``."""
+    """The bus (with ``policy``, else the built-in one; served by ``transport``) or the relay,
+    run in ``directory``."""
     if target == "bus":
-        return running_bus(directory, loop=loop, policy=policy)
+        return running_bus(directory, loop=loop, policy=policy, transport=transport)
     return running_relay(directory, loop=loop)
 
 
@@ -104,9 +112,10 @@ async def measure_windows(
     return figures
 
 
-async def _one(target: str, directory: Path, options: Options) -> dict[str, dict[str, float]]:
+async def one(target: str, directory: Path, options: Options) -> dict[str, dict[str, float]]:
+    """One rep of ``target`` (``bus`` or ``relay``) at every window: figures per window."""
     tokens = make_peers(directory / "peers.yaml", {PUBLISHER: [], SUBSCRIBER: []})
-    async with server(target, directory, options.loop) as srv:
+    async with server(target, directory, options.loop, transport=options.transport) as srv:
         subscriber = await spawn_worker(
             "subscriber",
             "subscribers",
@@ -147,7 +156,7 @@ async def _reps(options: Options, root: Path) -> AsyncIterator[tuple[int, str, d
         for target in order:
             directory = root / f"{target}-{rep}"
             directory.mkdir()
-            yield rep, target, await _one(target, directory, options)
+            yield rep, target, await one(target, directory, options)
 
 
 async def run(options: Options) -> dict[str, Any]:

@@ -29,14 +29,15 @@ from .log.checkpoints import (
     default_checkpoints_path,
     load_signing_key,
 )
-from .ops.config import AuditSettings, HttpSettings, Limits, LogContent
+from .ops.config import AuditSettings, HttpSettings, Limits, LogContent, Transport
 from .ops.credentials import Credentials
 from .server import Bus
+from .transports.websocket import WebSocketDoor
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["HttpListenFailed", "running"]
+__all__ = ["HttpListenFailed", "door_for", "running"]
 
 
 @contextlib.asynccontextmanager
@@ -55,6 +56,7 @@ async def running(
     port: int = 0,
     ssl: _ssl.SSLContext | None = None,
     http: HttpSettings | None = None,
+    transport: Transport = "websockets",
 ) -> AsyncIterator[Bus]:
     """Open the activity log at ``db`` and start a bus on ``host:port`` (0: a free port).
 
@@ -68,6 +70,7 @@ async def running(
             ``https://`` on the HTTP port with the same one.
         http: the HTTP binding (:mod:`bus.transports.http`), served when its ``port`` is set;
             the bus's :attr:`~bus.server.Bus.http_url` is then its URL.
+        transport: what serves WebSocket peers: ``websockets``, or ``picows`` (its extra).
 
     Raises:
         ChainBroken: the log's chain or triggers show a change (a ``ValueError`` naming the
@@ -75,10 +78,12 @@ async def running(
         sqlite3.Error: the log cannot be opened at ``db``.
         OSError: ``host:port`` cannot be listened on; :class:`HttpListenFailed` for the HTTP
             port.
-        ImportError: ``http.port`` is set and the ``http`` extra is not installed.
+        ImportError: ``http.port`` is set and the ``http`` extra is not installed, or
+            ``transport`` is ``picows`` and the ``picows`` extra is not.
         ValueError: the signing key is missing, not a key, or readable by others
             (:class:`~bus.log.checkpoints.KeyExposed`).
     """
+    door = door_for(transport)
     log = _activity_log(db, audit or AuditSettings(), accept_broken_log)
     async with log:  # opened before the bus reads its last epoch; closed after the bus
         async with Bus(
@@ -89,10 +94,30 @@ async def running(
             limits=limits,
             server_id=server_id,
             log_content=log_content,
+            door=door,
         ) as bus:
             await bus.start(host, port, ssl=ssl)
             async with _http_binding(bus, http, host, ssl):
                 yield bus
+
+
+def door_for(transport: Transport) -> type[WebSocketDoor]:
+    """The door class of ``transport``.
+
+    Raises:
+        ImportError: ``picows`` is asked for and its extra is not installed; the message says
+            what to install.
+    """
+    if transport == "websockets":
+        return WebSocketDoor
+    try:
+        from .transports.picows_door import PicowsDoor  # the extra is optional: imported on use
+    except ImportError as exc:
+        raise ImportError(
+            f"--transport picows needs the picows extra ({exc.name} is missing): "
+            "pip install 'bcpbus[picows]', or use the default transport (websockets)"
+        ) from exc
+    return PicowsDoor
 
 
 def _activity_log(

@@ -33,7 +33,7 @@ from typing import Any, TypeAlias
 from schemas.agents import load_agents
 
 from . import __version__
-from .assemble import HttpListenFailed, running
+from .assemble import HttpListenFailed, door_for, running
 from .compiled import VersionAction
 from .core.errors import BusError
 from .core.identities import PeerIdentity, default_agents_dir, load_identities
@@ -44,6 +44,7 @@ from .log.checkpoints import create_signing_key, default_checkpoints_path, load_
 from .ops import completion
 from .ops.config import AuditSettings, ClusterSettings, ConfigError, ServeConfig
 from .ops.credentials import Credentials, CredentialsError, validate_webhook_url
+from .ops.memory import return_large_blocks
 from .ops.reload import BusFiles, Reloader
 from .ops.starter import write_starter
 from .ops.startup import (
@@ -213,6 +214,12 @@ def _add_serve(sub: Any, beside: Beside | None) -> None:
         choices=("auto", "asyncio", "uvloop"),
         default="auto",
         help="event loop: uvloop when installed (auto, the default), or one of them",
+    )
+    serve.add_argument(
+        "--transport",
+        choices=("websockets", "picows"),
+        help="what serves WebSocket peers: websockets (the default) or picows (needs "
+        "pip install 'bcpbus[picows]')",
     )
     _add_cluster(serve)
     serve.set_defaults(command=_serve, beside=beside)
@@ -519,6 +526,7 @@ def _serve(args: argparse.Namespace) -> int:
             "`bcpbus serve` runs both",
             file=sys.stderr,
         )
+    return_large_blocks()  # the memory of large messages goes back once they are gone
     return _run(serve(config, beside=beside), args.loop)
 
 
@@ -537,6 +545,7 @@ def _config_of(args: argparse.Namespace) -> ServeConfig:
             "certfile": args.certfile,
             "keyfile": args.keyfile,
             "log_content": args.log_content,
+            "transport": args.transport,
         }.items()
         if value is not None
     }
@@ -682,6 +691,10 @@ def _checked(config: ServeConfig) -> ServeConfig:
     if config.http.port is not None:
         check_http_extra(config.http.port)
     check_db(config.db)
+    try:
+        door_for(config.transport)
+    except ImportError as exc:
+        raise StartupError(str(exc)) from None
     return config
 
 
@@ -753,6 +766,7 @@ async def _start(
                 port=config.port,
                 ssl=tls,
                 http=config.http,
+                transport=config.transport,
             )
         )
     except sqlite3.Error as exc:

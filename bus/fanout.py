@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .core import _json, delivery
 from .core.actions import Record
 from .core.delivery import Message
 from .core.digest import canonical_sha256
-from .core.epochs import Epochs
-from .core.errors import BusError
+from .core.epochs import Epochs, NoRoom
+from .core.errors import BusError, ClusterUnavailable
 from .core.logevents import LogEvent
 from .core.policy import Grants
 from .core.presence import BUS_CLIENT_ID
@@ -30,7 +30,7 @@ from .core.state import PeerStates
 from .log.activity import ActivityLog
 from .log.fetch import sender_mark
 from .ops.config import Limits, LogContent
-from .transports.connection import Link, PeerGone
+from .transports.connection import Connection, Link, PeerGone, hold_request_bytes
 
 if TYPE_CHECKING:
     from .transports.cluster import Forwarder
@@ -101,7 +101,7 @@ class Fanout:
         hearer = sender.grants if sender is not None else None
         return await self.fan_out(targets, message, actor=actor, rpc_id=rpc_id, hearer=hearer)
 
-    async def deliver_forwarded(
+    def deliver_forwarded(
         self,
         topic: str,
         payload: dict[str, Any],
@@ -111,18 +111,27 @@ class Fanout:
         sender: Route[Link] | None,
         epoch: int,
         trace_id: str | None = None,
-    ) -> tuple[int, int]:
-        """Deliver a message another cluster node accepted (at ``epoch``) to this node's
-        subscribers, with this node's rows and checks; return how many processed it, of how
-        many were tried. :mod:`bus.transports.cluster` calls it (through the bus).
+    ) -> Awaitable[tuple[int, int]]:
+        """Accept a message another cluster node sent (at the stream's ``epoch``) now, and
+        return what delivers it to this node's subscribers, with this node's rows and checks;
+        awaited, it gives how many processed it, of how many were tried.
+        :mod:`bus.transports.cluster` calls it (through the bus) in the stream's order, so the
+        rows of every node follow that order; the deliveries may then run concurrently.
 
-        Its epoch here is above ``epoch`` (a hybrid clock: causes come before effects on every
-        node). It is marked forwarded, so it is not forwarded again."""
+        Raises:
+            AuditUnavailable: the log is closed; nothing was recorded.
+        """
         message = Message(topic, payload, message_id, message_type, trace_id=trace_id)
-        self._epochs.last = max(self._epochs.last, epoch)
-        message.forwarded = True
-        targets = await self.accept(message, sender=sender, rpc_id=None)
+        message.forwarded = True  # delivered here, never forwarded again
+        targets = self.stamp(message, sender=sender, rpc_id=None, epoch=epoch)
+        return self._carry_forwarded(targets, message, sender)
+
+    async def _carry_forwarded(
+        self, targets: list[Route[Link]], message: Message, sender: Route[Link] | None
+    ) -> tuple[int, int]:
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+        if targets:
+            await self._commit(message, actor)
         hearer = sender.grants if sender is not None else None
         delivered = await self.fan_out(targets, message, actor=actor, rpc_id=None, hearer=hearer)
         return delivered, len(targets)
@@ -133,15 +142,55 @@ class Fanout:
         """Give ``message`` its epoch, record it and its targets, commit the rows, and return
         the targets.
 
+        On a cluster node the epoch is the one the cluster's stream gives it: the message is
+        stored there first and accepted when this node reads it back in the stream's order
+        (:meth:`bus.transports.cluster.ClusterLink.sequence`). Only the bus's own messages
+        (presence) are accepted while the node is cut off, with an epoch of this node alone.
+
         Raises:
+            ClusterUnavailable: a cluster node could not store a peer's message in the stream;
+                nothing was recorded or delivered.
             AuditUnavailable: the rows could not be committed; deliver nothing. A
                 ``send_aborted`` row follows, so that the message is never fetched either.
         """
         actor = sender.client_id if sender is not None else BUS_CLIENT_ID
+
+        def stamp(epoch: int | None) -> list[Route[Link]]:
+            return self.stamp(message, sender=sender, rpc_id=rpc_id, epoch=epoch)
+
+        if self.cluster is None or message.forwarded:
+            targets = stamp(None)
+        elif sender is None:  # the bus's own: kept on this node alone while it is cut off
+            try:
+                targets = await self.cluster.sequence(message, actor, stamp)
+            except ClusterUnavailable:
+                targets = _local(stamp)
+        else:
+            targets = await self.cluster.sequence(message, actor, stamp)
+        if targets:  # else fan_out commits the rows (and fetch commits before it reads)
+            try:
+                await self._commit(message, actor)
+            except BusError:
+                if self.cluster is not None:
+                    self.cluster.forget(message)  # never delivered: its answers are not awaited
+                raise
+        return targets
+
+    def stamp(
+        self,
+        message: Message,
+        *,
+        sender: Route[Link] | None,
+        rpc_id: str | None,
+        epoch: int | None = None,
+    ) -> list[Route[Link]]:
+        """Give ``message`` ``epoch`` (None: the next of this bus's), record its
+        ``send_start`` row and its targets' rows, and return the targets; nothing waits."""
+        actor = sender.client_id if sender is not None else BUS_CLIENT_ID
         grants = sender.grants if sender is not None else None
         # The epoch is given and the row recorded with no await between them, so epochs
         # follow the order of the rows, which the log commits in order.
-        epoch = message.epoch = self._epochs.next()
+        message.epoch = self._epochs.next() if epoch is None else epoch
         self.log.record(
             LogEvent.SEND_START,
             message_id=message.message_id,
@@ -149,13 +198,19 @@ class Fanout:
             actor=actor,
             topic=message.topic,
             status=sender_mark(grants),
-            payload_json=_content(message.payload, message.type, self.log_content),
-            epoch=epoch,
+            payload_json=_content(message, self.log_content),
+            epoch=message.epoch,
             trace_id=message.trace_id,
         )
-        targets = self._pick(message, sender)
-        if not targets:
-            return targets  # fan_out commits the rows (and fetch commits before it reads)
+        return self._pick(message, sender)
+
+    async def _commit(self, message: Message, actor: str) -> None:
+        """Commit ``message``'s rows before it is delivered.
+
+        Raises:
+            AuditUnavailable: they could not be; ``message`` is aborted (a ``send_aborted``
+                row follows, so that it is never fetched either).
+        """
         try:
             # Fail closed, for every message: nothing is delivered without its audit row, so
             # a peer that gets -32006 knows that nobody received the message and may resend it.
@@ -169,11 +224,10 @@ class Fanout:
                     message_id=message.message_id,
                     actor=actor,
                     topic=message.topic,
-                    epoch=epoch,
+                    epoch=message.epoch,
                     trace_id=message.trace_id,
                 )
             raise
-        return targets
 
     def _pick(self, message: Message, sender: Route[Link] | None) -> list[Route[Link]]:
         """The targets :func:`bus.core.delivery.targets` chose, each with its
@@ -218,14 +272,16 @@ class Fanout:
         tainted peer never chooses what an untainted sender reads back, nor when. On a cluster
         node, a message accepted here is also delivered on the other nodes, at the same time;
         their subscribers count as this node's do, in the result and the row."""
-        params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
+        params = _Params(message)
         remote = None
         if self.cluster is not None and not message.forwarded:
             sender = actor or BUS_CLIENT_ID
             remote = asyncio.ensure_future(self.cluster.forward(message, sender))
         targets, unheard = delivery.unheard(targets, hearer)
         for target in unheard:
-            target.handle.spawn(self._deliver_unheard(target, params, message))
+            # Answered before this delivery ends, the request's bytes stay charged until then.
+            release = hold_request_bytes()
+            target.handle.spawn(self._deliver_unheard(target, params, message, release))
         if not targets:
             results: list[bool] = []
         elif len(targets) == 1:
@@ -253,14 +309,22 @@ class Fanout:
         return delivered
 
     async def _deliver_unheard(
-        self, route: Route[Link], params: dict[str, Any], message: Message
+        self,
+        route: Route[Link],
+        params: _Params,
+        message: Message,
+        release: Callable[[], None] | None,
     ) -> None:
         """Deliver to a target the sender may not hear; its row is committed with the next."""
-        await self._deliver(route, params, message)
-        with contextlib.suppress(BusError):
-            await self.log.commit()
+        try:
+            await self._deliver(route, params, message)
+            with contextlib.suppress(BusError):
+                await self.log.commit()
+        finally:
+            if release is not None:
+                release()
 
-    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: Message) -> bool:
+    async def _deliver(self, route: Route[Link], params: _Params, message: Message) -> bool:
         status, error = "processed", None
         limit = self.limits.max_write_buffer
         target = route.handle
@@ -272,9 +336,9 @@ class Fanout:
             async with asyncio.timeout(self.limits.process_timeout):
                 if target.inflight is not None:
                     async with target.inflight:
-                        result = await target.call("processMessage", params)
+                        result = await target.call("processMessage", params.fit(target))
                 else:
-                    result = await target.call("processMessage", params)
+                    result = await target.call("processMessage", params.fit(target))
             status, error = delivery.outcome(result)
         except TimeoutError:
             status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
@@ -326,13 +390,7 @@ class Fanout:
             epoch=message.epoch,
             trace_id=message.trace_id,
         )
-        params: dict[str, Any] = {
-            "topic": message.topic,
-            "payload": message.payload,
-            "epoch": message.epoch,
-        }
-        if skipped:
-            params["skipped"] = skipped
+        params = _Params(message, skipped)
         with contextlib.suppress(BusError):  # unpushed, it stays fetchable
             await log.commit()
             await self._deliver(route, params, message)
@@ -355,20 +413,68 @@ def record_row(log: ActivityLog, row: Record) -> None:
     )
 
 
+def _local(stamp: Callable[[int | None], list[Route[Link]]]) -> list[Route[Link]]:
+    """``stamp`` at an epoch of this cluster node alone.
+
+    Raises:
+        ClusterUnavailable: no epoch is left before the stream's next one.
+    """
+    try:
+        return stamp(None)
+    except NoRoom as exc:
+        raise ClusterUnavailable(f"{exc}: not kept while this node is cut off") from exc
+
+
 class _SlowConsumer(Exception):
     """A delivery refused because the target has too many unread bytes."""
 
 
-def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> str:
+class _Params:
+    """The ``processMessage`` params of one message, made once per form a link takes.
+
+    A :class:`~bus.transports.connection.Connection` encodes the call itself, so it gets the
+    envelope as the message's one encoding (:func:`bus.core._json.fragment`): every frame
+    splices it in, and no decoded copy is held while deliveries wait. Other links
+    (webhooks, the cluster) read the params as a dict; they get one decoded on first use.
+    """
+
+    __slots__ = ("_decoded", "_encoded", "message", "skipped")
+
+    def __init__(self, message: Message, skipped: int = 0) -> None:
+        self.message, self.skipped = message, skipped
+        self._encoded: dict[str, Any] | None = None
+        self._decoded: dict[str, Any] | None = None
+
+    def fit(self, link: Link) -> dict[str, Any]:
+        """The params to call ``link`` with."""
+        if isinstance(link, Connection):
+            if self._encoded is None:
+                self._encoded = self._make(_json.fragment(self.message.encode()))
+            return self._encoded
+        if self._decoded is None:
+            self._decoded = self._make(self.message.payload)
+        return self._decoded
+
+    def _make(self, payload: Any) -> dict[str, Any]:
+        message = self.message
+        params = {"topic": message.topic, "payload": payload, "epoch": message.epoch}
+        if self.skipped:
+            params["skipped"] = self.skipped
+        return params
+
+
+def _content(message: Message, mode: LogContent) -> str:
     """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
 
-    The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.core.digest.canonical_sha256(envelope)``.
+    The JSON is the message's one encoding (:meth:`~bus.core.delivery.Message.text`), which
+    its deliveries reuse. The digest is over the canonical JSON (keys sorted, no spaces,
+    UTF-8), so an auditor who holds the message can recompute it:
+    ``bus.core.digest.canonical_sha256(envelope)``.
     """
     if mode == "full":
-        return _json.dumps(payload)
+        return message.text()
     return json.dumps(
-        {"type": message_type, "sha256": canonical_sha256(payload)},
+        {"type": message.type, "sha256": canonical_sha256(message.payload)},
         separators=(",", ":"),
         ensure_ascii=False,
     )

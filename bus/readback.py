@@ -9,6 +9,8 @@ end), reads through :class:`bus.log.history.History`, and logs the read.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import Callable
@@ -25,9 +27,13 @@ from .log.fetch import FetchFilter, FetchResult, Page, check_since
 from .log.history import History
 from .ops.config import Limits, LogContent
 
-__all__ = ["Readback"]
+__all__ = ["CATCH_UP_WAIT", "Readback"]
 
 logger = logging.getLogger("bus.server")
+
+CATCH_UP_WAIT = 5.0
+"""Seconds a read on a cluster node waits for the node to reach a ``sinceEpoch`` beyond what it
+has read of the cluster's stream (a cursor from a node ahead of it) before it refuses it."""
 
 
 class Readback:
@@ -53,6 +59,8 @@ class Readback:
         """Carries out a refusal's rows and raises its error (:meth:`bus.server.Bus.carry`)."""
         self._closing = closing
         """Tells whether the bus is closing: a read is then refused -32007."""
+        self._read_on = asyncio.Event()
+        epochs.on_read = self._read_on.set
 
     async def fetch(
         self,
@@ -90,7 +98,7 @@ class Readback:
         """
         admission = self._admitted(grants, pattern, limit, rpc_id)
         pattern = admission.pattern
-        upto = self._epochs.last
+        upto = await self._reach(since_epoch)
         # Every message given an epoch so far is then committed (or aborted): none can be
         # missing below upto and turn up later.
         await self.log.commit()
@@ -99,6 +107,22 @@ class Readback:
         result = page.result(more=more, upto=upto)
         await self._logged(result, page, since_epoch, rpc_id)
         return result
+
+    async def _reach(self, since_epoch: int) -> int:
+        """The page's upper bound: the last epoch given. On a cluster node, first wait
+        (:data:`CATCH_UP_WAIT` at most) until this node has read the cluster's stream as far as
+        ``since_epoch``: a cursor from a node further on is then exact here too (a cursor
+        between two stream messages, given by a node while cut off, is the earlier one's)."""
+        epochs = self._epochs
+        if epochs.base is None or since_epoch <= epochs.last:
+            return epochs.last
+        wanted = epochs.seq_of(since_epoch)
+        with contextlib.suppress(TimeoutError):  # then check_since refuses it, as it is
+            async with asyncio.timeout(CATCH_UP_WAIT):
+                while wanted > epochs.read():
+                    self._read_on.clear()
+                    await self._read_on.wait()
+        return max(epochs.last, since_epoch) if wanted <= epochs.read() else epochs.last
 
     async def _logged(
         self, result: FetchResult, page: Page, since_epoch: int, rpc_id: str | None

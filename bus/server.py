@@ -68,6 +68,8 @@ class Bus:
         server_id: the ``serverId`` sent in ``initialize`` results; random by default.
         log_content: what ``send_start`` keeps of each envelope: ``full``, or ``digest`` (its
             ``type`` and the SHA-256 of its canonical JSON).
+        door: makes the WebSocket door (:class:`WebSocketDoor`, or a subclass on another
+            library such as :class:`bus.transports.picows_door.PicowsDoor`).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class Bus:
         limits: Limits | None = None,
         server_id: str | None = None,
         log_content: LogContent = "full",
+        door: Callable[[Bus], WebSocketDoor] = WebSocketDoor,
     ) -> None:
         if log_content not in ("full", "digest"):
             raise ValueError(f"log_content must be 'full' or 'digest', not {log_content!r}")
@@ -108,6 +111,7 @@ class Bus:
         self._tasks: list[asyncio.Task[None]] = []
         self.carry = Carry(log, self._presence, self.refusals)
         """Carries out the core's decisions (:class:`bus.carry.Carry`)."""
+        self._make_door = door
         self._parts(log_content)
 
     def _parts(self, log_content: LogContent) -> None:
@@ -154,7 +158,7 @@ class Bus:
             handle=methods.handle,
             closing=closing,
         )
-        self._door = WebSocketDoor(self)
+        self._door = self._make_door(self)
         """Where sockets and in-process links come in (:mod:`bus.transports.websocket`)."""
         self._entries(fanout, methods, members)
 
@@ -184,6 +188,8 @@ class Bus:
         """A link's route once its peer joined, else None."""
         self.method = methods.method
         """The method of initialized peers of a name: :meth:`bus.methods.Methods.method`."""
+        self.quick_method = methods.quick_method
+        """Its body if it never waits: :meth:`bus.methods.Methods.quick_method`."""
         self.connect_local = self._door.connect_local
         """An in-process link: :meth:`bus.transports.websocket.WebSocketDoor.connect_local`."""
 
@@ -276,6 +282,11 @@ class Bus:
     def url(self) -> str:
         """``ws://host:port`` of the listening socket (``wss://`` with TLS)."""
         return self._door.url
+
+    @property
+    def epochs(self) -> Epochs:
+        """The bus's epochs; a cluster link makes them follow the cluster's stream."""
+        return self._epochs
 
     @property
     def latest_epoch(self) -> int:

@@ -27,7 +27,7 @@ from bus.assemble import running
 from bus.core.identities import PeerIdentity, default_agents_dir, load_identities
 from bus.core.policy import Policy
 from bus.log.activity import ActivityLog
-from bus.ops.config import HttpSettings, Limits, LogContent
+from bus.ops.config import HttpSettings, Limits, LogContent, Transport
 from bus.ops.credentials import Credentials
 from bus.server import Bus
 from schemas.common import GATEWAY_CLIENT_ID, agent_id
@@ -49,7 +49,17 @@ __all__ = [
     "running_bcp",
     "running_bus",
     "scaled",
+    "test_transport",
 ]
+
+
+def test_transport() -> Transport:
+    """What serves the WebSocket peers of :func:`running_bus` when the test does not say:
+    ``BCPBUS_TEST_TRANSPORT`` (``websockets`` or ``picows``), else ``websockets``."""
+    name = os.environ.get("BCPBUS_TEST_TRANSPORT", "websockets")
+    if name not in ("websockets", "picows"):
+        raise ValueError(f"BCPBUS_TEST_TRANSPORT must be websockets or picows, not {name!r}")
+    return "picows" if name == "picows" else "websockets"
 
 
 def scaled(seconds: float) -> float:
@@ -197,10 +207,13 @@ async def running_bus(
     limits: Limits | None = None,
     log_content: LogContent = "full",
     http: HttpSettings | None = None,
+    transport: Transport | None = None,
 ) -> AsyncIterator[BusHarness]:
     """Start a bus on 127.0.0.1 port 0 with its log in ``directory``; close both on exit.
 
     ``http=HttpSettings(port=0)`` serves the HTTP binding too (:attr:`BusHarness.http_url`).
+    ``transport`` serves its WebSocket peers (``websockets`` or ``picows``); by default
+    ``BCPBUS_TEST_TRANSPORT``, else ``websockets``, so a suite can run on either.
     """
     db = Path(directory) / "activity.db"
     credentials = Credentials.empty()
@@ -211,6 +224,7 @@ async def running_bus(
         identities=identities,
         limits=limits,
         log_content=log_content,
+        transport=transport or test_transport(),
     ) as bus:
         if http is None or http.port is None:
             yield BusHarness(bus, bus.log, credentials, db)

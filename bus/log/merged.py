@@ -9,8 +9,10 @@ node that accepted it (``send_start`` ... ``cluster_out``) to every node that de
 chain on its own: a merge is only as good as every log in it.
 
 Rows are ordered by their ``ts``, then by node name, then by id: each node's clock orders its
-own rows, and the hybrid epochs (a node delivering a forwarded message gives it an epoch above
-the sender node's) keep cause before effect where clocks disagree by less than a hop.
+own rows. One correction keeps cause before effect where the nodes' clocks, or the order in
+which they read the stream, disagree: a message's rows on the nodes it crossed are never placed
+before its ``send_start`` on the node that accepted it (the one without a ``cluster_in`` row for
+it). A message has the same epoch on every node (:mod:`bus.core.epochs`).
 """
 
 from __future__ import annotations
@@ -63,8 +65,40 @@ def merged_rows(
         node = node_name(db)
         for row in query_rows(db, limit=limit, **filters):
             merged.append({"node": node, **row})
-    merged.sort(key=lambda row: (str(row.get("ts")), row["node"], row.get("id") or 0))
+    starts = _origin_starts(merged)
+    merged.sort(key=lambda row: _order(row, starts))
     return merged if limit is None else merged[:limit]
+
+
+def _origin_starts(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """``{message_id: (origin node, ts of its send_start there)}`` for the messages whose
+    accepting node is known: the one node with a ``send_start`` and no ``cluster_in``."""
+    starts: dict[str, dict[str, str]] = {}
+    relayed: dict[str, set[str]] = {}
+    for row in rows:
+        message_id = row.get("message_id")
+        if not message_id:
+            continue
+        if row["event"] == "send_start":
+            starts.setdefault(message_id, {})[row["node"]] = str(row.get("ts"))
+        elif row["event"] == "cluster_in":
+            relayed.setdefault(message_id, set()).add(row["node"])
+    origins: dict[str, tuple[str, str]] = {}
+    for message_id, by_node in starts.items():
+        candidates = set(by_node) - relayed.get(message_id, set())
+        if len(candidates) == 1:
+            (origin,) = candidates
+            origins[message_id] = (origin, by_node[origin])
+    return origins
+
+
+def _order(row: dict[str, Any], starts: dict[str, tuple[str, str]]) -> tuple[str, int, str, int]:
+    """Sort key: time, but another node's row of a message not before its origin's start."""
+    ts, rank = str(row.get("ts")), 0
+    origin = starts.get(row.get("message_id") or "")
+    if origin is not None and row["node"] != origin[0] and ts <= origin[1]:
+        ts, rank = origin[1], 1
+    return ts, rank, row["node"], row.get("id") or 0
 
 
 def verify_each(

@@ -1,12 +1,14 @@
 """The cluster link: several bus nodes that act as one bus, over NATS.
 
 Each ``bcpbus serve --cluster nats://HOST:PORT --node NAME`` is one node. The node a sender is
-connected to decides (authorization, taint, limits, duplicates), records and delivers to its own
-subscribers as a single bus does; :meth:`ClusterLink.forward` publishes the accepted message on
-NATS at the same time and gathers the other nodes' answers, so ``deliveredTo`` counts every
-node's subscribers. A node that receives a message from NATS checks it again against its own
-policy, credentials and agent definitions before it hands it to :meth:`Bus.deliver_forwarded`:
-a node never delivers what it would have refused.
+connected to decides (authorization, taint, limits, duplicates) as a single bus does, then
+:meth:`ClusterLink.sequence` stores the message in the cluster's JetStream stream; every node,
+the sending one included, accepts it (its epoch, its rows) when its ordered reading of the
+stream reaches it, and delivers it to its own subscribers; :meth:`ClusterLink.forward` gathers
+the other nodes' answers, so ``deliveredTo`` counts every node's subscribers. A node that
+reads another node's message checks it again against its own policy, credentials and agent
+definitions before it hands it to :meth:`Bus.deliver_forwarded`: a node never delivers what it
+would have refused.
 
 NATS carries (subjects under ``bcpbus.``, JSON bodies: :mod:`.cluster_wire`):
 
@@ -24,10 +26,9 @@ order of each node's messages, reconnects after a restart, and its key-value sto
 registrations. A node cut off from NATS refuses ``sendMessage`` with -32011
 (:class:`~bus.core.errors.ClusterUnavailable`) instead of delivering to part of the bus.
 
-Epochs stay those of each node's log (monotonic per node: :mod:`bus.core.epochs`); a node that
-delivers a forwarded message first moves its clock past the sender node's epoch, so across nodes
-an effect's epoch is above its cause's (a hybrid logical clock). Ties across nodes are broken by
-node name where logs are merged (:mod:`bus.log.merged`).
+Epochs come from the stream (:mod:`.cluster_history`, :mod:`bus.core.epochs`): the message at
+stream sequence ``seq`` has the epoch ``base + seq * STREAM_STEP`` in every node's log, so a
+peer's cursor read on one node is exact on another, and each node's epochs strictly increase.
 
 The parts beside this module: :mod:`.cluster_wire` (subjects and bodies), :mod:`.cluster_node`
 (what the link and the bus ask of each other), :mod:`.cluster_members` (who is alive),
@@ -43,7 +44,6 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -55,10 +55,11 @@ from ..core.logevents import LogEvent
 from ..core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC
 from ..log.fetch import sender_mark
 from ..ops.startup import StartupError
-from .cluster_history import PUBLISH_TIMEOUT, history_lost, open_history
+from .cluster_history import PUBLISH_TIMEOUT
 from .cluster_inbound import Inbound
 from .cluster_members import Nodes, Reloads
-from .cluster_node import Accepted, Forwarder, Node, Trigger, grants_of
+from .cluster_node import Accepted, Forwarder, Node, T, Trigger, grants_of
+from .cluster_order import Order, StreamAhead
 from .cluster_registry import Registry
 from .cluster_wire import (
     HEARTBEAT,
@@ -155,11 +156,10 @@ class ClusterLink:
         self.node = node
         self._nc: NATS | None = None
         self._js: JetStreamContext | None = None
-        self._history: JetStreamContext.PushSubscription | None = None
-        self._cut_at: datetime | None = None
-        """When this node was last cut off from NATS."""
         self._members = Nodes(bus.log, node, self._publish)
         self._waiting: dict[str, _Gather] = {}
+        self._sequenced: dict[int, tuple[str, _Gather]] = {}
+        """The gatherings of this node's messages stored in the stream, by epoch."""
         self._inbox = ""
         self._counter = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -167,7 +167,8 @@ class ClusterLink:
         self._watching: asyncio.Task[Any] | None = None
         self._closing = False
         self._reloads = Reloads(bus.log, node, self._publish)
-        self._inbound = Inbound(bus, node, self._publish)
+        self._inbound = Inbound(bus, node, self._publish, self._spawn)
+        self._order = Order(bus, node, self._inbound.take)
 
     # Lifecycle
 
@@ -193,16 +194,16 @@ class ClusterLink:
                 f"--cluster {self.url}: NATS answers but its key-value store does not ({exc!r}): "
                 "start nats-server with JetStream on (-js)"
             ) from exc
+        self._inbox = nc.new_inbox()
+        await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
         try:
             self._js = nc.jetstream(timeout=PUBLISH_TIMEOUT)
-            self._history = await open_history(self._js, self.node, self._on_message)
+            await self._order.open(self._js)
         except Exception as exc:
             await self._drop()
             raise ConnectionError(
                 f"--cluster {self.url}: JetStream refused the message history ({exc!r})"
             ) from exc
-        self._inbox = nc.new_inbox()
-        await nc.subscribe(f"{self._inbox}.*", cb=self._on_answer)
         await nc.subscribe(HELLO_SUBJECT, cb=self._members.on_hello)
         await nc.subscribe(PEERS_SUBJECT, cb=self._on_peers)
         await nc.subscribe(RELOAD_SUBJECT, cb=self._reloads.on_reload)
@@ -240,6 +241,7 @@ class ClusterLink:
                 await nc.publish(HELLO_SUBJECT, encode(Hello(node=self.node, bye=True)))
                 if self._registry is not None:
                     await self._registry.leave_all()
+        await self._order.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -275,7 +277,7 @@ class ClusterLink:
         await self._members.wait_for(node)
 
     async def _disconnected(self) -> None:
-        self._cut_at = datetime.now(UTC)
+        self._order.reading = False  # sends are refused until the reading is back (_heal)
         if not self._closing:
             logger.warning("node %s is cut off from NATS: sends are refused (-32011)", self.node)
             self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="cut_off")
@@ -292,6 +294,12 @@ class ClusterLink:
             try:
                 await self._heal_stores()
                 break
+            except StreamAhead as exc:
+                logger.error("node %s takes no sends: %s", self.node, exc)
+                self.bus.log.record(
+                    LogEvent.CLUSTER_NODE, actor=self.node, status="epochs_ahead", error=str(exc)
+                )
+                return
             except Exception as exc:  # JetStream may need a moment after the server's restart
                 logger.debug("node %s: the stores are not back yet: %r", self.node, exc)
                 await asyncio.sleep(HEARTBEAT)
@@ -299,64 +307,70 @@ class ClusterLink:
             await self._registry.heal()
 
     async def _heal_stores(self) -> None:
-        """Make the history stream, this node's consumer and the presence bucket again if the
-        NATS server came back without its store (what was in them is gone: say so)."""
+        """Read the stream on from this node's place; make the stream and the presence bucket
+        again if the NATS server came back without its store (what was in them is gone: say
+        so)."""
         js = self._js
-        lost = None if js is None else await history_lost(js, self.node)
-        if js is None or lost is None:
+        if js is None or not await self._order.heal(js):
             return
-        if self._history is not None:
-            with contextlib.suppress(Exception):
-                await self._history.unsubscribe()
-        # What another node sent since this one was cut off is for it too.
-        self._history = await open_history(js, self.node, self._on_message, since=self._cut_at)
         self._watch_logins(await js.create_key_value(bucket=PRESENCE_BUCKET, history=1))
-        logger.warning("node %s: NATS lost the history's %s: made again", self.node, lost)
-        self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status=f"{lost}_lost")
+        logger.warning("node %s: NATS lost the history's stream: made again", self.node)
+        self.bus.log.record(LogEvent.CLUSTER_NODE, actor=self.node, status="stream_lost")
 
     # Sending
 
     def check(self) -> None:
         """Raise :class:`ClusterUnavailable` while NATS cannot be reached."""
-        if self._nc is None or not self._nc.is_connected:
+        if self._nc is None or not self._nc.is_connected or not self._order.reading:
             raise ClusterUnavailable()
 
-    async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
-        """Publish ``message`` to the other nodes and wait for the answers of those alive.
+    async def sequence(self, message: Accepted, sender: str, stamp: Callable[[int], T]) -> T:
+        """Store ``message`` in the cluster's stream, and return ``stamp(epoch)`` once this
+        node reads it back there, in the stream's order; :meth:`forward` then gathers the
+        answers of the other nodes (which read it at the same time).
 
-        Never raises: a node that does not answer in time counts for nothing, and a message
-        forwarded while cut off (only the bus's own, as sends are refused) stays on this node.
-
-        Returns:
-            How many subscribers on other nodes processed it, and how many were tried.
+        Raises:
+            ClusterUnavailable: this node is cut off, or JetStream did not store it in time
+                (:meth:`bus.transports.cluster_order.Order.store`); ``stamp`` was not called.
         """
-        nc, js = self._nc, self._js
-        if nc is None or js is None or not nc.is_connected:
-            return 0, 0
+        js = self._js
+        self.check()
+        assert js is not None
         if message.topic == PRESENCE_TOPIC and sender == BUS_CLIENT_ID:
             if self._registry is not None:
                 await self._registry.left(message)
         self._counter += 1
         token = str(self._counter)
         gather = self._waiting[token] = _Gather(self.live_nodes())
-        forwarded = Forwarded(
-            node=self.node,
-            topic=message.topic,
-            payload=message.payload,
-            message_id=message.message_id,
-            type=message.type,
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-            sender=sender,
-            mark=self._mark(sender),
-            reply=f"{self._inbox}.{token}",
-        )
+        forwarded = _forwarded(self.bus, self.node, message, sender, f"{self._inbox}.{token}")
         try:
-            # Stored before the others see it: a node away now is given it when it is back.
-            await js.publish(subject_for(message.topic), encode(forwarded))
+            result = await self._order.store(js, forwarded, token, stamp)
+        except BaseException:
+            self._waiting.pop(token, None)
+            raise
+        self._sequenced[message.epoch] = (token, gather)
+        return result
+
+    def forget(self, message: Accepted) -> None:
+        """Await no answers for ``message``: its rows here failed, it is not delivered."""
+        token, _ = self._sequenced.pop(message.epoch, ("", None))
+        self._waiting.pop(token, None)
+
+    async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
+        """Wait for the other nodes' answers to ``message`` (stored by :meth:`sequence`), those
+        of the nodes alive when it was sent.
+
+        Never raises: a node that does not answer in time counts for nothing, and a message
+        accepted while cut off (only the bus's own, as sends are refused) stays on this node.
+
+        Returns:
+            How many subscribers on other nodes processed it, and how many were tried.
+        """
+        token, gather = self._sequenced.pop(message.epoch, ("", None))
+        if gather is None:
+            return 0, 0  # not in the stream: the bus's own, while this node was cut off
+        try:
             await gather.wait(self.live_nodes, self._answer_timeout())
-        except Exception as exc:  # a link lost mid-publish: what answered is what counts
-            logger.warning("forwarding %s failed: %r", message.message_id, exc)
         finally:
             self._waiting.pop(token, None)
         answers = dict(gather.answers)
@@ -376,22 +390,12 @@ class ClusterLink:
         process = self.bus.limits.process_timeout
         return (process if process is not None else 30.0) + ANSWER_GRACE
 
-    def _mark(self, sender: str) -> str:
-        if sender == BUS_CLIENT_ID:
-            return sender_mark(None)
-        return sender_mark(grants_of(self.bus, sender))
-
     async def _on_answer(self, msg: Msg) -> None:
         gather = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
         if gather is None:
             return  # too late: the sender was answered without it
         with contextlib.suppress(ValidationError):
             gather.add(Answer.model_validate_json(msg.data))
-
-    async def _on_message(self, msg: Msg) -> None:
-        # NATS calls back one message at a time per subscription: deliver each in a task of
-        # its own, so one slow subscriber never holds up the next message.
-        self._spawn(self._inbound.receive(msg))
 
     async def _publish(self, subject: str, body: bytes) -> None:
         if self._nc is not None:
@@ -435,6 +439,22 @@ class ClusterLink:
         """Register ``client_id``'s new link here, at once (see :class:`Registry`)."""
         if self._registry is not None and self._nc is not None and self._nc.is_connected:
             self._registry.joined(client_id)
+
+
+def _forwarded(bus: Node, node: str, message: Accepted, sender: str, reply: str) -> Forwarded:
+    """``message`` as ``node`` stores it in the stream, with its sender's taint mark there."""
+    grants = None if sender == BUS_CLIENT_ID else grants_of(bus, sender)
+    return Forwarded(
+        node=node,
+        topic=message.topic,
+        payload=message.payload,
+        message_id=message.message_id,
+        type=message.type,
+        trace_id=message.trace_id,
+        sender=sender,
+        mark=sender_mark(grants),
+        reply=reply,
+    )
 
 
 async def _connect(

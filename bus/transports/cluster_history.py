@@ -1,63 +1,65 @@
-"""The cluster's message history on JetStream: one stream, one durable consumer per node.
+"""The cluster's one order on JetStream: one stream, read in order by every node.
 
-Every message a node accepts goes to the other nodes through the stream :data:`HISTORY_STREAM`
-(``js.publish``: stored before the sender goes on), and each node reads the stream through a
-durable consumer of its own, named after it. A node acknowledges a message once it has
-delivered it and committed its rows; JetStream keeps the rest for it. So a node that was away
-(stopped, killed, cut off from NATS) is given, when it is back, every message it missed, in the
-stream's order, and its log holds every message of the cluster again: ``fetchMessages`` and
-``GET /v1/messages`` on it find them (with its own epochs).
+Every message a node accepts is stored in the stream :data:`HISTORY_STREAM` first
+(``js.publish``), and every node, the sending one included, accepts it when its ordered
+reading of the stream reaches it: so the rows of every node's log follow the stream, and the
+message at stream sequence ``seq`` has the same epoch on every node, ``base + seq *
+STREAM_STEP`` (:mod:`bus.core.epochs`). The ``base`` is agreed once per stream in the key-value
+bucket :data:`EPOCHS_BUCKET` (a create-only key named after the stream's creation time): the
+first node to propose wins, with a base above its log's last epoch and the clock.
 
-JetStream rather than plain NATS here because this is what it is for: a stream stored on disk
-that survives a restart of the NATS server, with a position per reader kept by the server, so
-no node keeps a replay protocol of its own.
+A node's position in the stream is its log's last epoch: it reads on from there when it
+starts again (after ``kill -9`` too), and from the stream's next message when it is new to it.
+A stream made again (the NATS server came back without its store) starts at sequence 1 under a
+new base, above every epoch given before.
+
+JetStream rather than plain NATS because this is what it is for: a stream stored on disk that
+survives a restart of the NATS server, one order for every reader, so no node keeps an order
+or a replay protocol of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import sqlite3
+import logging
+import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cluster_wire import HISTORY_AGE, HISTORY_STREAM, SUBJECT_PREFIX, presence_key
+from .cluster_wire import EPOCHS_BUCKET, HISTORY_AGE, HISTORY_STREAM, SUBJECT_PREFIX
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
+    from nats.js.api import StreamInfo
     from nats.js.client import JetStreamContext
 
-__all__ = ["PUBLISH_TIMEOUT", "REDELIVER_AFTER", "history_lost", "logged", "open_history"]
+__all__ = [
+    "BASE_MARGIN",
+    "PUBLISH_TIMEOUT",
+    "agree_base",
+    "open_stream",
+    "read_history",
+    "stream_lost",
+]
 
-REDELIVER_AFTER = 60.0
-"""Seconds before JetStream gives a node again a message it took and never acknowledged: one a
-killed node was delivering is delivered again this long after it is back."""
+logger = logging.getLogger("bus.transports.cluster")
+
 PUBLISH_TIMEOUT = 5.0
 """Seconds a sending node waits for JetStream to store a message."""
+BASE_MARGIN = 1 << 40
+"""How far above a node's last epoch (and the clock, in microseconds: some 12 days) it
+proposes a stream's base: the room for another node whose log is ahead of it (by up to some
+10**9 stream messages) when a stream is made again."""
 _STREAM_IN_USE = 10058
 """JetStream's error code: a stream of that name exists (another node made it first)."""
 
 
-async def open_history(
-    js: JetStreamContext,
-    node: str,
-    cb: Callable[[Msg], Awaitable[None]],
-    *,
-    since: datetime | None = None,
-) -> JetStreamContext.PushSubscription:
-    """Make sure the stream exists, then read it as ``node`` with ``cb`` (which must ack).
-
-    A node new to the cluster starts at the next message, or at the first stored at ``since``
-    or later (a consumer made again after NATS lost it: what the others sent since this node
-    was cut off is for it too); one that was here before starts after the last message it
-    acknowledged.
+async def open_stream(js: JetStreamContext) -> StreamInfo:
+    """Make sure the stream exists (another node may have made it first); return its info.
 
     Raises:
-        nats.js.errors.Error: JetStream refused the stream or the consumer.
+        nats.js.errors.Error: JetStream refused the stream.
     """
-    from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
+    from nats.js.api import StorageType
     from nats.js.errors import BadRequestError
 
     try:
@@ -70,53 +72,63 @@ async def open_history(
     except BadRequestError as exc:
         if exc.err_code != _STREAM_IN_USE:
             raise
+    return await js.stream_info(HISTORY_STREAM)
+
+
+async def agree_base(js: JetStreamContext, stream: StreamInfo, last_epoch: int) -> int:
+    """The base of ``stream``'s epochs, as the first node to ask proposed it: above its
+    ``last_epoch`` and the clock by :data:`BASE_MARGIN`.
+
+    Raises:
+        nats.js.errors.Error: the key-value store refused.
+    """
+    from nats.js.errors import KeyWrongLastSequenceError
+
+    kv = await js.create_key_value(bucket=EPOCHS_BUCKET, history=1)
+    created = stream.created.timestamp() if stream.created is not None else 0.0
+    key = f"base.{int(created * 1_000_000)}"
+    proposal = max(last_epoch, time.time_ns() // 1000) + BASE_MARGIN
+    try:
+        await kv.create(key, str(proposal).encode())
+    except KeyWrongLastSequenceError:
+        pass  # another node proposed first: its base is the stream's
+    entry = await kv.get(key)
+    assert entry.value is not None
+    return int(entry.value)
+
+
+async def read_history(
+    js: JetStreamContext, start: int, cb: Callable[[Msg], Awaitable[None]]
+) -> JetStreamContext.PushSubscription:
+    """Read the stream in order from sequence ``start`` with ``cb`` (called one message at a
+    time, in order; an ordered consumer: JetStream's own, made again by the client after a
+    gap or a silence, nothing to acknowledge).
+
+    Raises:
+        nats.js.errors.Error: JetStream refused the consumer.
+    """
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
     config = ConsumerConfig(
-        ack_wait=REDELIVER_AFTER,
-        deliver_policy=DeliverPolicy.NEW if since is None else DeliverPolicy.BY_START_TIME,
-        opt_start_time=since,
-        max_ack_pending=10_000,
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(start, 1)
     )
     return await js.subscribe(
         f"{SUBJECT_PREFIX}.>",
-        durable=_durable(node),
         stream=HISTORY_STREAM,
         cb=cb,
-        manual_ack=True,
+        ordered_consumer=True,
+        idle_heartbeat=1.0,
         config=config,
     )
 
 
-async def history_lost(js: JetStreamContext, node: str) -> str | None:
-    """What of the history is gone: ``"stream"`` (the NATS server came back without its store:
-    no ``-sd``, or a new one), ``"consumer"`` (``node``'s alone, or another node made the stream
-    again first), or None. Call :func:`open_history` again then, ``since`` the cut-off."""
+async def stream_lost(js: JetStreamContext, created: object) -> bool:
+    """Whether the stream made at ``created`` is gone (the NATS server came back without its
+    store: no ``-sd``, or a new one), or was made again meanwhile by another node."""
     from nats.js.errors import NotFoundError
 
     try:
-        await js.stream_info(HISTORY_STREAM)
+        info = await js.stream_info(HISTORY_STREAM)
     except NotFoundError:
-        return "stream"
-    try:
-        await js.consumer_info(HISTORY_STREAM, _durable(node))
-    except NotFoundError:
-        return "consumer"
-    return None
-
-
-def _durable(node: str) -> str:
-    """The name of ``node``'s consumer (names allow no ``.``, ``*`` or ``>``)."""
-    return f"node-{presence_key(node)}"
-
-
-async def logged(db: Path, message_id: str) -> bool:
-    """Whether the log at ``db`` has a ``send_start`` row for ``message_id`` (commit first)."""
-    return await asyncio.to_thread(_logged, db, message_id)
-
-
-def _logged(db: Path, message_id: str) -> bool:
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        row = conn.execute(
-            "SELECT 1 FROM activity_log WHERE message_id = ? AND event = 'send_start' LIMIT 1",
-            (message_id,),
-        ).fetchone()
-    return row is not None
+        return True
+    return info.created != created

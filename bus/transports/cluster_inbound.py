@@ -11,22 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
-
-from pydantic import ValidationError
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from ..core.errors import BusError
 from ..core.logevents import LogEvent
 from ..core.presence import BUS_CLIENT_ID, PRESENCE_TOPIC
 from ..core.router import Route
 from ..log.fetch import sender_mark
-from .cluster_history import logged
 from .cluster_node import Node, grants_of
 from .cluster_wire import Answer, Forwarded, encode
-
-if TYPE_CHECKING:
-    from nats.aio.msg import Msg
 
 __all__ = ["Inbound"]
 
@@ -40,88 +34,68 @@ class Inbound:
         bus: this node's bus.
         node: this node's name, in its answers.
         publish: sends an answer to a reply subject (the link's NATS connection).
+        spawn: runs a delivery in a task of the link's.
     """
 
     def __init__(
-        self, bus: Node, node: str, publish: Callable[[str, bytes], Awaitable[None]]
+        self,
+        bus: Node,
+        node: str,
+        publish: Callable[[str, bytes], Awaitable[None]],
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
     ) -> None:
         self.bus = bus
         self.node = node
         self._publish = publish
-        self._busy: set[str] = set()
-        """The messageIds being delivered: one given again meanwhile is not delivered twice."""
+        self._spawn = spawn
 
-    async def receive(self, msg: Msg) -> None:
-        """Check ``msg`` (from the history stream) against this node's files, deliver it here,
-        answer its sender node, and acknowledge it to JetStream once its rows are committed.
+    def take(self, forwarded: Forwarded, seq: int, epoch: int) -> None:
+        """Accept ``forwarded`` (the stream's message ``seq``) here at ``epoch``, now, after
+        checking it against this node's files; deliver it and answer its sender node in a
+        task. Call it in the stream's order: nothing here waits.
 
-        Never raises: a refusal is a ``refused`` row, a malformed body a warning. A message
-        this node could not finish (its log failed, it is closing) is not acknowledged:
-        JetStream gives it again later.
+        Never raises: a refusal is a ``refused`` row, a log that failed a warning (what it
+        missed is not recorded here; the stream keeps it).
         """
         try:
-            forwarded = Forwarded.model_validate_json(msg.data)
-        except ValidationError:
-            logger.warning("a malformed message on %s was dropped", msg.subject)
-            await _ack(msg)
+            sender = self._route(forwarded)
+        except _Refused as refusal:
+            self._refused(forwarded, seq, refusal.reason)
             return
-        if forwarded.node == self.node or forwarded.message_id in self._busy:
-            await _ack(msg)  # its own (in its log already), or given again while in hand
-            return
-        self._busy.add(forwarded.message_id)
         try:
-            if await self._seen(msg, forwarded):
-                await _ack(msg)
-                return
-            delivered, targets = await self._deliver(forwarded)
-        except BusError as exc:  # this node's log failed, or it is closing: nothing delivered
-            logger.warning("a message from %s was not delivered here: %s", forwarded.node, exc)
+            self.bus.log.record(
+                LogEvent.CLUSTER_IN,
+                message_id=forwarded.message_id,
+                actor=forwarded.sender,
+                topic=forwarded.topic,
+                status=forwarded.node,
+                payload={"node": forwarded.node, "seq": seq},
+            )
+            delivering = self.bus.deliver_forwarded(
+                forwarded.topic,
+                forwarded.payload,
+                forwarded.message_id,
+                forwarded.type,
+                sender=sender,
+                epoch=epoch,
+                trace_id=forwarded.trace_id,
+            )
+        except BusError as exc:  # this node's log is closed: nothing delivered
+            logger.warning("a message from %s was not accepted here: %s", forwarded.node, exc)
             return
-        finally:
-            self._busy.discard(forwarded.message_id)
+        self._spawn(self._finish(forwarded, delivering))
+
+    async def _finish(self, forwarded: Forwarded, delivering: Awaitable[tuple[int, int]]) -> None:
+        """Deliver, then answer the sending node with how many processed it."""
+        try:
+            delivered, targets = await delivering
+        except BusError as exc:  # this node's log failed, or it is closing
+            logger.warning("a message from %s was not delivered here: %s", forwarded.node, exc)
+            delivered, targets = 0, 0
         if forwarded.reply:
             answer = Answer(node=self.node, delivered=delivered, targets=targets)
             with contextlib.suppress(Exception):
                 await self._publish(forwarded.reply, encode(answer))
-        await _ack(msg)
-
-    async def _seen(self, msg: Msg, forwarded: Forwarded) -> bool:
-        """Whether a message given again (this node was killed before acknowledging it) is in
-        this node's log already."""
-        try:
-            again = msg.metadata.num_delivered > 1
-        except Exception:  # no metadata: not from JetStream, never given twice
-            again = False
-        if not again:
-            return False
-        await self.bus.log.commit()
-        return await logged(self.bus.log.path, forwarded.message_id)
-
-    async def _deliver(self, forwarded: Forwarded) -> tuple[int, int]:
-        """Deliver ``forwarded`` to this node's subscribers, or refuse it (a ``refused`` row)."""
-        try:
-            sender = self._route(forwarded)
-        except _Refused as refusal:
-            self._refused(forwarded, refusal.reason)
-            await self.bus.log.commit()
-            return 0, 0
-        self.bus.log.record(
-            LogEvent.CLUSTER_IN,
-            message_id=forwarded.message_id,
-            actor=forwarded.sender,
-            topic=forwarded.topic,
-            status=forwarded.node,
-            payload={"node": forwarded.node, "epoch": forwarded.epoch},
-        )
-        return await self.bus.deliver_forwarded(
-            forwarded.topic,
-            forwarded.payload,
-            forwarded.message_id,
-            forwarded.type,
-            sender=sender,
-            epoch=forwarded.epoch,
-            trace_id=forwarded.trace_id,
-        )
 
     def _route(self, forwarded: Forwarded) -> Route[Any] | None:
         """The route ``forwarded``'s sender acts through here (None for the bus itself).
@@ -144,16 +118,27 @@ class Inbound:
             raise _Refused("cluster_taint_differs")
         return Route(_Remote(sender, forwarded.node), sender, grants)
 
-    def _refused(self, forwarded: Forwarded, reason: str) -> None:
+    def _refused(self, forwarded: Forwarded, seq: int, reason: str) -> None:
+        with contextlib.suppress(BusError):
+            self._refused_row(forwarded, seq, reason)
+        logger.warning("refused a message from node %s: %s", forwarded.node, reason)
+        if forwarded.reply:  # the sending node need not wait for this one
+            answer = encode(Answer(node=self.node, delivered=0, targets=0))
+            self._spawn(self._answer(forwarded.reply, answer))
+
+    async def _answer(self, reply: str, answer: bytes) -> None:
+        with contextlib.suppress(Exception):
+            await self._publish(reply, answer)
+
+    def _refused_row(self, forwarded: Forwarded, seq: int, reason: str) -> None:
         self.bus.log.record(
             LogEvent.REFUSED,
             message_id=forwarded.message_id,
             actor=forwarded.sender,
             topic=forwarded.topic,
             status=reason,
-            payload={"node": forwarded.node, "epoch": forwarded.epoch},
+            payload={"node": forwarded.node, "seq": seq},
         )
-        logger.warning("refused a message from node %s: %s", forwarded.node, reason)
 
 
 class _Refused(Exception):
@@ -182,8 +167,3 @@ class _Remote:
 
     async def close(self, code: int, reason: str) -> None:
         return None
-
-
-async def _ack(msg: Msg) -> None:
-    with contextlib.suppress(Exception):  # cut off: JetStream gives it again, and it is seen
-        await msg.ack()

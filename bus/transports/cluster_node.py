@@ -7,11 +7,12 @@ tested against a stand-in bus, and the bus against stand-in nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from schemas.bus import ListPeersResult
 
+from ..core.epochs import Epochs
 from ..core.identities import PeerIdentity
 from ..core.policy import Grants, Policy, PolicyError
 from ..core.router import Route
@@ -21,16 +22,22 @@ from ..ops.credentials import Credentials
 
 __all__ = ["Accepted", "Forwarder", "Node", "Trigger", "grants_of"]
 
+T = TypeVar("T")
+
 
 class Accepted(Protocol):
     """What :meth:`Forwarder.forward` reads of a message the bus accepted."""
 
     topic: str
-    payload: dict[str, Any]
     message_id: str
     type: str
     epoch: int
     trace_id: str | None
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The envelope, decoded for this use (the bus holds it encoded)."""
+        ...
 
 
 class Node(Protocol):
@@ -46,7 +53,11 @@ class Node(Protocol):
     @property
     def peers(self) -> Mapping[str, Any]: ...
 
-    async def deliver_forwarded(
+    @property
+    def epochs(self) -> Epochs:
+        """The bus's epochs: the link makes them follow the cluster's stream."""
+
+    def deliver_forwarded(
         self,
         topic: str,
         payload: dict[str, Any],
@@ -56,7 +67,7 @@ class Node(Protocol):
         sender: Route[Any] | None,
         epoch: int,
         trace_id: str | None = None,
-    ) -> tuple[int, int]: ...
+    ) -> Awaitable[tuple[int, int]]: ...
 
     def replaced_elsewhere(self, client_id: str, node: str) -> bool: ...
 
@@ -78,8 +89,21 @@ class Forwarder(Protocol):
     def joined(self, client_id: str) -> None:
         """Tell the other nodes that ``client_id`` logged in here (they close older links)."""
 
+    async def sequence(self, message: Accepted, sender: str, stamp: Callable[[int], T]) -> T:
+        """Store ``message`` in the cluster's stream, and return what ``stamp`` returns once
+        this node reads it back there: ``stamp`` is called with its epoch, in the stream's
+        order, and must not wait (it records the message's rows).
+
+        Raises:
+            ClusterUnavailable: the stream could not be reached; ``stamp`` was not called.
+        """
+
+    def forget(self, message: Accepted) -> None:
+        """``message`` (sequenced) is not delivered here after all: await no answers for it."""
+
     async def forward(self, message: Accepted, sender: str) -> tuple[int, int]:
-        """Deliver ``message`` on the other nodes; return (processed, tried) over them."""
+        """Gather the other nodes' answers to ``message`` (sequenced); return (processed,
+        tried) over them."""
 
     async def list_peers(self, local: ListPeersResult) -> ListPeersResult:
         """``local`` with the peers of every other node that answers."""

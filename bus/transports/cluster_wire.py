@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.bus import PeerInfo
 
 __all__ = [
+    "EPOCHS_BUCKET",
     "HEARTBEAT",
     "HELLO_SUBJECT",
     "HISTORY_AGE",
@@ -39,9 +40,12 @@ HELLO_SUBJECT = "bcpbus.node.hello"
 PEERS_SUBJECT = "bcpbus.node.peers"
 RELOAD_SUBJECT = "bcpbus.node.reload"
 PRESENCE_BUCKET = "bcpbus-presence"
+EPOCHS_BUCKET = "bcpbus-epochs"
+"""The key-value bucket where the nodes agree on each stream's base epoch."""
 HISTORY_STREAM = "BCPBUS_HISTORY"
 """The JetStream stream of every ``bcpbus.msg.>`` message: one order for the cluster, kept on
-disk, from which a node that was away (stopped, killed, cut off) gets what it missed."""
+disk, which every node accepts messages in (its sequence gives the epochs), and from which a
+node that was away (stopped, killed, cut off) gets what it missed."""
 HISTORY_AGE = 7 * 24 * 3600.0
 """Seconds the stream keeps a message: how long a node may be away and still catch up."""
 HEARTBEAT = 1.0
@@ -64,7 +68,6 @@ class Forwarded(Wire):
     payload: dict[str, Any]
     message_id: str = Field(alias="messageId")
     type: str
-    epoch: int
     trace_id: str | None = Field(default=None, alias="traceId")
     sender: str
     """The sender's clientId; ``system:bus`` for the bus's own messages (presence)."""
@@ -72,7 +75,8 @@ class Forwarded(Wire):
     """The sender's taint as the accepting node saw it (``send_start``'s status)."""
     reply: str = ""
     """Where the sending node gathers the :class:`Answer` of each node (a JetStream delivery's
-    own reply subject is its ack); empty: nobody waits."""
+    own reply subject is its ack); its last token tells the sending node, reading its own
+    message back from the stream, which of its sends it is. Empty: nobody waits."""
 
 
 class Answer(Wire):

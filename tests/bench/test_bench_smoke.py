@@ -30,7 +30,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["bcp", "fanout", "connections", "log", "soak", "http", "verify", "fetch", "cluster"],
+    ["fanout", "connections", "log", "soak", "http", "verify", "fetch", "cluster"],
 )
 def test_scenario_runs_on_a_tiny_load(scenario):
     """The scenario exits 0 and prints the machine line and its table."""
@@ -50,6 +50,19 @@ def test_delivery_writes_json_with_both_servers(tmp_path):
     assert set(summary) == {"1", "64"}
     assert summary["64"]["ratio_msgs"]["median"] > 0
     assert results["machine"]["cores"] >= 1
+
+
+def test_bcp_runs_the_five_hop_relay_beside_it(tmp_path):
+    """Scenario 3's --json holds the relay5 baseline and each case's ratio to it per window."""
+    out = tmp_path / "results.json"
+    done = run_bench("bcp", "--quick", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "vs relay5" in done.stdout
+    summary = json.loads(out.read_text())["scenarios"]["bcp"]["summary"]
+    assert {"relay5/w1", "relay5/w64", "cat1/w1", "cat2/w64"} <= set(summary)
+    for case in ("cat1/w1", "cat1/w64", "cat2/w1", "cat2/w64", "cat1-nogrid/w1"):
+        assert summary[case]["vs_relay5"]["median"] > 0
+    assert summary["relay5/w64"]["queries_per_s"]["median"] > 0
 
 
 def test_ab_compares_two_trees():

@@ -28,6 +28,9 @@ from peers.testing import Inbox, running_bus, scaled
 from schemas.bus import PRESENCE_MODELS, Envelope
 from schemas.common import timestamp
 
+pytestmark = pytest.mark.usefixtures("each_transport")
+"""Every test here runs on both WebSocket transports (tests/bus/conftest.py)."""
+
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 
 IDENTITIES = {

@@ -21,6 +21,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from peers.testing import BusHarness, running_bus, scaled
 
+pytestmark = pytest.mark.usefixtures("each_transport")
+"""Every test here runs on both WebSocket transports (tests/bus/conftest.py)."""
+
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 
 

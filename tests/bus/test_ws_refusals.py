@@ -15,6 +15,9 @@ from bus.ops.config import Limits
 from bus.ops.refusals import MAX_LISTED, Refusals
 from peers.testing import running_bus, scaled
 
+pytestmark = pytest.mark.usefixtures("each_transport")
+"""Every test here runs on both WebSocket transports (tests/bus/conftest.py)."""
+
 INTERVAL = 0.25
 """Seconds between two ws_refused rows in these tests."""
 
