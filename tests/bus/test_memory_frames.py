@@ -207,3 +207,22 @@ async def test_a_delivery_the_sender_does_not_wait_for_keeps_its_bytes_charged(
             release.set()
             async with asyncio.timeout(scaled(5)):
                 await emptied.wait()  # given back once the delivery ended
+
+
+async def test_a_websockets_socket_is_watched_with_every_hook_the_intake_reaches_into(
+    tmp_path: Path,
+) -> None:
+    """The intake reaches into websockets' internals; if an upgrade moved them, this fails."""
+    import websockets
+
+    async with running_bus(tmp_path, transport="websockets") as harness:
+        door = harness.bus._door
+        async with websockets.connect(harness.url) as ws:
+            await ws.send('{"jsonrpc":"2.0","id":1,"method":"ping"}')
+            async with asyncio.timeout(scaled(5)):
+                await ws.recv()  # answered (not initialized): its Connection is running
+            (conn,) = door.connections
+            reader = conn._reader
+            assert reader is not None  # the transport and its data_received were found
+            assert reader._unparsed is not None  # protocol.reader.buffer: the frame being read
+            assert reader._frames is not None  # recv_messages: the frames queued for the loop
