@@ -105,6 +105,7 @@ class Reader:
     """What one socket has read and its read loop not yet taken (see :class:`Intake`)."""
 
     __slots__ = (
+        "_assembler",
         "_frames",
         "_intake",
         "_last",
@@ -125,6 +126,7 @@ class Reader:
         self._intake, self._transport, self._receive = intake, transport, receive
         self._unparsed = unparsed
         self._frames: Sized | None = None
+        self._assembler: Any = None
         self._last: Any = None
         self.pending = 0
         self.closed = False
@@ -140,6 +142,21 @@ class Reader:
 
         assembler.put = remember
         self._frames = assembler.frames
+        if isinstance(getattr(assembler, "paused", None), bool) and callable(
+            getattr(assembler, "resume", None)
+        ):
+            # websockets stops reading the socket too, while its frame queue is full, on the
+            # same transport: each of the two resumes it only when the other has not stopped
+            # it, or a socket waiting for a slot would read its large frame anyway, and one
+            # given a slot would read past the queue (max_inflight_requests' backpressure).
+            resume = assembler.resume
+
+            def resume_unless_waiting() -> None:
+                if self not in self._intake._waiting:
+                    resume()
+
+            assembler.resume = resume_unless_waiting
+            self._assembler = assembler
 
     def data_received(self, data: bytes) -> None:
         """The socket read ``data``: hand it on; past :data:`LARGE` unread, take a slot or
@@ -168,6 +185,8 @@ class Reader:
 
     def resume(self) -> None:
         """A slot came free for this socket: read it again."""
+        if self._assembler is not None and self._assembler.paused:
+            return  # its frame queue is full: websockets resumes it once the loop drains it
         if not self._transport.is_closing():
             self._transport.resume_reading()
 

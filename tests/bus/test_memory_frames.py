@@ -226,3 +226,44 @@ async def test_a_websockets_socket_is_watched_with_every_hook_the_intake_reaches
             assert reader is not None  # the transport and its data_received were found
             assert reader._unparsed is not None  # protocol.reader.buffer: the frame being read
             assert reader._frames is not None  # recv_messages: the frames queued for the loop
+            assert reader._assembler is not None  # and its flow control (max_queue)
+
+
+async def test_a_socket_waiting_for_a_slot_is_not_resumed_by_websockets_flow_control() -> None:
+    """Drained frames do not let a socket that waits for a slot read its large frame anyway."""
+    from websockets.asyncio.messages import Assembler
+
+    intake = Intake(1)
+    holder, waiter = _Socket(), _Socket()
+    assembler = Assembler(
+        high=2, pause=waiter.transport.pause_reading, resume=waiter.transport.resume_reading
+    )
+    waiter.recv_messages = assembler  # type: ignore[attr-defined]
+    for ws in (holder, waiter):
+        intake.watch(ws)
+    holder.data_received(b"x" * LARGE)  # takes the one slot
+    waiter.data_received(b"y" * LARGE)
+    assert waiter.transport.paused and intake.waiting == 1
+    assembler.paused = True  # websockets stopped it too (its queue was full) ...
+    assembler.maybe_resume()  # ... and its read loop drained the queue
+    assert waiter.transport.paused  # still no slot: still not read
+
+
+async def test_a_slot_freed_does_not_resume_a_socket_websockets_stopped() -> None:
+    """A slot freed for a socket whose frame queue is full leaves it stopped (max_queue)."""
+    from websockets.asyncio.messages import Assembler
+
+    intake = Intake(1)
+    holder, waiter = _Socket(), _Socket()
+    assembler = Assembler(
+        high=2, pause=waiter.transport.pause_reading, resume=waiter.transport.resume_reading
+    )
+    waiter.recv_messages = assembler  # type: ignore[attr-defined]
+    readers = [intake.watch(ws) for ws in (holder, waiter)]
+    holder.data_received(b"x" * LARGE)
+    waiter.data_received(b"y" * LARGE)  # waits for the slot
+    assembler.paused = True  # and its frame queue is full: its read loop is behind
+    readers[0].taken(LARGE)  # type: ignore[union-attr]
+    assert intake.reading == 1 and waiter.transport.paused  # the slot is its; the queue rules
+    assembler.maybe_resume()  # the read loop drained the queue
+    assert not waiter.transport.paused
