@@ -335,9 +335,7 @@ class Connection:
                 # abandon_requests(): the bus is closing; the peer still gets an answer.
                 self.session.respond_error(request, self._abandon_with)
             except BusError as exc:
-                if self._on_error is not None:
-                    await self._on_error(self, request, exc)
-                self.session.respond_error(request, exc)
+                self.session.respond_error(request, await self._error_told(request, exc))
             except Exception:
                 # Don't include exception details, which may be security-sensitive.
                 logger.exception("%s: internal error in %s", self.name, request.method)
@@ -352,6 +350,19 @@ class Connection:
                 charge.done()
         if self._close_after is not None:
             await self.ws.close(*self._close_after)
+
+    async def _error_told(self, request: Request, error: BusError) -> BusError:
+        """Tell the :data:`ErrorHook` of ``error`` (its row); return what to answer: ``error``,
+        or the one of :meth:`abandon_requests` if the bus stopped waiting for the row."""
+        if self._on_error is None:
+            return error
+        try:
+            await self._on_error(self, request, error)
+        except asyncio.CancelledError:
+            if self._abandon_with is None:
+                raise
+            return self._abandon_with  # the bus is closing: the peer still gets an answer
+        return error
 
     def authenticated(self, client_id: str) -> None:
         """Record that the peer proved it is ``client_id``; wakes :attr:`initialized`."""

@@ -507,6 +507,34 @@ async def test_requests_still_unanswered_after_the_grace_get_32007(tmp_path):
                 await closing
 
 
+async def test_a_refusal_whose_row_outlasts_the_grace_is_still_answered_32007(
+    tmp_path, monkeypatch
+):
+    """A request refused while its error row is still being committed when shutdown_grace
+    ends gets -32007 before the connection closes, not silence."""
+    async with running_bus(tmp_path, limits=Limits(shutdown_grace=0.2)) as h:
+        committing, never = asyncio.Event(), asyncio.Event()
+
+        async def stuck(*args: Any) -> None:
+            committing.set()
+            await never.wait()  # a log that is slow to commit (a disk retrying)
+
+        monkeypatch.setattr(h.bus, "record_error", stuck)
+        ws = await initialized(h, "tg:42")
+        try:
+            await ws.send(frame("noSuchMethod", {}, request_id=7))
+            async with asyncio.timeout(scaled(5)):
+                await committing.wait()
+            closing = asyncio.create_task(h.bus.close())
+            async with asyncio.timeout(scaled(5)):
+                reply = json.loads(await ws.recv())
+            assert reply["id"] == 7 and reply["error"]["code"] == -32007
+            async with asyncio.timeout(scaled(5)):
+                await closing
+        finally:
+            await ws.close()
+
+
 # 5. Duplicate messageIds.
 
 
