@@ -221,7 +221,7 @@ class Connection:
         self._request_tasks: set[asyncio.Task[None]] = set()
         self._abandon_with: BusError | None = None
         intake = budget.intake if budget is not None else None
-        self._reader = intake.watch(ws) if intake is not None else None
+        self._reader = intake.watch(ws, anonymous=True) if intake is not None else None
 
     @property
     def kind(self) -> str:
@@ -368,6 +368,8 @@ class Connection:
         """Record that the peer proved it is ``client_id``; wakes :attr:`initialized`."""
         self.client_id = client_id
         self.initialized.set()
+        if self._reader is not None:
+            self._reader.trust()  # it may read large frames now
 
     def close_after_answer(self, code: int, reason: str) -> None:
         """Close with ``code`` once the request being handled has its answer written."""

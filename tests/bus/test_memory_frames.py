@@ -267,3 +267,42 @@ async def test_a_slot_freed_does_not_resume_a_socket_websockets_stopped() -> Non
     assert intake.reading == 1 and waiter.transport.paused  # the slot is its; the queue rules
     assembler.maybe_resume()  # the read loop drained the queue
     assert not waiter.transport.paused
+
+
+async def test_sockets_that_never_initialize_cannot_hold_the_slots(tmp_path: Path) -> None:
+    """A socket that has not initialized and stalls inside a large frame takes no slot: a
+    peer's large message is still read and delivered."""
+    import websockets
+
+    limits = Limits(max_inflight_bytes=4 << 20)  # one slot
+    async with running_bus(tmp_path, limits=limits) as h:
+        stalled = await websockets.connect(h.url)
+        try:
+            # A text frame of 512 KiB announced, masked, and 128 KiB of it sent: then nothing.
+            header = b"\x81\xff" + (512 << 10).to_bytes(8, "big") + b"\x00\x00\x00\x00"
+            stalled.transport.write(header + b" " * (128 << 10))  # read while the peers log in
+            got: asyncio.Queue[Delivered] = asyncio.Queue()
+            async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
+
+                async def keep(message: Delivered) -> None:
+                    got.put_nowait(message)
+
+                agent.handle(None, keep)
+                async with asyncio.timeout(scaled(10)):
+                    await tg.send("agent:w1", "tg_message", {"text": "x" * (200 << 10)})
+                    delivered = await got.get()
+            assert len(delivered.payload["content"]["text"]) == 200 << 10
+        finally:
+            stalled.transport.abort()
+
+
+def test_an_anonymous_socket_takes_a_slot_only_once_it_initialized() -> None:
+    """Not initialized, a socket past LARGE stops without a slot; trusted, it takes one."""
+    intake = Intake(1)
+    ws = _Socket()
+    reader = intake.watch(ws, anonymous=True)
+    assert reader is not None
+    ws.data_received(b"x" * LARGE)
+    assert ws.transport.paused and (intake.reading, intake.waiting) == (0, 0)
+    reader.trust()
+    assert not ws.transport.paused and intake.reading == 1
