@@ -45,6 +45,7 @@ __all__ = [
     "Link",
     "PeerGone",
     "QuickHandler",
+    "charged_context",
     "frame_bytes",
     "hold_request_bytes",
 ]
@@ -165,6 +166,19 @@ def hold_request_bytes() -> Callable[[], None] | None:
         return None
     charge.requests += 1
     return charge.done
+
+
+def charged_context(
+    budget: ByteBudget, size: int
+) -> tuple[contextvars.Context, Callable[[], None]]:
+    """A context to run a request of ``size`` bytes, already taken from ``budget``, that came
+    on no :class:`Connection` (HTTP): in it :func:`hold_request_bytes` finds them, so work the
+    request leaves running keeps them charged. Call the function returned when the request is
+    done; the bytes go back once that work has ended too."""
+    charge = _FrameCharge(budget, size, 1)
+    context = contextvars.copy_context()
+    context.run(_charge.set, charge)
+    return context, charge.done
 
 
 class Connection:

@@ -306,3 +306,41 @@ def test_an_anonymous_socket_takes_a_slot_only_once_it_initialized() -> None:
     assert ws.transport.paused and (intake.reading, intake.waiting) == (0, 0)
     reader.trust()
     assert not ws.transport.paused and intake.reading == 1
+
+
+async def test_an_http_send_whose_delivery_is_unheard_keeps_its_bytes_charged(
+    tmp_path: Path,
+) -> None:
+    """Over HTTP too, a body answered before its delivery to a more tainted receiver ends stays
+    charged to max_inflight_bytes until that delivery ends."""
+    import httpx
+
+    from bus.ops.config import HttpSettings
+
+    async with running_bus(tmp_path, identities=IDENTITIES, http=HttpSettings(port=0)) as h:
+        release, seen = asyncio.Event(), asyncio.Event()
+
+        async def holds(message: Delivered) -> None:
+            seen.set()
+            await release.wait()
+
+        token = h.token("agent:main")
+        async with h.peer("agent:researcher") as reader, httpx.AsyncClient() as client:
+            reader.handle(None, holds)
+            await reader.subscribe("agent:researcher")
+            budget = h.bus.byte_budget
+            body = {
+                "topic": "agent:researcher",
+                "type": "agent_event",
+                "content": {"x": "y" * 5000},
+            }
+            async with asyncio.timeout(scaled(5)):
+                posted = await client.post(
+                    f"{h.http_url}/v1/messages?wait=true",
+                    json=body,
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                await seen.wait()
+            assert posted.status_code == 200 and posted.json()["deliveredTo"] == 0
+            assert budget.used > 5000  # answered, and yet the bus still holds the message
+            release.set()
