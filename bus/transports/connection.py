@@ -45,6 +45,7 @@ __all__ = [
     "Link",
     "PeerGone",
     "QuickHandler",
+    "charged_context",
     "frame_bytes",
     "hold_request_bytes",
 ]
@@ -167,6 +168,19 @@ def hold_request_bytes() -> Callable[[], None] | None:
     return charge.done
 
 
+def charged_context(
+    budget: ByteBudget, size: int
+) -> tuple[contextvars.Context, Callable[[], None]]:
+    """A context to run a request of ``size`` bytes, already taken from ``budget``, that came
+    on no :class:`Connection` (HTTP): in it :func:`hold_request_bytes` finds them, so work the
+    request leaves running keeps them charged. Call the function returned when the request is
+    done; the bytes go back once that work has ended too."""
+    charge = _FrameCharge(budget, size, 1)
+    context = contextvars.copy_context()
+    context.run(_charge.set, charge)
+    return context, charge.done
+
+
 class Connection:
     """The bus side of one peer connection.
 
@@ -221,7 +235,7 @@ class Connection:
         self._request_tasks: set[asyncio.Task[None]] = set()
         self._abandon_with: BusError | None = None
         intake = budget.intake if budget is not None else None
-        self._reader = intake.watch(ws) if intake is not None else None
+        self._reader = intake.watch(ws, anonymous=True) if intake is not None else None
 
     @property
     def kind(self) -> str:
@@ -335,9 +349,7 @@ class Connection:
                 # abandon_requests(): the bus is closing; the peer still gets an answer.
                 self.session.respond_error(request, self._abandon_with)
             except BusError as exc:
-                if self._on_error is not None:
-                    await self._on_error(self, request, exc)
-                self.session.respond_error(request, exc)
+                self.session.respond_error(request, await self._error_told(request, exc))
             except Exception:
                 # Don't include exception details, which may be security-sensitive.
                 logger.exception("%s: internal error in %s", self.name, request.method)
@@ -353,10 +365,25 @@ class Connection:
         if self._close_after is not None:
             await self.ws.close(*self._close_after)
 
+    async def _error_told(self, request: Request, error: BusError) -> BusError:
+        """Tell the :data:`ErrorHook` of ``error`` (its row); return what to answer: ``error``,
+        or the one of :meth:`abandon_requests` if the bus stopped waiting for the row."""
+        if self._on_error is None:
+            return error
+        try:
+            await self._on_error(self, request, error)
+        except asyncio.CancelledError:
+            if self._abandon_with is None:
+                raise
+            return self._abandon_with  # the bus is closing: the peer still gets an answer
+        return error
+
     def authenticated(self, client_id: str) -> None:
         """Record that the peer proved it is ``client_id``; wakes :attr:`initialized`."""
         self.client_id = client_id
         self.initialized.set()
+        if self._reader is not None:
+            self._reader.trust()  # it may read large frames now
 
     def close_after_answer(self, code: int, reason: str) -> None:
         """Close with ``code`` once the request being handled has its answer written."""

@@ -32,7 +32,7 @@ import logging
 import socket
 import ssl as _ssl
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlencode
@@ -75,6 +75,7 @@ from ..ops.metrics import CONTENT_TYPE, Metrics
 from ..ops.refusals import Refusals
 from ..ops.startup import StartupError
 from .admission import ConnectionGuard, guarded_protocol
+from .connection import charged_context
 from .port import BusPort
 from .webhooks import Webhooks
 
@@ -386,15 +387,18 @@ class HttpBinding:
         """Return once the requests taken so far are done: delivered, their bytes given back."""
         await _finish(self._requests, None)
 
-    def _own(self, coro: Awaitable[Any], charge: int) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+    def _own(self, coro: Coroutine[Any, Any, Any], charge: int) -> asyncio.Task[Any]:
+        # Its bytes stay charged after it ends while a delivery it did not wait for (to a more
+        # tainted receiver) still holds the message, as a WebSocket request's do.
+        context, release = charged_context(self.bus.byte_budget, charge)
+        task = asyncio.get_running_loop().create_task(coro, context=context)
         self._requests.add(task)
-        task.add_done_callback(lambda done: self._done(done, charge))
+        task.add_done_callback(lambda done: self._done(done, release))
         return task
 
-    def _done(self, task: asyncio.Task[Any], charge: int) -> None:
+    def _done(self, task: asyncio.Task[Any], release: Callable[[], None]) -> None:
         self._requests.discard(task)
-        self.bus.byte_budget.give(charge)
+        release()
         if not task.cancelled() and isinstance(task.exception(), Exception):
             # Answered already (202) or by the handler: retrieving it keeps asyncio quiet.
             logger.debug("request ended with %r", task.exception())

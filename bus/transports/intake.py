@@ -56,15 +56,19 @@ class Intake:
         """Sockets stopped until a slot frees."""
         return len(self._waiting)
 
-    def watch(self, ws: Any) -> Reader | None:
+    def watch(self, ws: Any, *, anonymous: bool = False) -> Reader | None:
         """Count what ``ws`` (a websockets connection) reads from its socket; return its
         :class:`Reader`, whose :meth:`~Reader.taken` the read loop calls for each frame it takes
-        and :meth:`~Reader.close` once it ends. None for a link with no socket (in-process)."""
+        and :meth:`~Reader.close` once it ends. None for a link with no socket (in-process).
+
+        ``anonymous``: the socket has not initialized; it takes no slot until
+        :meth:`Reader.trust` (see :class:`Reader`)."""
         transport = getattr(ws, "transport", None)
         receive = getattr(ws, "data_received", None)
         if not isinstance(transport, asyncio.ReadTransport) or receive is None:
             return None
         reader = Reader(self, transport, receive, _unparsed(ws))
+        reader.anonymous = anonymous
         # The transport calls its protocol's data_received: counting goes in between.
         ws.data_received = reader.data_received
         frames = getattr(ws, "recv_messages", None)
@@ -102,16 +106,26 @@ def _unparsed(ws: Any) -> Callable[[], int] | None:
 
 
 class Reader:
-    """What one socket has read and its read loop not yet taken (see :class:`Intake`)."""
+    """What one socket has read and its read loop not yet taken (see :class:`Intake`).
+
+    A socket that has not initialized (:attr:`anonymous`) never takes a slot: its large frame
+    waits, unread, until it initializes (:meth:`trust`) or ``initialize_timeout`` closes it.
+    ``initialize`` is a small frame, so a peer loses nothing; sockets that never initialize,
+    sending the start of a large frame and nothing more, would otherwise hold every slot and
+    stop every peer's large messages.
+    """
 
     __slots__ = (
+        "_assembler",
         "_frames",
         "_intake",
         "_last",
         "_receive",
         "_transport",
         "_unparsed",
+        "anonymous",
         "closed",
+        "held",
         "pending",
     )
 
@@ -125,9 +139,14 @@ class Reader:
         self._intake, self._transport, self._receive = intake, transport, receive
         self._unparsed = unparsed
         self._frames: Sized | None = None
+        self._assembler: Any = None
         self._last: Any = None
         self.pending = 0
         self.closed = False
+        self.anonymous = False
+        """Not initialized yet: takes no slot."""
+        self.held = False
+        """Stopped by the intake (waiting for a slot, or anonymous)."""
 
     def assembled(self, assembler: Any) -> None:
         """Remember the last data frame websockets hands ``assembler`` (its message queue),
@@ -140,6 +159,21 @@ class Reader:
 
         assembler.put = remember
         self._frames = assembler.frames
+        if isinstance(getattr(assembler, "paused", None), bool) and callable(
+            getattr(assembler, "resume", None)
+        ):
+            # websockets stops reading the socket too, while its frame queue is full, on the
+            # same transport: each of the two resumes it only when the other has not stopped
+            # it, or a socket waiting for a slot would read its large frame anyway, and one
+            # given a slot would read past the queue (max_inflight_requests' backpressure).
+            resume = assembler.resume
+
+            def resume_unless_waiting() -> None:
+                if not self.held:
+                    resume()
+
+            assembler.resume = resume_unless_waiting
+            self._assembler = assembler
 
     def data_received(self, data: bytes) -> None:
         """The socket read ``data``: hand it on; past :data:`LARGE` unread, take a slot or
@@ -147,9 +181,19 @@ class Reader:
         self.pending += len(data)
         self._receive(data)
         intake = self._intake
-        if self._unread() >= LARGE and self not in intake._holders and not self.closed:
-            if not intake._acquire(self):
-                self._transport.pause_reading()
+        if self.held or self.closed or self in intake._holders or self._unread() < LARGE:
+            return
+        if self.anonymous or not intake._acquire(self):
+            self.held = True
+            self._transport.pause_reading()
+
+    def trust(self) -> None:
+        """The socket initialized: from now on it may take a slot, and a large frame it
+        was stopped in waits for one now."""
+        self.anonymous = False
+        if self.held and not self.closed and self not in self._intake._waiting:
+            if self._intake._acquire(self):
+                self.resume()
 
     def taken(self, size: int) -> None:
         """The read loop took a frame of ``size`` bytes of text: give back its slot once
@@ -168,6 +212,9 @@ class Reader:
 
     def resume(self) -> None:
         """A slot came free for this socket: read it again."""
+        self.held = False
+        if self._assembler is not None and self._assembler.paused:
+            return  # its frame queue is full: websockets resumes it once the loop drains it
         if not self._transport.is_closing():
             self._transport.resume_reading()
 

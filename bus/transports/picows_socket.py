@@ -8,7 +8,7 @@ unchanged:
 
 - text frames are read as ``str`` (invalid UTF-8 closes with 1007), binary ones as ``bytes``
   (the connection closes those with 1003), fragmented messages are put together and bounded by
-  the same ``max_size`` as a single frame (1009);
+  the same ``max_size`` as a single frame (1009), and fragments out of order close with 1002;
 - :meth:`send` waits while the socket's write buffer is over its high water mark, as websockets
   does, and raises :class:`~websockets.exceptions.ConnectionClosed` once the link is closing;
 - :meth:`close` sends the close frame, waits up to ``close_timeout`` for the peer's and drops
@@ -31,6 +31,7 @@ from websockets.frames import Close
 
 __all__ = ["PicowsSocket"]
 
+CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_TOO_BIG = 1009
 CLOSE_INVALID_TEXT = 1007
 CLOSE_ABNORMAL = 1006
@@ -79,6 +80,8 @@ class PicowsSocket(WSListener):
         self._waiter: asyncio.Future[None] | None = None
         self._writable: asyncio.Event | None = None
         self._fragments: list[bytes] = []
+        self._fragmenting = False
+        """A fragmented message is begun: only continuation frames may come until its end."""
         self._fragments_binary = False
         self._fragments_size = 0
         self._sent: Close | None = None
@@ -102,6 +105,11 @@ class PicowsSocket(WSListener):
             # Closing: what the peer sent meanwhile is dropped, as websockets drops it. picows
             # also hands over the frame it closed the link for (over max_frame_size).
             return
+        if kind in _DATA and self._fragmenting != (kind is WSMsgType.CONTINUATION):
+            # RFC 6455 5.4: continuations only inside a message, nothing else until its end.
+            # picows does not check it; websockets closes with 1002, and so does this side.
+            self._fail(CLOSE_PROTOCOL_ERROR, "data frames out of order")
+            return
         if kind is WSMsgType.TEXT and frame.fin:
             try:
                 text = frame.get_payload_as_utf8_text()
@@ -111,7 +119,7 @@ class PicowsSocket(WSListener):
             self._deliver(text)
         elif kind is WSMsgType.CLOSE:
             self._closing_received(transport, frame)
-        elif kind in (WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.CONTINUATION):
+        elif kind in _DATA:
             self._fragment(kind, frame)
         # PING is answered by picows (enable_auto_pong); PONG needs nothing.
 
@@ -222,6 +230,7 @@ class PicowsSocket(WSListener):
             self._fail(CLOSE_TOO_BIG, f"over size limit ({self._fragments_size} bytes)")
             return
         self._fragments.append(frame.get_payload_as_bytes())
+        self._fragmenting = not frame.fin
         if not frame.fin:
             return
         data = b"".join(self._fragments)
@@ -260,6 +269,9 @@ class PicowsSocket(WSListener):
         if sent is not None and sent.code not in (1000, 1001):
             return ConnectionClosedError(rcvd, sent, first)
         return ConnectionClosedOK(rcvd, sent, first)
+
+
+_DATA = (WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.CONTINUATION)
 
 
 def _number(code: Any) -> int:

@@ -125,8 +125,9 @@ class WebSocketDoor:
         self._anonymous = Anonymous(
             total=limits.max_anonymous_connections, per_address=limits.max_anonymous_per_address
         )
-        self._waiting: dict[str, dict[Connection, None]] = {}
-        """By address, the sockets that have not initialized, oldest first."""
+        self._waiting: dict[str, dict[Connection, bool]] = {}
+        """By address, the sockets that have not initialized, oldest first; True for those
+        that may be evicted (no peer's token at the handshake)."""
         timeout = limits.slow_consumer_timeout
         self._slow: SlowConsumers[Connection] | None = (
             None if timeout is None else SlowConsumers(timeout)
@@ -266,10 +267,19 @@ class WebSocketDoor:
         return name == "max_anonymous_per_address" and self._evict_oldest(address)
 
     def _evict_oldest(self, address: str) -> bool:
-        """Close (4006) the oldest socket from ``address`` that has not initialized and has no
-        request being handled (an ``initialize`` under way is let finish); False if none."""
+        """Close (4006) the oldest anonymous socket from ``address`` that has not initialized
+        and has no request being handled (an ``initialize`` under way is let finish); False if
+        none. A socket that showed a peer's token at the handshake is never one: it passed the
+        cap so that anonymous sockets of its address cannot keep it out, nor may they kick it
+        out before its ``initialize`` is read."""
+        waiting = self._waiting.get(address, {})
         victim = next(
-            (conn for conn in self._waiting.get(address, ()) if not conn.requests_in_flight), None
+            (
+                conn
+                for conn, anonymous in waiting.items()
+                if anonymous and not conn.requests_in_flight
+            ),
+            None,
         )
         if victim is None:
             return False
@@ -305,7 +315,8 @@ class WebSocketDoor:
         bus.states.open(conn)
         address = address_of(ws)
         self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
-        self._waiting.setdefault(address, {})[conn] = None
+        anonymous = bus.credentials.identify(bearer_of(ws)) is None
+        self._waiting.setdefault(address, {})[conn] = anonymous
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
             await conn.run()

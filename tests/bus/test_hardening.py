@@ -372,6 +372,25 @@ async def test_a_peer_with_its_token_at_the_handshake_passes_a_full_anonymous_ca
         assert await h.refused() == {}
 
 
+async def test_a_socket_with_a_peers_token_at_the_handshake_is_never_evicted(tmp_path):
+    """A peer's socket that sent its token at the handshake and has not initialized yet is
+    passed over when anonymous sockets from its address evict: they cannot kick it out."""
+    limits = Limits(max_anonymous_per_address=2)
+    async with running_bus(tmp_path, limits=limits) as h:
+        token = h.token("tg:42")
+        peer = await connect(h.url, additional_headers={"Authorization": f"Bearer {token}"})
+        sockets = [peer, await connect(h.url)]
+        try:
+            sockets.append(await connect(h.url))  # the cap is full: the anonymous one goes
+            assert (await closed_with(sockets[1]))[0] == 4006
+            assert peer.close_code is None
+            params = {"clientId": "tg:42", "auth": {"token": token}}
+            assert "result" in await answer(peer, frame("initialize", params))
+        finally:
+            for ws in sockets:
+                await ws.close()
+
+
 async def test_the_total_anonymous_cap_still_refuses_with_503(tmp_path):
     """With max_anonymous_connections full and no per-address cap reached, one more socket is
     refused with HTTP 503, as before: eviction is for one address's flood only."""
@@ -486,6 +505,34 @@ async def test_requests_still_unanswered_after_the_grace_get_32007(tmp_path):
             await assert_closed_with_1001(ws)
             async with asyncio.timeout(scaled(5)):
                 await closing
+
+
+async def test_a_refusal_whose_row_outlasts_the_grace_is_still_answered_32007(
+    tmp_path, monkeypatch
+):
+    """A request refused while its error row is still being committed when shutdown_grace
+    ends gets -32007 before the connection closes, not silence."""
+    async with running_bus(tmp_path, limits=Limits(shutdown_grace=0.2)) as h:
+        committing, never = asyncio.Event(), asyncio.Event()
+
+        async def stuck(*args: Any) -> None:
+            committing.set()
+            await never.wait()  # a log that is slow to commit (a disk retrying)
+
+        monkeypatch.setattr(h.bus, "record_error", stuck)
+        ws = await initialized(h, "tg:42")
+        try:
+            await ws.send(frame("noSuchMethod", {}, request_id=7))
+            async with asyncio.timeout(scaled(5)):
+                await committing.wait()
+            closing = asyncio.create_task(h.bus.close())
+            async with asyncio.timeout(scaled(5)):
+                reply = json.loads(await ws.recv())
+            assert reply["id"] == 7 and reply["error"]["code"] == -32007
+            async with asyncio.timeout(scaled(5)):
+                await closing
+        finally:
+            await ws.close()
 
 
 # 5. Duplicate messageIds.

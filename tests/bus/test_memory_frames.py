@@ -207,3 +207,140 @@ async def test_a_delivery_the_sender_does_not_wait_for_keeps_its_bytes_charged(
             release.set()
             async with asyncio.timeout(scaled(5)):
                 await emptied.wait()  # given back once the delivery ended
+
+
+async def test_a_websockets_socket_is_watched_with_every_hook_the_intake_reaches_into(
+    tmp_path: Path,
+) -> None:
+    """The intake reaches into websockets' internals; if an upgrade moved them, this fails."""
+    import websockets
+
+    async with running_bus(tmp_path, transport="websockets") as harness:
+        door = harness.bus._door
+        async with websockets.connect(harness.url) as ws:
+            await ws.send('{"jsonrpc":"2.0","id":1,"method":"ping"}')
+            async with asyncio.timeout(scaled(5)):
+                await ws.recv()  # answered (not initialized): its Connection is running
+            (conn,) = door.connections
+            reader = conn._reader
+            assert reader is not None  # the transport and its data_received were found
+            assert reader._unparsed is not None  # protocol.reader.buffer: the frame being read
+            assert reader._frames is not None  # recv_messages: the frames queued for the loop
+            assert reader._assembler is not None  # and its flow control (max_queue)
+
+
+async def test_a_socket_waiting_for_a_slot_is_not_resumed_by_websockets_flow_control() -> None:
+    """Drained frames do not let a socket that waits for a slot read its large frame anyway."""
+    from websockets.asyncio.messages import Assembler
+
+    intake = Intake(1)
+    holder, waiter = _Socket(), _Socket()
+    assembler = Assembler(
+        high=2, pause=waiter.transport.pause_reading, resume=waiter.transport.resume_reading
+    )
+    waiter.recv_messages = assembler  # type: ignore[attr-defined]
+    for ws in (holder, waiter):
+        intake.watch(ws)
+    holder.data_received(b"x" * LARGE)  # takes the one slot
+    waiter.data_received(b"y" * LARGE)
+    assert waiter.transport.paused and intake.waiting == 1
+    assembler.paused = True  # websockets stopped it too (its queue was full) ...
+    assembler.maybe_resume()  # ... and its read loop drained the queue
+    assert waiter.transport.paused  # still no slot: still not read
+
+
+async def test_a_slot_freed_does_not_resume_a_socket_websockets_stopped() -> None:
+    """A slot freed for a socket whose frame queue is full leaves it stopped (max_queue)."""
+    from websockets.asyncio.messages import Assembler
+
+    intake = Intake(1)
+    holder, waiter = _Socket(), _Socket()
+    assembler = Assembler(
+        high=2, pause=waiter.transport.pause_reading, resume=waiter.transport.resume_reading
+    )
+    waiter.recv_messages = assembler  # type: ignore[attr-defined]
+    readers = [intake.watch(ws) for ws in (holder, waiter)]
+    holder.data_received(b"x" * LARGE)
+    waiter.data_received(b"y" * LARGE)  # waits for the slot
+    assembler.paused = True  # and its frame queue is full: its read loop is behind
+    readers[0].taken(LARGE)  # type: ignore[union-attr]
+    assert intake.reading == 1 and waiter.transport.paused  # the slot is its; the queue rules
+    assembler.maybe_resume()  # the read loop drained the queue
+    assert not waiter.transport.paused
+
+
+async def test_sockets_that_never_initialize_cannot_hold_the_slots(tmp_path: Path) -> None:
+    """A socket that has not initialized and stalls inside a large frame takes no slot: a
+    peer's large message is still read and delivered."""
+    import websockets
+
+    limits = Limits(max_inflight_bytes=4 << 20)  # one slot
+    async with running_bus(tmp_path, limits=limits) as h:
+        stalled = await websockets.connect(h.url)
+        try:
+            # A text frame of 512 KiB announced, masked, and 128 KiB of it sent: then nothing.
+            header = b"\x81\xff" + (512 << 10).to_bytes(8, "big") + b"\x00\x00\x00\x00"
+            stalled.transport.write(header + b" " * (128 << 10))  # read while the peers log in
+            got: asyncio.Queue[Delivered] = asyncio.Queue()
+            async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
+
+                async def keep(message: Delivered) -> None:
+                    got.put_nowait(message)
+
+                agent.handle(None, keep)
+                async with asyncio.timeout(scaled(10)):
+                    await tg.send("agent:w1", "tg_message", {"text": "x" * (200 << 10)})
+                    delivered = await got.get()
+            assert len(delivered.payload["content"]["text"]) == 200 << 10
+        finally:
+            stalled.transport.abort()
+
+
+def test_an_anonymous_socket_takes_a_slot_only_once_it_initialized() -> None:
+    """Not initialized, a socket past LARGE stops without a slot; trusted, it takes one."""
+    intake = Intake(1)
+    ws = _Socket()
+    reader = intake.watch(ws, anonymous=True)
+    assert reader is not None
+    ws.data_received(b"x" * LARGE)
+    assert ws.transport.paused and (intake.reading, intake.waiting) == (0, 0)
+    reader.trust()
+    assert not ws.transport.paused and intake.reading == 1
+
+
+async def test_an_http_send_whose_delivery_is_unheard_keeps_its_bytes_charged(
+    tmp_path: Path,
+) -> None:
+    """Over HTTP too, a body answered before its delivery to a more tainted receiver ends stays
+    charged to max_inflight_bytes until that delivery ends."""
+    import httpx
+
+    from bus.ops.config import HttpSettings
+
+    async with running_bus(tmp_path, identities=IDENTITIES, http=HttpSettings(port=0)) as h:
+        release, seen = asyncio.Event(), asyncio.Event()
+
+        async def holds(message: Delivered) -> None:
+            seen.set()
+            await release.wait()
+
+        token = h.token("agent:main")
+        async with h.peer("agent:researcher") as reader, httpx.AsyncClient() as client:
+            reader.handle(None, holds)
+            await reader.subscribe("agent:researcher")
+            budget = h.bus.byte_budget
+            body = {
+                "topic": "agent:researcher",
+                "type": "agent_event",
+                "content": {"x": "y" * 5000},
+            }
+            async with asyncio.timeout(scaled(5)):
+                posted = await client.post(
+                    f"{h.http_url}/v1/messages?wait=true",
+                    json=body,
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                await seen.wait()
+            assert posted.status_code == 200 and posted.json()["deliveredTo"] == 0
+            assert budget.used > 5000  # answered, and yet the bus still holds the message
+            release.set()

@@ -71,6 +71,28 @@ async def test_fragments_over_max_frame_bytes_close_with_1009(tmp_path):
         assert await h.refused() == {"frame_too_large": 1}
 
 
+def masked(first: int, payload: bytes) -> bytes:
+    """A client frame written by hand: ``first`` (FIN and opcode), a zero mask, ``payload``."""
+    return bytes([first, 0x80 | len(payload)]) + b"\x00" * 4 + payload
+
+
+@pytest.mark.usefixtures("each_transport")
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [masked(0x80, PING.encode())],  # a continuation with nothing to continue
+        [masked(0x01, PING[:10].encode()), masked(0x81, PING.encode())],  # a new text mid-message
+    ],
+    ids=["lone-continuation", "text-inside-fragments"],
+)
+async def test_fragments_out_of_order_close_with_1002(tmp_path, frames):
+    """A continuation frame with no message begun, or a new data frame inside a fragmented
+    message, is a protocol error (RFC 6455 5.4): the link closes with 1002, nothing answered."""
+    async with running_bus(tmp_path) as h, connect(h.url) as ws:
+        ws.transport.write(b"".join(frames))
+        assert await closed_with(ws) == 1002
+
+
 @pytest.mark.usefixtures("each_transport")
 async def test_invalid_utf8_in_a_text_frame_closes_with_1007(tmp_path):
     """A text frame that is not UTF-8 closes the link with 1007 (invalid frame payload data)."""
