@@ -160,9 +160,10 @@ def hold_request_bytes() -> Callable[[], None] | None:
     """Keep the bytes of the request being handled charged to the bus's budget after it is
     answered, for work it leaves running that holds its message (a delivery the sender does
     not wait for); call the function returned when that work ends. None outside a request
-    from a :class:`Connection`."""
+    from a :class:`Connection`, or once its bytes went back (nothing is left to hold: taking
+    the charge again would give the bytes back twice)."""
     charge = _charge.get()
-    if charge is None:
+    if charge is None or charge.requests <= 0:
         return None
     charge.requests += 1
     return charge.done

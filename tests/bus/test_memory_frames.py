@@ -16,7 +16,7 @@ from bus.core.identities import PeerIdentity
 from bus.fanout import _content, _Params
 from bus.ops.config import Limits
 from bus.ops.memory import return_large_blocks
-from bus.transports.connection import frame_bytes
+from bus.transports.connection import ByteBudget, charged_context, frame_bytes, hold_request_bytes
 from bus.transports.intake import LARGE, Intake
 from peers import Message as Delivered
 from peers.testing import running_bus, scaled
@@ -344,3 +344,19 @@ async def test_an_http_send_whose_delivery_is_unheard_keeps_its_bytes_charged(
             assert posted.status_code == 200 and posted.json()["deliveredTo"] == 0
             assert budget.used > 5000  # answered, and yet the bus still holds the message
             release.set()
+
+
+def test_a_settled_charge_is_not_held_again():
+    """Once a request's bytes went back to the budget, hold_request_bytes in its context gives
+    nothing to hold: holding and releasing again would return the bytes twice."""
+    budget = ByteBudget(100)
+    assert budget.take(40)
+    context, done = charged_context(budget, 40)
+    release = context.run(hold_request_bytes)
+    assert release is not None
+    done()
+    assert budget.used == 40  # the held delivery still holds them
+    release()
+    assert budget.used == 0
+    assert context.run(hold_request_bytes) is None
+    assert budget.used == 0
