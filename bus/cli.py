@@ -44,6 +44,7 @@ from .log.checkpoints import create_signing_key, default_checkpoints_path, load_
 from .ops import completion
 from .ops.config import AuditSettings, ClusterSettings, ConfigError, ServeConfig
 from .ops.credentials import Credentials, CredentialsError, validate_webhook_url
+from .ops.memory import return_large_blocks
 from .ops.reload import BusFiles, Reloader
 from .ops.starter import write_starter
 from .ops.startup import (
@@ -525,6 +526,7 @@ def _serve(args: argparse.Namespace) -> int:
             "`bcpbus serve` runs both",
             file=sys.stderr,
         )
+    return_large_blocks()  # the memory of large messages goes back once they are gone
     return _run(serve(config, beside=beside), args.loop)
 
 

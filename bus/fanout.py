@@ -30,7 +30,7 @@ from .core.state import PeerStates
 from .log.activity import ActivityLog
 from .log.fetch import sender_mark
 from .ops.config import Limits, LogContent
-from .transports.connection import Link, PeerGone
+from .transports.connection import Connection, Link, PeerGone, hold_request_bytes
 
 if TYPE_CHECKING:
     from .transports.cluster import Forwarder
@@ -198,7 +198,7 @@ class Fanout:
             actor=actor,
             topic=message.topic,
             status=sender_mark(grants),
-            payload_json=_content(message.payload, message.type, self.log_content),
+            payload_json=_content(message, self.log_content),
             epoch=message.epoch,
             trace_id=message.trace_id,
         )
@@ -272,14 +272,16 @@ class Fanout:
         tainted peer never chooses what an untainted sender reads back, nor when. On a cluster
         node, a message accepted here is also delivered on the other nodes, at the same time;
         their subscribers count as this node's do, in the result and the row."""
-        params = {"topic": message.topic, "payload": message.payload, "epoch": message.epoch}
+        params = _Params(message)
         remote = None
         if self.cluster is not None and not message.forwarded:
             sender = actor or BUS_CLIENT_ID
             remote = asyncio.ensure_future(self.cluster.forward(message, sender))
         targets, unheard = delivery.unheard(targets, hearer)
         for target in unheard:
-            target.handle.spawn(self._deliver_unheard(target, params, message))
+            # Answered before this delivery ends, the request's bytes stay charged until then.
+            release = hold_request_bytes()
+            target.handle.spawn(self._deliver_unheard(target, params, message, release))
         if not targets:
             results: list[bool] = []
         elif len(targets) == 1:
@@ -307,14 +309,22 @@ class Fanout:
         return delivered
 
     async def _deliver_unheard(
-        self, route: Route[Link], params: dict[str, Any], message: Message
+        self,
+        route: Route[Link],
+        params: _Params,
+        message: Message,
+        release: Callable[[], None] | None,
     ) -> None:
         """Deliver to a target the sender may not hear; its row is committed with the next."""
-        await self._deliver(route, params, message)
-        with contextlib.suppress(BusError):
-            await self.log.commit()
+        try:
+            await self._deliver(route, params, message)
+            with contextlib.suppress(BusError):
+                await self.log.commit()
+        finally:
+            if release is not None:
+                release()
 
-    async def _deliver(self, route: Route[Link], params: dict[str, Any], message: Message) -> bool:
+    async def _deliver(self, route: Route[Link], params: _Params, message: Message) -> bool:
         status, error = "processed", None
         limit = self.limits.max_write_buffer
         target = route.handle
@@ -326,9 +336,9 @@ class Fanout:
             async with asyncio.timeout(self.limits.process_timeout):
                 if target.inflight is not None:
                     async with target.inflight:
-                        result = await target.call("processMessage", params)
+                        result = await target.call("processMessage", params.fit(target))
                 else:
-                    result = await target.call("processMessage", params)
+                    result = await target.call("processMessage", params.fit(target))
             status, error = delivery.outcome(result)
         except TimeoutError:
             status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
@@ -380,13 +390,7 @@ class Fanout:
             epoch=message.epoch,
             trace_id=message.trace_id,
         )
-        params: dict[str, Any] = {
-            "topic": message.topic,
-            "payload": message.payload,
-            "epoch": message.epoch,
-        }
-        if skipped:
-            params["skipped"] = skipped
+        params = _Params(message, skipped)
         with contextlib.suppress(BusError):  # unpushed, it stays fetchable
             await log.commit()
             await self._deliver(route, params, message)
@@ -425,16 +429,52 @@ class _SlowConsumer(Exception):
     """A delivery refused because the target has too many unread bytes."""
 
 
-def _content(payload: dict[str, Any], message_type: str, mode: LogContent) -> str:
+class _Params:
+    """The ``processMessage`` params of one message, made once per form a link takes.
+
+    A :class:`~bus.transports.connection.Connection` encodes the call itself, so it gets the
+    envelope as the message's one encoding (:func:`bus.core._json.fragment`): every frame
+    splices it in, and no decoded copy is held while deliveries wait. Other links
+    (webhooks, the cluster) read the params as a dict; they get one decoded on first use.
+    """
+
+    __slots__ = ("_decoded", "_encoded", "message", "skipped")
+
+    def __init__(self, message: Message, skipped: int = 0) -> None:
+        self.message, self.skipped = message, skipped
+        self._encoded: dict[str, Any] | None = None
+        self._decoded: dict[str, Any] | None = None
+
+    def fit(self, link: Link) -> dict[str, Any]:
+        """The params to call ``link`` with."""
+        if isinstance(link, Connection):
+            if self._encoded is None:
+                self._encoded = self._make(_json.fragment(self.message.encode()))
+            return self._encoded
+        if self._decoded is None:
+            self._decoded = self._make(self.message.payload)
+        return self._decoded
+
+    def _make(self, payload: Any) -> dict[str, Any]:
+        message = self.message
+        params = {"topic": message.topic, "payload": payload, "epoch": message.epoch}
+        if self.skipped:
+            params["skipped"] = self.skipped
+        return params
+
+
+def _content(message: Message, mode: LogContent) -> str:
     """``send_start``'s payload: the envelope as JSON, or its type and SHA-256 (``digest``).
 
-    The digest is over the canonical JSON (keys sorted, no spaces, UTF-8), so an auditor who
-    holds the message can recompute it: ``bus.core.digest.canonical_sha256(envelope)``.
+    The JSON is the message's one encoding (:meth:`~bus.core.delivery.Message.text`), which
+    its deliveries reuse. The digest is over the canonical JSON (keys sorted, no spaces,
+    UTF-8), so an auditor who holds the message can recompute it:
+    ``bus.core.digest.canonical_sha256(envelope)``.
     """
     if mode == "full":
-        return _json.dumps(payload)
+        return message.text()
     return json.dumps(
-        {"type": message_type, "sha256": canonical_sha256(payload)},
+        {"type": message.type, "sha256": canonical_sha256(message.payload)},
         separators=(",", ":"),
         ensure_ascii=False,
     )

@@ -33,17 +33,34 @@ from .fanout import Fanout
 from .log.fetch import FetchResult
 from .ops.config import Limits
 from .transports.connection import Link
-from .transports.websocket import Method, link_facts
+from .transports.websocket import Method, QuickMethod, link_facts
 
 if TYPE_CHECKING:
     from .core.policy import Grants
 
-__all__ = ["Accepted", "Methods", "rpc_id_of"]
+__all__ = ["Accepted", "Methods", "Quick", "rpc_id_of"]
 
 Accepted = Callable[[dict[str, Any]], None]
 """Told ``{messageId, epoch}`` once a message is accepted, before it is delivered."""
 
 Fetch = Callable[..., Awaitable[FetchResult]]
+
+
+class Quick:
+    """A method that never waits: a socket's read loop calls :attr:`run` and answers at once,
+    without a task; awaited, it is a :data:`Method` like the others (HTTP, webhooks).
+
+    Args:
+        run: the method's body; returns the result or raises its :class:`BusError`.
+    """
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: QuickMethod) -> None:
+        self.run = run
+
+    async def __call__(self, route: Route[Link], request: Request) -> Any:
+        return self.run(route, request)
 
 
 class Methods:
@@ -80,15 +97,15 @@ class Methods:
         )
         """The messageIds seen lately, per sender (``dedup_window``), or None."""
         self.table: dict[str, Method] = {
-            "subscribe": self._subscribe,
-            "unsubscribe": self._unsubscribe,
+            "subscribe": Quick(self._subscribe),
+            "unsubscribe": Quick(self._unsubscribe),
             "sendMessage": self.send_message,
             "fetchMessages": self._fetch_messages,
-            "listSubscriptions": self._list_subscriptions,
-            "ping": self._ping,
+            "listSubscriptions": Quick(self._list_subscriptions),
+            "ping": Quick(self._ping),
             "listPeers": self._list_peers,
         }
-        """By name; a test may replace one."""
+        """By name; a test may replace one. The :class:`Quick` ones never wait."""
 
     async def handle(
         self, route: Route[Link], request: Request, *, accepted: Accepted | None = None
@@ -143,6 +160,12 @@ class Methods:
     def __iter__(self) -> Iterator[str]:
         return iter(self.table)
 
+    def quick_method(self, name: str) -> QuickMethod | None:
+        """The body of the method called ``name`` if it never waits (:class:`Quick`), else
+        None: call :meth:`method` then, and await it."""
+        method = self.table.get(name)
+        return method.run if isinstance(method, Quick) else None
+
     def method(self, name: str) -> Method:
         """The method called ``name``.
 
@@ -154,7 +177,7 @@ class Methods:
             raise MethodNotFound(f"Method not found: {name[:64]!r}")
         return method
 
-    async def _subscribe(self, route: Route[Link], request: Request) -> Any:
+    def _subscribe(self, route: Route[Link], request: Request) -> Any:
         limit = self._limits.max_subscriptions
         rpc_id = rpc_id_of(request)
         actions = requests.subscribe(
@@ -162,14 +185,14 @@ class Methods:
         )
         return self._carry(actions)
 
-    async def _list_subscriptions(self, route: Route[Link], request: Request) -> Any:
+    def _list_subscriptions(self, route: Route[Link], request: Request) -> Any:
         return self._carry(requests.list_subscriptions(route))
 
-    async def _unsubscribe(self, route: Route[Link], request: Request) -> Any:
+    def _unsubscribe(self, route: Route[Link], request: Request) -> Any:
         rpc_id = rpc_id_of(request)
         return self._carry(requests.unsubscribe(self._router, route, request.params, rpc_id=rpc_id))
 
-    async def _ping(self, route: Route[Link], request: Request) -> Any:
+    def _ping(self, route: Route[Link], request: Request) -> Any:
         return PingResult.frame(timestamp())
 
     async def _list_peers(self, route: Route[Link], request: Request) -> Any:
@@ -211,7 +234,9 @@ class Methods:
         message_id = fields.message_id
         message = Message(
             topic,
-            request.params["payload"],
+            # Taken out of the request: the message holds the one copy, encoded once it is
+            # logged, while the request waits for its deliveries.
+            request.params.pop("payload"),
             message_id,
             fields.type,
             trace_id=fields.trace_id,

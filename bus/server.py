@@ -188,6 +188,8 @@ class Bus:
         """A link's route once its peer joined, else None."""
         self.method = methods.method
         """The method of initialized peers of a name: :meth:`bus.methods.Methods.method`."""
+        self.quick_method = methods.quick_method
+        """Its body if it never waits: :meth:`bus.methods.Methods.quick_method`."""
         self.connect_local = self._door.connect_local
         """An in-process link: :meth:`bus.transports.websocket.WebSocketDoor.connect_local`."""
 

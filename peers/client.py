@@ -144,9 +144,10 @@ class Peer(BusMethods, Receiver):
         reconnect: reconnect, re-initialize and re-subscribe when the connection drops.
         request_timeout: seconds to wait for the bus to answer a request; None waits forever.
         auth_header: send the token as ``Authorization: Bearer`` at the handshake as well as
-            in ``initialize`` (the default), so that anonymous sockets filling the bus's cap for
-            this peer's address cannot keep it out; False sends it in ``initialize`` only, and
-            such a peer gets the handshake's HTTP 503 like any stranger while the cap is full.
+            in ``initialize`` (the default), so that anonymous sockets filling the bus's caps
+            cannot keep it out; False sends it in ``initialize`` only, and such a peer is a
+            stranger until then: past its address's cap it closes the oldest idle one (4006),
+            past the bus-wide cap it gets the handshake's HTTP 503.
         connector: opens the connection instead of a WebSocket to ``url``; a peer in the bus's
             own process passes :meth:`bus.server.Bus.connect_local` (see
             :mod:`bus.transports.local`).

@@ -12,6 +12,9 @@ accepts and another refuses would make the wire depend on an optional extra:
 - ``dumps`` returns compact text and raises ``ValueError`` on a non-finite float or a lone
   surrogate, rather than write a frame a strict parser would reject. ``dumpb`` is the same as
   UTF-8 bytes: what a frame is written as, without a decoded copy in between.
+- ``fragment`` wraps JSON already encoded (by ``dumpb``; bytes or text) so that ``dumps`` and
+  ``dumpb`` write it as it is: a message encoded once goes into every frame that carries it
+  (orjson's ``Fragment``). Without orjson it is decoded again, which writes the same text.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "dumpb", "dumps", "loads"]
+__all__ = ["MAX_DEPTH", "dumpb", "dumps", "fragment", "loads"]
 
 MAX_DEPTH = 128
 """The deepest nesting of arrays and objects a frame may have."""
@@ -177,15 +180,30 @@ def _has_non_finite(obj: Any) -> bool:
     return False
 
 
+def _orjson_fragment(encoded: str | bytes) -> Any:
+    return _orjson.Fragment(encoded)
+
+
+def _std_fragment(encoded: str | bytes) -> Any:
+    return _std_loads(encoded)
+
+
 if _orjson is not None:
     loads = _orjson_loads
     dumps = _orjson_dumps_finite
     dumpb = _orjson_dumpb
+    # Fragment came in orjson 3.9 (the ``speed`` extra asks for it); an older one decodes.
+    fragment = _orjson_fragment if hasattr(_orjson, "Fragment") else _std_fragment
 else:  # pragma: no cover - exercised when orjson is absent (tests/bus/test_json.py)
     loads = _std_loads
     dumps = _std_dumps
     dumpb = _std_dumpb
+    fragment = _std_fragment
 
 loads.__doc__ = "Parse strict JSON text; raise ``ValueError`` if it is anything else."
 dumps.__doc__ = "Serialize ``obj`` to compact JSON text; raise ``ValueError`` if it is not JSON."
 dumpb.__doc__ = "``dumps`` as UTF-8 bytes, encoded once: what a frame is written as."
+fragment.__doc__ = (
+    "Wrap JSON ``encoded`` by ``dumpb`` so that ``dumps``/``dumpb`` write it as it is; "
+    "put the result where the value goes in the object being encoded."
+)

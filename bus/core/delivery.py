@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from . import _json
 from .actions import Record
 from .logevents import LogEvent
 from .policy import RAW_TEXT_TYPES, Grants, may_flow
@@ -35,10 +36,16 @@ K = TypeVar("K", bound=Hashable)
 
 @dataclass(slots=True)
 class Message:
-    """One message on its way through the bus: what it is, and the epoch it was given."""
+    """One message on its way through the bus: what it is, and the epoch it was given.
+
+    Its envelope is held once: decoded (``decoded``, as it arrived) until :meth:`encode` is
+    called, then as the compact JSON that its ``send_start`` row and every frame carrying it
+    reuse (``encoded``). :attr:`payload` decodes that again for the few readers that need a
+    dict, for as long as they use it.
+    """
 
     topic: str
-    payload: dict[str, Any]
+    decoded: dict[str, Any] | None
     message_id: str
     type: str
     trace_id: str | None = None
@@ -49,6 +56,34 @@ class Message:
     """Its rows could not be committed: it was refused (-32006), and is never pushed later."""
     forwarded: bool = False
     """Another bus node of a cluster accepted it: delivered here, never forwarded again."""
+    encoded: str | bytes | None = None
+    """The envelope as compact JSON once :meth:`encode` was called: text when it is ASCII (the
+    log's row is then the same object), else UTF-8 bytes (a text would also cache its UTF-8
+    form each time it is written, a second copy)."""
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The envelope as a dict: the one that arrived, or a fresh decoding of ``encoded``
+        (do not keep it: a copy held is a copy more in memory)."""
+        if self.decoded is not None:
+            return self.decoded
+        assert self.encoded is not None  # one of the two is always set
+        payload: dict[str, Any] = _json.loads(self.encoded)
+        return payload
+
+    def encode(self) -> str | bytes:
+        """Encode the envelope once, drop the decoded copy, and return :attr:`encoded`."""
+        if self.encoded is None:
+            assert self.decoded is not None
+            data = _json.dumpb(self.decoded)
+            self.encoded = data.decode() if data.isascii() else data
+            self.decoded = None
+        return self.encoded
+
+    def text(self) -> str:
+        """The envelope as JSON text: :attr:`encoded` itself when it is ASCII."""
+        encoded = self.encode()
+        return encoded if isinstance(encoded, str) else encoded.decode()
 
     def row(self, event: LogEvent, actor: str, status: str | None = None) -> Record:
         """A row about this message and one target."""

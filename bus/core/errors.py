@@ -46,6 +46,7 @@ __all__ = [
     "CLOSE_INITIALIZE_TIMEOUT",
     "CLOSE_REPLACED",
     "CLOSE_REVOKED",
+    "CLOSE_EVICTED",
     "CLOSE_GOING_AWAY",
     "CLOSE_POLICY_VIOLATION",
     "AlreadyInitialized",
@@ -326,6 +327,7 @@ CLOSE_INITIALIZE_TIMEOUT = 4002
 CLOSE_AUTH_FAILED = 4003
 CLOSE_SLOW_CONSUMER = 4004
 CLOSE_REVOKED = 4005
+CLOSE_EVICTED = 4006
 
 CLOSE_CODES: dict[int, str] = {
     1001: "the bus is shutting down",
@@ -340,4 +342,6 @@ CLOSE_CODES: dict[int, str] = {
     "slow_consumer_timeout seconds",
     CLOSE_REVOKED: "revoked: a reload removed or rotated this clientId's token, or the policy "
     "no longer admits its roles; reconnect with a valid token",
+    CLOSE_EVICTED: "evicted: the oldest of max_anonymous_per_address sockets from one address "
+    "that had not initialized, closed to let a newer one in",
 }

@@ -24,6 +24,10 @@ __all__ = ["Writer"]
 logger = logging.getLogger("bus.log.activity")
 
 
+BATCH_CONTENT = 4 << 20
+"""Characters of ``payload_json`` one batch holds at most beyond its first row."""
+
+
 class Writer:
     """The rows waiting for the disk, their committers, and what moves them there.
 
@@ -108,10 +112,25 @@ class Writer:
         writer, thread = self._writer, self._thread
         if writer is None or writer.done() or thread is None or not self._pending:
             return
-        batch = self._pending[: self._rows_per_statement]
+        batch = self._next_batch()
         self._store.prepare(batch)
         self._inflight = asyncio.get_running_loop().create_future()
         thread.submit(self._store.write, (batch,), functools.partial(self._handed_back, batch))
+
+    def _next_batch(self) -> list[LogRow]:
+        """The rows to write next: a prefix of the pending ones, at most
+        ``_rows_per_statement``, and no more than :data:`BATCH_CONTENT` characters of content
+        past its first row. SQLite copies every value of a statement while it runs, so a batch
+        of large messages would double their memory at once; small ones never reach the bound."""
+        pending, end = self._pending, min(len(self._pending), self._rows_per_statement)
+        size = 0
+        for i in range(end):
+            content = pending[i].payload_json
+            if content is not None:
+                size += len(content)
+                if size > BATCH_CONTENT and i:
+                    return pending[:i]
+        return pending[:end]
 
     def _handed_back(self, batch: list[LogRow], _: object, exc: BaseException | None) -> None:
         """The thread's answer for a batch :meth:`_hand_over` started (event loop)."""
@@ -179,13 +198,13 @@ class Writer:
         attempt, delay = 1, self.retry_delay
         failed, self._handed_failure = self._handed_failure, None
         if failed is not None and retry_as_is(failed):  # as if the loop below had failed
-            batch = self._pending[: self._rows_per_statement]
+            batch = self._next_batch()
             delay = await self._failed(batch, failed, attempt, delay)
             attempt += 1
         while self._pending and self.rows_committed < target:
             if self._unavailable is not None:
                 raise AuditUnavailable(self._unavailable)
-            batch = self._pending[: self._rows_per_statement]
+            batch = self._next_batch()
             try:
                 await self._write_rows(batch)
             except Exception as exc:  # sqlite3.Error, OSError, ...: the database's trouble

@@ -128,7 +128,8 @@ class Limits:
     """Sockets that have not (yet) initialized, counted apart from peers so that they cannot
     lock peers out; the handshake of one more is answered with HTTP 503."""
     max_anonymous_per_address: Count | None = DEFAULT_MAX_ANONYMOUS_PER_ADDRESS
-    """Sockets not yet initialized from one remote IP address; one more gets HTTP 503."""
+    """Sockets not yet initialized from one remote IP address; one more closes the oldest of
+    them with 4006 (HTTP 503 if every one has an ``initialize`` under way)."""
     max_subscriptions: Count | None = DEFAULT_MAX_SUBSCRIPTIONS
     """Patterns per connection; one more ``subscribe`` gets -32005."""
     max_inflight_deliveries: Count | None = DEFAULT_MAX_INFLIGHT_DELIVERIES
@@ -139,8 +140,9 @@ class Limits:
     socket until one is answered (backpressure: TCP then slows the sender)."""
     max_inflight_bytes: Count | None = DEFAULT_MAX_INFLIGHT_BYTES
     """Size of the request frames being handled, for the whole bus; a request that would go over
-    it gets -32005 at once. Frames are counted in characters as received (equal to bytes for
-    ASCII JSON, up to 4x fewer for other text), so no frame is encoded again just to count it."""
+    it gets -32005 at once. Frames are counted in UTF-8 bytes, what the bus holds of the message
+    each carries (encoded once); one socket per 4 MiB of it may be reading a large frame at once
+    (:mod:`bus.transports.intake`)."""
     max_write_buffer: Count | None = DEFAULT_MAX_WRITE_BUFFER
     """Bytes written to one peer that it has not read yet; above it deliveries to that peer fail
     at once (status ``slow_consumer``) instead of queueing more."""

@@ -29,11 +29,15 @@ class Accepted(Protocol):
     """What :meth:`Forwarder.forward` reads of a message the bus accepted."""
 
     topic: str
-    payload: dict[str, Any]
     message_id: str
     type: str
     epoch: int
     trace_id: str | None
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The envelope, decoded for this use (the bus holds it encoded)."""
+        ...
 
 
 class Node(Protocol):

@@ -1,23 +1,27 @@
 """One peer's WebSocket connection: the read loop, concurrent request handling, outgoing calls.
 
-:class:`Connection` wraps a :class:`bus.core.protocol.Session` around a websockets connection. Each
-incoming request runs in its own task, so a peer may call ``sendMessage`` while it is still
-answering a ``processMessage`` the bus sent it, and neither waits for the other. What a request
-means is the bus's business: the connection hands it to a :class:`Handler`.
+:class:`Connection` wraps a :class:`bus.core.protocol.Session` around a websockets connection. A
+request whose method never waits (``ping``, ``subscribe``...) is answered by the read loop itself,
+through the :class:`QuickHandler`; every other request runs in its own task, so a peer may call
+``sendMessage`` while it is still answering a ``processMessage`` the bus sent it, and neither
+waits for the other. What a request means is the bus's business: the connection hands it to a
+:class:`Handler`, and the errors answered to an :class:`ErrorHook` before the answer goes out.
 
 What one peer can make the bus hold is bounded here, whatever the peer does:
 
 - requests: at most ``max_inflight_requests`` are handled at once; past that the read loop stops
   reading, so the socket's buffers fill and TCP slows the sender down (backpressure) instead of
   the bus queueing tasks without end;
-- bytes: every request frame is charged to a :class:`ByteBudget` shared by the whole bus until
-  its last request is answered; a frame that does not fit is answered -32005 at once;
+- bytes: every request frame is charged to a :class:`ByteBudget` shared by the whole bus, in
+  UTF-8 bytes (:func:`frame_bytes`: what the bus holds of the message it carries), until its
+  last request is answered; a frame that does not fit is answered -32005 at once;
 - frames: a binary frame closes the connection with 1003 (the wire is JSON text).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,11 +31,23 @@ from websockets.exceptions import ConnectionClosed
 from ..core.calls import PeerGone, PendingCalls
 from ..core.errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
 from ..core.protocol import ErrorResponse, Notification, Request, Response, Session
+from .intake import Intake
 
 if TYPE_CHECKING:
     from .local import Socket
 
-__all__ = ["ByteBudget", "Connection", "Handler", "Link", "PeerGone"]
+__all__ = [
+    "SLOW",
+    "ByteBudget",
+    "Connection",
+    "ErrorHook",
+    "Handler",
+    "Link",
+    "PeerGone",
+    "QuickHandler",
+    "frame_bytes",
+    "hold_request_bytes",
+]
 
 logger = logging.getLogger("bus.transports.connection")
 
@@ -66,6 +82,21 @@ class Link(Protocol):
 Handler = Callable[["Connection", Request], Awaitable[Any]]
 """What the bus does with one request from one connection: returns the result or raises."""
 
+INTAKE_SHARE = 4 << 20
+"""Bytes of a :class:`ByteBudget` per socket that may be reading a large frame at once
+(:mod:`bus.transports.intake`): frames of up to 1 MiB being read hold about a quarter of the
+budget more, whatever the number of peers sending them."""
+
+SLOW: Any = object()
+"""What a :data:`QuickHandler` returns for a request it cannot answer without waiting."""
+
+QuickHandler = Callable[["Connection", Request], Any]
+"""Answers a request on the spot: returns its result, raises its :class:`BusError`, or returns
+:data:`SLOW` so that the :data:`Handler` carries it out in a task. Saves a task per request."""
+
+ErrorHook = Callable[["Connection", Request, BusError], Awaitable[None]]
+"""Told of every error a request is answered with, before the answer is written (its row)."""
+
 FORCED_CLOSE_WAIT = 1.0
 """Seconds :meth:`Connection.force_close` lets the close frame go out before it drops the TCP
 connection; a peer that reads nothing would otherwise hold the close for ``close_timeout``."""
@@ -81,6 +112,8 @@ class ByteBudget:
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.used = 0
+        self.intake = None if limit is None else Intake(limit // INTAKE_SHARE)
+        """Bounds the large frames being read from sockets, before this budget sees them."""
 
     def take(self, size: int) -> bool:
         """Charge ``size`` bytes; return False (charging nothing) if they do not fit."""
@@ -94,8 +127,16 @@ class ByteBudget:
         self.used -= size
 
 
+def frame_bytes(text: str) -> int:
+    """The size of a text frame in UTF-8 bytes, as it came on the wire and as the bus holds
+    the message it carries (encoded once): what :class:`ByteBudget` counts. Most frames are
+    ASCII, where it is the length; any other is encoded to be measured."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 class _FrameCharge:
-    """The bytes one frame holds in the budget until its last request is answered."""
+    """The bytes one frame holds in the budget until its last request is answered and the
+    last work it left behind (:func:`hold_request_bytes`) is done."""
 
     __slots__ = ("budget", "requests", "size")
 
@@ -106,6 +147,24 @@ class _FrameCharge:
         self.requests -= 1
         if self.requests == 0:
             self.budget.give(self.size)
+
+
+_charge: contextvars.ContextVar[_FrameCharge | None] = contextvars.ContextVar(
+    "_charge", default=None
+)
+"""The charge of the request being handled, in its task (and the tasks it starts)."""
+
+
+def hold_request_bytes() -> Callable[[], None] | None:
+    """Keep the bytes of the request being handled charged to the bus's budget after it is
+    answered, for work it leaves running that holds its message (a delivery the sender does
+    not wait for); call the function returned when that work ends. None outside a request
+    from a :class:`Connection`."""
+    charge = _charge.get()
+    if charge is None:
+        return None
+    charge.requests += 1
+    return charge.done
 
 
 class Connection:
@@ -130,6 +189,8 @@ class Connection:
         ws: Socket,
         handler: Handler,
         *,
+        quick: QuickHandler | None = None,
+        on_error: ErrorHook | None = None,
         max_inflight: int | None = None,
         max_requests: int | None = None,
         budget: ByteBudget | None = None,
@@ -139,6 +200,8 @@ class Connection:
         self.ws = ws
         self.session = Session()
         self._handler = handler
+        self._quick = quick
+        self._on_error = on_error
         self._on_protocol_error = on_protocol_error
         self._on_frame_refused = on_frame_refused
         self.client_id: str | None = None
@@ -157,6 +220,8 @@ class Connection:
         self._request_done = asyncio.Event()
         self._request_tasks: set[asyncio.Task[None]] = set()
         self._abandon_with: BusError | None = None
+        intake = budget.intake if budget is not None else None
+        self._reader = intake.watch(ws) if intake is not None else None
 
     @property
     def kind(self) -> str:
@@ -182,7 +247,11 @@ class Connection:
                     await self.ws.close(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
                     return
                 self.session.receive_text(text)
-                self._dispatch(len(text))
+                size = frame_bytes(text)
+                del text  # parsed: hold no copy of it while its requests are handled
+                if self._reader is not None:
+                    self._reader.taken(size)
+                self._dispatch(size)
                 if self._on_protocol_error is not None:
                     for error in self.session.errors_sent():
                         self._on_protocol_error(self, error)
@@ -193,6 +262,8 @@ class Connection:
                     await self._request_done.wait()
         finally:
             self._gone = True
+            if self._reader is not None:
+                self._reader.close()
             self._pending.fail_all(PeerGone(self.name))
             self._closed.set()
 
@@ -221,19 +292,42 @@ class Connection:
             match event:
                 case Request():
                     if requests:
-                        self._requests += 1
-                        task = self.spawn(self._answer(event, charge))
-                        self._request_tasks.add(task)
-                        task.add_done_callback(self._request_tasks.discard)
+                        self._start(event, charge)
                 case Response() | ErrorResponse():
                     self._pending.settle(event)
                 case Notification(method=method):
                     # JSON-RPC 2.0 §4.1: a notification is never answered, even with an error.
                     logger.debug("%s: ignored notification %s", self.name, method)
 
-    async def _answer(self, request: Request, charge: _FrameCharge | None) -> None:
+    def _start(self, request: Request, charge: _FrameCharge | None) -> None:
+        """Answer ``request`` now if the quick handler can; else carry it out in a task."""
+        failed: BusError | None = None
+        if self._quick is not None:
+            try:
+                result = self._quick(self, request)
+            except BusError as exc:
+                failed = exc  # its row is committed before the answer: that waits, in a task
+            except Exception:
+                logger.exception("%s: internal error in %s", self.name, request.method)
+                failed = InternalError()  # no details: they may be security-sensitive
+            if failed is None and result is not SLOW:
+                self.session.respond(request, result)
+                if charge is not None:
+                    charge.done()
+                return
+        self._requests += 1
+        task = self.spawn(self._answer(request, charge, failed))
+        self._request_tasks.add(task)
+        task.add_done_callback(self._request_tasks.discard)
+
+    async def _answer(
+        self, request: Request, charge: _FrameCharge | None, failed: BusError | None = None
+    ) -> None:
+        _charge.set(charge)  # this task's own context: hold_request_bytes() finds it
         try:
             try:
+                if failed is not None:
+                    raise failed
                 result = await self._handler(self, request)
             except asyncio.CancelledError:
                 if self._abandon_with is None:
@@ -241,6 +335,8 @@ class Connection:
                 # abandon_requests(): the bus is closing; the peer still gets an answer.
                 self.session.respond_error(request, self._abandon_with)
             except BusError as exc:
+                if self._on_error is not None:
+                    await self._on_error(self, request, exc)
                 self.session.respond_error(request, exc)
             except Exception:
                 # Don't include exception details, which may be security-sensitive.

@@ -156,11 +156,9 @@ class PicowsDoor(WebSocketDoor):
             close_timeout=CLOSE_TIMEOUT,
             connected=self._connected,
         )
-        # Anonymous sockets are counted apart from peers, as the websockets door does.
-        address = address_of(socket)
-        refusal = self._anonymous.refusal(address)
-        if refusal is not None and bus.credentials.identify(bearer_of(socket)) is None:
-            bus.refusals.count(refusal[0], address)
+        # Anonymous sockets are counted apart from peers, the oldest of a full address evicted,
+        # by the websockets door's own rule.
+        if not self.admits(address_of(socket), bearer_of(socket)):
             return _refused(b"too many connections that have not initialized\n")
         return socket
 

@@ -32,6 +32,7 @@ from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 from ..core import joins, strangers
 from ..core.actions import Action, Record
 from ..core.errors import (
+    CLOSE_EVICTED,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
     AlreadyInitialized,
@@ -48,15 +49,26 @@ from ..core.watch import Anonymous, SlowConsumers, disconnect_slow
 from ..ops.config import Limits
 from ..ops.credentials import Credentials
 from ..ops.refusals import Refusals
-from .connection import ByteBudget, Connection, Link
+from .connection import SLOW, ByteBudget, Connection, Link
 from .local import LocalSocket, Socket, local_pair
 
-__all__ = ["Method", "SocketBus", "WebSocketDoor", "address_of", "bearer_of", "link_facts"]
+__all__ = [
+    "Method",
+    "QuickMethod",
+    "SocketBus",
+    "WebSocketDoor",
+    "address_of",
+    "bearer_of",
+    "link_facts",
+]
 
 logger = logging.getLogger("bus.transports.websocket")
 
 Method = Callable[[Route[Link], Request], Awaitable[Any]]
 """One JSON-RPC method of an initialized peer, as the bus carries it out."""
+
+QuickMethod = Callable[[Route[Link], Request], Any]
+"""A method that never waits (``ping``, ``subscribe``...): returns its result or raises."""
 
 
 class SocketBus(Protocol):
@@ -79,6 +91,10 @@ class SocketBus(Protocol):
 
     def method(self, name: str) -> Method:
         """The method called ``name``; raises MethodNotFound."""
+        ...
+
+    def quick_method(self, name: str) -> QuickMethod | None:
+        """The method called ``name`` if it never waits, else None."""
         ...
 
     async def join(
@@ -109,6 +125,8 @@ class WebSocketDoor:
         self._anonymous = Anonymous(
             total=limits.max_anonymous_connections, per_address=limits.max_anonymous_per_address
         )
+        self._waiting: dict[str, dict[Connection, None]] = {}
+        """By address, the sockets that have not initialized, oldest first."""
         timeout = limits.slow_consumer_timeout
         self._slow: SlowConsumers[Connection] | None = (
             None if timeout is None else SlowConsumers(timeout)
@@ -223,25 +241,60 @@ class WebSocketDoor:
         bus = self._bus
         if bus.closing:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
-        # Sockets that have not authenticated are counted apart from peers, in total and per
-        # address, so that anonymous sockets can never take the places of peers. A handshake
-        # that carries a peer's token passes: anonymous sockets from its address (a NAT, a
-        # shared host) cannot keep it out.
-        address = address_of(ws)
+        if self.admits(address_of(ws), bearer_of(ws)):
+            return None
+        return ws.respond(
+            HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
+        )
+
+    def admits(self, address: str, bearer: str | None) -> bool:
+        """Whether a handshake from ``address`` (with ``bearer``, its Authorization token) may
+        open a socket; False: answer it HTTP 503. A door on another WebSocket library calls it
+        at its handshake too.
+
+        Sockets that have not authenticated are counted apart from peers, in total and per
+        address, so that anonymous sockets can never take the places of peers. A handshake
+        that carries a peer's token passes: anonymous sockets from its address (a NAT, a
+        shared host) cannot keep it out. One more from an address at its cap closes the oldest
+        of that address (4006) rather than being refused: nor can they keep out a newer one.
+        """
         refusal = self._anonymous.refusal(address)
-        if refusal is not None and bus.credentials.identify(bearer_of(ws)) is None:
-            name, _ = refusal
-            bus.refusals.count(name, address)
-            return ws.respond(
-                HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
-            )
-        return None
+        if refusal is None or self._bus.credentials.identify(bearer) is not None:
+            return True
+        name, _ = refusal
+        self._bus.refusals.count(name, address)
+        return name == "max_anonymous_per_address" and self._evict_oldest(address)
+
+    def _evict_oldest(self, address: str) -> bool:
+        """Close (4006) the oldest socket from ``address`` that has not initialized and has no
+        request being handled (an ``initialize`` under way is let finish); False if none."""
+        victim = next(
+            (conn for conn in self._waiting.get(address, ()) if not conn.requests_in_flight), None
+        )
+        if victim is None:
+            return False
+        self._initialized_or_gone(victim, address)
+        reason = "evicted: too many sockets from this address have not initialized"
+        victim.spawn(victim.force_close(CLOSE_EVICTED, reason))
+        return True
+
+    def _initialized_or_gone(self, conn: Connection, address: str) -> None:
+        """Stop counting ``conn`` as anonymous: it initialized, closed, or is being evicted."""
+        group = self._waiting.get(address)
+        if group is None or conn not in group:
+            return
+        del group[conn]
+        if not group:
+            del self._waiting[address]
+        self._anonymous.closed(address)
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
         bus, limits = self._bus, self._bus.limits
         conn = Connection(
             ws,
             self._handle_request,
+            quick=self._quick_request,
+            on_error=self._request_failed,
             max_inflight=limits.max_inflight_deliveries,
             max_requests=limits.max_inflight_requests,
             budget=bus.byte_budget,
@@ -252,6 +305,7 @@ class WebSocketDoor:
         bus.states.open(conn)
         address = address_of(ws)
         self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
+        self._waiting.setdefault(address, {})[conn] = None
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
             await conn.run()
@@ -262,8 +316,7 @@ class WebSocketDoor:
                 bus.carry(strangers.frame_refused(event, conn.client_id, address, error=limit))
         finally:
             watchdog.cancel()
-            if conn.client_id is None:
-                self._anonymous.closed(address)
+            self._initialized_or_gone(conn, address)
             self.connections.discard(conn)
             if self._slow is not None:
                 self._slow.forget(conn)
@@ -283,24 +336,34 @@ class WebSocketDoor:
 
     # Its requests
 
+    def _quick_request(self, conn: Connection, request: Request) -> Any:
+        # Answered by the read loop, without a task: what an initialized peer asks of a method
+        # that never waits. Everything else (and every refusal's row) goes to _handle_request.
+        bus = self._bus
+        if bus.closing or conn.client_id is None:
+            return SLOW
+        method = bus.quick_method(request.method)
+        route = bus.route_of(conn)
+        if method is None or route is None:
+            return SLOW
+        return method(route, request)
+
     async def _handle_request(self, conn: Connection, request: Request) -> Any:
         bus = self._bus
-        try:
-            # Dispatch inline rather than in a helper coroutine: one frame less per request.
-            if bus.closing:
-                raise ShuttingDown()
-            if request.method == "initialize":
-                return await self._initialize(conn, request)
-            route = bus.route_of(conn)
-            if route is None:
-                raise NotInitialized()
-            return await bus.method(request.method)(route, request)
-        except BusError as exc:
-            if conn.client_id is None and not conn.closing_after_answer:
-                self._anonymous_error(conn, closing=False)  # anonymous: counted, no row each
-            elif not isinstance(exc, joins.WrongToken):  # counted into ws_refused instead
-                await bus.record_error(conn.name, request, exc)
-            raise
+        if bus.closing:
+            raise ShuttingDown()
+        if request.method == "initialize":
+            return await self._initialize(conn, request)
+        route = bus.route_of(conn)
+        if route is None:
+            raise NotInitialized()
+        return await bus.method(request.method)(route, request)
+
+    async def _request_failed(self, conn: Connection, request: Request, exc: BusError) -> None:
+        if conn.client_id is None and not conn.closing_after_answer:
+            self._anonymous_error(conn, closing=False)  # anonymous: counted, no row each
+        elif not isinstance(exc, joins.WrongToken):  # counted into ws_refused instead
+            await self._bus.record_error(conn.name, request, exc)
 
     async def _initialize(self, conn: Connection, request: Request) -> Any:
         if conn.client_id is not None:
@@ -310,7 +373,7 @@ class WebSocketDoor:
         client_id, result = await self._bus.join(
             conn, request, address=address, remote=str(ws.remote_address), bearer=bearer_of(ws)
         )
-        self._anonymous.closed(address)
+        self._initialized_or_gone(conn, address)
         conn.authenticated(client_id)
         return result
 

@@ -263,43 +263,130 @@ async def test_bytes_in_flight_over_the_bus_limit_are_refused_with_32005(tmp_pat
 
 
 async def test_anonymous_sockets_per_address_cannot_lock_out_other_addresses(tmp_path):
-    """Idle anonymous sockets from one address hit max_anonymous_per_address (HTTP 503); a
-    peer from another address still connects and initializes."""
+    """Idle anonymous sockets from one address at max_anonymous_per_address: a peer from
+    another address still connects and initializes, and evicts no one."""
     limits = Limits(max_anonymous_per_address=3)
     async with running_bus(tmp_path, limits=limits) as h:
         idle = [await connect(h.url) for _ in range(3)]
         try:
-            with pytest.raises(InvalidStatus) as caught:
-                await connect(h.url)
-            assert caught.value.response.status_code == 503
             other = socket.create_connection(
                 ("127.0.0.1", h.bus.port), source_address=("127.0.0.2", 0)
             )
             ws = await initialized(h, "tg:42", sock=other)
             assert (await answer(ws, frame("ping")))["result"]["pong"] is True
             await ws.close()
+            assert all(ws.close_code is None for ws in idle)
         finally:
             for ws in idle:
                 await ws.close()
-        assert await h.refused() == {"max_anonymous_per_address": 1}
+        assert await h.refused() == {}
 
 
-async def test_a_peer_with_its_token_at_the_handshake_passes_a_full_anonymous_cap(tmp_path):
-    """Anonymous sockets fill their address's cap; a peer from that address that sends its
-    token as Authorization: Bearer at the handshake still connects and initializes."""
+async def closed_with(ws: ClientConnection) -> tuple[int | None, str | None]:
+    async with asyncio.timeout(scaled(5)):
+        await ws.wait_closed()
+    return ws.close_code, ws.close_reason
+
+
+async def test_a_full_anonymous_cap_evicts_its_oldest_socket(tmp_path):
+    """One more anonymous socket from an address at max_anonymous_per_address closes the
+    oldest of them (4006, counted in ws_refused) instead of being refused, so a flood of
+    sockets from a shared address cannot lock a tool of that address out."""
     limits = Limits(max_anonymous_per_address=3)
     async with running_bus(tmp_path, limits=limits) as h:
         idle = [await connect(h.url) for _ in range(3)]
         try:
-            with pytest.raises(InvalidStatus):
-                await connect(h.url)  # no token: the cap holds
-            async with h.peer("tg:42", auth_header=True, reconnect=False) as peer:
-                assert (await peer.ping()).pong is True
-            with pytest.raises(InvalidStatus):
-                await connect(h.url, additional_headers={"Authorization": "Bearer bcpbus_no"})
+            ws = await initialized(h, "tg:42")  # the fourth: the first is evicted
+            code, reason = await closed_with(idle[0])
+            assert code == 4006 and reason is not None and "evicted" in reason
+            assert all(ws.close_code is None for ws in idle[1:])
+            assert (await answer(ws, frame("ping")))["result"]["pong"] is True
+            idle.append(await connect(h.url))  # the third again: tg:42 no longer counts
+            assert all(ws.close_code is None for ws in idle[1:])
+            idle.append(await connect(h.url))  # one more: the oldest left goes
+            assert (await closed_with(idle[1]))[0] == 4006
+            assert all(ws.close_code is None for ws in idle[2:])
+            await ws.close()
         finally:
             for ws in idle:
                 await ws.close()
+        assert await h.refused() == {"max_anonymous_per_address": 2}
+
+
+async def test_an_initialize_under_way_is_not_evicted(tmp_path, monkeypatch):
+    """At a full per-address cap the oldest socket whose initialize is still being carried out
+    is passed over for the next oldest; when every one has an initialize under way, the new
+    socket gets HTTP 503 instead."""
+    limits = Limits(max_anonymous_per_address=2)
+    async with running_bus(tmp_path, limits=limits) as h:
+        release, joining = asyncio.Event(), asyncio.Event()
+        join = h.bus.join
+
+        async def slow_join(*args: Any, **kwargs: Any) -> Any:
+            joining.set()
+            await release.wait()
+            return await join(*args, **kwargs)
+
+        monkeypatch.setattr(h.bus, "join", slow_join)
+        busy = await connect(h.url)
+        idle = await connect(h.url)
+        sockets = [busy, idle]
+        try:
+            params = {"clientId": "tg:42", "auth": {"token": h.token("tg:42")}}
+            await busy.send(frame("initialize", params))
+            async with asyncio.timeout(scaled(5)):
+                await joining.wait()
+            sockets.append(await connect(h.url))  # the idle one goes, not the older busy one
+            assert (await closed_with(idle))[0] == 4006
+            assert busy.close_code is None
+            joining.clear()
+            other = {"clientId": "agent:w1", "auth": {"token": h.token("agent:w1")}}
+            await sockets[2].send(frame("initialize", other))
+            async with asyncio.timeout(scaled(5)):
+                await joining.wait()
+            with pytest.raises(InvalidStatus) as caught:
+                await connect(h.url)  # both left are initializing: none can be evicted
+            assert caught.value.response.status_code == 503
+            release.set()
+            async with asyncio.timeout(scaled(5)):
+                assert "result" in json.loads(await busy.recv())
+        finally:
+            release.set()
+            for ws in sockets:
+                await ws.close()
+
+
+async def test_a_peer_with_its_token_at_the_handshake_passes_a_full_anonymous_cap(tmp_path):
+    """Anonymous sockets fill their address's cap; a peer from that address that sends its
+    token as Authorization: Bearer at the handshake connects without evicting any of them."""
+    limits = Limits(max_anonymous_per_address=3)
+    async with running_bus(tmp_path, limits=limits) as h:
+        idle = [await connect(h.url) for _ in range(3)]
+        try:
+            async with h.peer("tg:42", auth_header=True, reconnect=False) as peer:
+                assert (await peer.ping()).pong is True
+            assert all(ws.close_code is None for ws in idle)
+        finally:
+            for ws in idle:
+                await ws.close()
+        assert await h.refused() == {}
+
+
+async def test_the_total_anonymous_cap_still_refuses_with_503(tmp_path):
+    """With max_anonymous_connections full and no per-address cap reached, one more socket is
+    refused with HTTP 503, as before: eviction is for one address's flood only."""
+    limits = Limits(max_anonymous_connections=2, max_anonymous_per_address=5)
+    async with running_bus(tmp_path, limits=limits) as h:
+        idle = [await connect(h.url) for _ in range(2)]
+        try:
+            with pytest.raises(InvalidStatus) as caught:
+                await connect(h.url)
+            assert caught.value.response.status_code == 503
+            assert all(ws.close_code is None for ws in idle)
+        finally:
+            for ws in idle:
+                await ws.close()
+        assert await h.refused() == {"max_anonymous_connections": 1}
 
 
 async def test_initialized_sockets_leave_the_anonymous_count(tmp_path):

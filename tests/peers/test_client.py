@@ -88,15 +88,17 @@ async def test_a_bus_that_answers_503_raises_connect_failed_with_the_status(tmp_
 
 
 async def test_anonymous_sockets_filling_an_address_keep_no_peer_or_tool_out(tmp_path):
-    """Idle sockets fill their address's anonymous cap and one more is refused; an SDK peer
-    with its defaults and `bcpbus pub` from that address still get in, since the token rides
-    the handshake."""
+    """Idle sockets fill their address's anonymous cap and one more evicts the oldest (4006);
+    an SDK peer with its defaults and `bcpbus pub` from that address still get in, since the
+    token rides the handshake, and evict no one."""
     limits = Limits(max_anonymous_per_address=3, initialize_timeout=scaled(120))
     async with running_bus(tmp_path, limits=limits) as h:
         idle = [await connect(h.url) for _ in range(3)]
         try:
-            with pytest.raises(InvalidStatus):
-                await connect(h.url)
+            idle.append(await connect(h.url))
+            async with asyncio.timeout(scaled(5)):
+                await idle[0].wait_closed()
+            assert idle[0].close_code == 4006
             async with h.peer("agent:w1", reconnect=False) as peer:
                 assert (await peer.ping()).pong is True
             token = h.token("tg:42")
@@ -107,6 +109,7 @@ async def test_anonymous_sockets_filling_an_address_keep_no_peer_or_tool_out(tmp
             )
             assert code == 0 and '"accepted": true' in out, err
             assert h.bus.refusals.total.get("max_anonymous_per_address") == 1
+            assert all(ws.close_code is None for ws in idle[1:])
         finally:
             for ws in idle:
                 await ws.close()
