@@ -160,14 +160,17 @@ async def test_a_stream_made_with_a_shorter_duplicate_window_is_widened_to_the_b
     """A history stream made before (JetStream's 2-minute duplicate window) is widened to the
     bus's dedup_window when a node joins, so a resend within it is never stored twice."""
     client = await connect_to_nats(nats.url)
-    try:
-        js = client.jetstream()
-        await js.add_stream(name=HISTORY_STREAM, subjects=[f"{SUBJECT_PREFIX}.>"])
-        assert (await js.stream_info(HISTORY_STREAM)).config.duplicate_window == 120
-        async with running_bus(tmp_path) as harness, joined(harness.bus, nats.url, "a"):
-            window = harness.bus.limits.dedup_window
-            info = await js.stream_info(HISTORY_STREAM)
-    finally:
-        await client.close()
+    js = client.jetstream()
+    await js.add_stream(name=HISTORY_STREAM, subjects=[f"{SUBJECT_PREFIX}.>"])
+    before = (await js.stream_info(HISTORY_STREAM)).config.duplicate_window
+    await client.close()
+    async with running_bus(tmp_path) as harness:
+        window = harness.bus.limits.dedup_window
+        async with ClusterLink(harness.bus, nats.url, node="a"):
+            pass
+    client = await connect_to_nats(nats.url)
+    info = await client.jetstream().stream_info(HISTORY_STREAM)
+    await client.close()
+    assert before == 120
     assert window == 300
     assert info.config.duplicate_window == window
