@@ -53,26 +53,35 @@ _STREAM_IN_USE = 10058
 """JetStream's error code: a stream of that name exists (another node made it first)."""
 
 
-async def open_stream(js: JetStreamContext) -> StreamInfo:
-    """Make sure the stream exists (another node may have made it first); return its info.
+async def open_stream(js: JetStreamContext, dedupe: float | None) -> StreamInfo:
+    """Make sure the stream exists (another node may have made it first) and that it
+    remembers the ids of the messages stored in the last ``dedupe`` seconds at least (its
+    ``duplicate_window``: the bus's ``dedup_window``; None keeps JetStream's); return its info.
 
     Raises:
-        nats.js.errors.Error: JetStream refused the stream.
+        nats.js.errors.Error: JetStream refused the stream or the change.
     """
-    from nats.js.api import StorageType
+    from nats.js.api import StorageType, StreamConfig
     from nats.js.errors import BadRequestError
 
+    wanted = None if dedupe is None else min(dedupe, HISTORY_AGE)
+    config = StreamConfig(
+        name=HISTORY_STREAM,
+        subjects=[f"{SUBJECT_PREFIX}.>"],
+        max_age=HISTORY_AGE,
+        storage=StorageType.FILE,
+    )
     try:
-        await js.add_stream(
-            name=HISTORY_STREAM,
-            subjects=[f"{SUBJECT_PREFIX}.>"],
-            max_age=HISTORY_AGE,
-            storage=StorageType.FILE,
-        )
+        await js.add_stream(config if wanted is None else config.evolve(duplicate_window=wanted))
     except BadRequestError as exc:
         if exc.err_code != _STREAM_IN_USE:
             raise
-    return await js.stream_info(HISTORY_STREAM)
+    info = await js.stream_info(HISTORY_STREAM)
+    if wanted is not None and (info.config.duplicate_window or 0) < wanted:
+        # Made by a node with a shorter window (or before nodes set one): widen it, never
+        # narrow it, so that nodes whose configs differ do not undo each other's change.
+        info = await js.update_stream(info.config.evolve(duplicate_window=wanted))
+    return info
 
 
 async def agree_base(js: JetStreamContext, stream: StreamInfo, last_epoch: int) -> int:

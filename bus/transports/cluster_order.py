@@ -9,19 +9,27 @@ which has the sender's link); another node's by :meth:`.cluster_inbound.Inbound.
 JetStream's answer to the publish comes while this node has read every message before it, the
 send accepts its message at once (it is next in the stream's order anyway) and the reading
 skips it: a node sending alone does not wait for its own message to come back.
+
+A message is stored with its sender and messageId as its ``Nats-Msg-Id``, and the stream
+remembers those ids for the bus's ``dedup_window``: a resend of a message JetStream stored
+already (its first send got -32011 as its answer was late or lost) is not stored again, and
+this node answers it as a single bus answers a repeated messageId (-32008, "it was accepted")
+once it has read the first one, so no node accepts it twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from ..core.errors import BusError, ClusterUnavailable
+from ..core.errors import BusError, ClusterUnavailable, DuplicateMessage
+from ..core.logevents import LogEvent
 from .cluster_history import (
     PUBLISH_TIMEOUT,
     agree_base,
@@ -67,6 +75,8 @@ class Order:
         self._own: dict[str, Callable[[int], None]] = {}
         self.reading = False
         """Whether this node reads the stream: it may send only then."""
+        self._progress: asyncio.Event | None = None
+        """Set at the next message read, when a resend waits for its first send's."""
 
     async def open(self, js: JetStreamContext) -> None:
         """Agree on the stream's base, then read it from this node's place.
@@ -74,7 +84,7 @@ class Order:
         Raises:
             nats.js.errors.Error: JetStream refused the stream, the bucket or the consumer.
         """
-        stream = await open_stream(js)
+        stream = await open_stream(js, self.bus.limits.dedup_window)
         epochs = self.bus.epochs
         epochs.follow(await agree_base(js, stream, epochs.last))
         self._created = stream.created
@@ -94,7 +104,7 @@ class Order:
         epochs = self.bus.epochs
         lost = await stream_lost(js, self._created)
         if lost:
-            stream = await open_stream(js)
+            stream = await open_stream(js, self.bus.limits.dedup_window)
             base = await agree_base(js, stream, epochs.last)
             if base <= epochs.last:
                 self.reading = False
@@ -133,16 +143,55 @@ class Order:
         self._own[token] = stamped
         try:
             async with asyncio.timeout(PUBLISH_TIMEOUT):
-                ack = await js.publish(subject_for(forwarded.topic), encode(forwarded))
+                ack = await js.publish(
+                    subject_for(forwarded.topic), encode(forwarded), headers=self._id(forwarded)
+                )
+                if ack.duplicate:
+                    self._own.pop(token, None)
+                    await self._read_past(ack.seq)
+                    raise self._repeated(forwarded, ack.seq)
                 self._caught_up(token, ack.seq)
                 return await done
         except BusError:
-            raise  # the log failed as this node accepted it (-32006)
+            raise  # the log failed as this node accepted it (-32006), or a resend (-32008)
         except Exception as exc:  # the link lost mid-publish, or the reading stalled
             logger.warning("storing %s failed: %r", forwarded.message_id, exc)
             raise ClusterUnavailable() from exc
         finally:
             self._own.pop(token, None)
+
+    def _id(self, forwarded: Forwarded) -> dict[str, str] | None:
+        """The ``Nats-Msg-Id`` header JetStream de-duplicates on: the sender and the
+        messageId (another sender may use the same id), when the bus refuses duplicates."""
+        if self.bus.limits.dedup_window is None:
+            return None
+        return {"Nats-Msg-Id": json.dumps([forwarded.sender, forwarded.message_id])}
+
+    async def _read_past(self, seq: int) -> None:
+        """Return once this node has read the stream's message ``seq`` (accepted it, or
+        refused it with a row): a resend's answer never comes before its first send's rows."""
+        epochs = self.bus.epochs
+        while epochs.read() < seq:
+            if self._progress is None:
+                self._progress = asyncio.Event()
+            await self._progress.wait()
+
+    def _repeated(self, forwarded: Forwarded, seq: int) -> DuplicateMessage:
+        """The answer to a resend JetStream had stored already at ``seq``, with its row."""
+        with contextlib.suppress(BusError):
+            self.bus.log.record(
+                LogEvent.REFUSED,
+                message_id=forwarded.message_id,
+                actor=forwarded.sender,
+                topic=forwarded.topic,
+                status="duplicate",
+                payload={"node": self.node, "seq": seq},
+            )
+        return DuplicateMessage(
+            f"Duplicate messageId: {forwarded.sender} already sent {forwarded.message_id!r}; "
+            "the cluster's stream holds it, it was accepted then, do not send it again",
+            data={"messageId": forwarded.message_id},
+        )
 
     def _caught_up(self, token: str, seq: int) -> None:
         """Accept this node's message stored at ``seq`` now, without waiting to read it back,
@@ -161,10 +210,17 @@ class Order:
             seq = msg.metadata.sequence.stream
         except Exception:  # no metadata: not from the stream
             return
-        epochs = self.bus.epochs
-        if seq <= epochs.read():
+        if seq <= self.bus.epochs.read():
             return  # read already (a consumer made again starts where it was asked)
-        epoch = epochs.at(seq)
+        try:
+            self._accept(msg, seq)
+        finally:
+            if self._progress is not None:  # a resend waits for its first send's rows
+                self._progress.set()
+                self._progress = None
+
+    def _accept(self, msg: Msg, seq: int) -> None:
+        epoch = self.bus.epochs.at(seq)
         try:
             forwarded = Forwarded.model_validate_json(msg.data)
         except ValidationError:

@@ -159,10 +159,11 @@ class Cluster:
         credentials.save(path)
         return token
 
-    async def node(self, name: str) -> Node:
+    async def node(self, name: str, nats_url: str | None = None) -> Node:
+        """Start node ``name`` on the NATS server (or on ``nats_url``: a relay to it)."""
         port = free_port()
         with (self.root / f"{name}.log").open("ab") as log:  # read it when a test fails
-            process = await self._serve(name, port, log)
+            process = await self._serve(name, port, log, nats_url or self.nats.url)
         node = Node(name, self.root / f"{name}.db", port, process)
         self.nodes.append(node)
         assert process.stdout is not None
@@ -171,13 +172,15 @@ class Cluster:
         assert line.startswith(f"listening on {node.url}"), line
         return node
 
-    async def _serve(self, name: str, port: int, log: BinaryIO) -> asyncio.subprocess.Process:
+    async def _serve(
+        self, name: str, port: int, log: BinaryIO, nats_url: str
+    ) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             BCPBUS,
             *("--info", "serve", "--port", str(port), "--no-gateway", "--no-checkpoints"),
             *("--db", f"{name}.db"),
             *(("--policy", "policy.yaml") if self.policy else ()),
-            *("--cluster", self.nats.url, "--node", name),
+            *("--cluster", nats_url, "--node", name),
             cwd=self.root,
             stdout=subprocess.PIPE,
             stderr=log,

@@ -8,11 +8,13 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
+from nats import connect as connect_to_nats
 
 from bus.core.policy import Policy
 from bus.ops.config import ConfigError, ServeConfig
 from bus.ops.startup import StartupError
 from bus.transports.cluster import ClusterLink, joined, presence_key, subject_for
+from bus.transports.cluster_wire import HISTORY_STREAM, SUBJECT_PREFIX
 from peers.testing import BusHarness, Inbox, running_bus, scaled
 from tests.cli.test_operators import arun
 from tests.cluster.conftest import POLICY, NatsServer
@@ -150,3 +152,25 @@ async def test_list_peers_answers_for_the_whole_cluster(tmp_path, nats):
     where = {p["clientId"]: p["address"] for p in listed["peers"]}
     assert list(where) == ["operator:ana", "w:2"]
     assert where["w:2"].startswith("b ") and not where["operator:ana"].startswith("b ")
+
+
+async def test_a_stream_made_with_a_shorter_duplicate_window_is_widened_to_the_buses(
+    tmp_path, nats
+):
+    """A history stream made before (JetStream's 2-minute duplicate window) is widened to the
+    bus's dedup_window when a node joins, so a resend within it is never stored twice."""
+    client = await connect_to_nats(nats.url)
+    js = client.jetstream()
+    await js.add_stream(name=HISTORY_STREAM, subjects=[f"{SUBJECT_PREFIX}.>"])
+    before = (await js.stream_info(HISTORY_STREAM)).config.duplicate_window
+    await client.close()
+    async with running_bus(tmp_path) as harness:
+        window = harness.bus.limits.dedup_window
+        async with ClusterLink(harness.bus, nats.url, node="a"):
+            pass
+    client = await connect_to_nats(nats.url)
+    info = await client.jetstream().stream_info(HISTORY_STREAM)
+    await client.close()
+    assert before == 120
+    assert window == 300
+    assert info.config.duplicate_window == window
