@@ -4,8 +4,8 @@
 decided in :mod:`bus.core.delivery` (targets, taint, relevance, debounce, outcomes); this
 module gives the epoch, writes the ``send_start`` row, commits before anything is delivered
 (fail closed: -32006 and nothing delivered when the log cannot commit), calls every target
-concurrently under its timeout, and arms the loop timers that flush debounce windows. The bus
-(:class:`bus.server.Bus`) owns one and hands it what it accepted.
+concurrently (each call under its timeout: :mod:`bus.deliveries`), and records how the message
+ended. The bus (:class:`bus.server.Bus`) owns one and hands it what it accepted.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .core import _json, delivery
+from .core import delivery
 from .core.actions import Record
 from .core.delivery import Message
 from .core.digest import canonical_sha256
@@ -27,10 +27,11 @@ from .core.policy import Grants
 from .core.presence import BUS_CLIENT_ID
 from .core.router import Route, Router
 from .core.state import PeerStates
+from .deliveries import Deliveries, Params
 from .log.activity import ActivityLog
 from .log.fetch import sender_mark
 from .ops.config import Limits, LogContent
-from .transports.connection import Connection, Link, PeerGone, hold_request_bytes
+from .transports.connection import Link, hold_request_bytes
 
 if TYPE_CHECKING:
     from .transports.cluster import Forwarder
@@ -62,10 +63,8 @@ class Fanout:
         self._states = states
         self._epochs = epochs
         self.log_content: LogContent = log_content
-        self._closing = closing
-        self.on_delivered: Callable[[str, float], None] | None = None
-        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
-        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it through the bus."""
+        self.deliveries = Deliveries(log, limits, router, states, closing=closing)
+        """The ``processMessage`` calls, their rows and the held pushes."""
         self.cluster: Forwarder | None = None
         """The other bus nodes when this bus is one node of a cluster (set through
         :attr:`bus.server.Bus.cluster`): what this node accepts is delivered there too."""
@@ -237,7 +236,7 @@ class Fanout:
         for row in picked.rows:
             record_row(log, row)
         for timer in picked.timers:
-            self._set_timer(timer)
+            self.deliveries.set_timer(timer)
         message_id, topic, epoch, trace_id = (
             message.message_id,
             message.topic,
@@ -272,23 +271,24 @@ class Fanout:
         tainted peer never chooses what an untainted sender reads back, nor when. On a cluster
         node, a message accepted here is also delivered on the other nodes, at the same time;
         their subscribers count as this node's do, in the result and the row."""
-        params = _Params(message)
+        params = Params(message)
         remote = None
         if self.cluster is not None and not message.forwarded:
             sender = actor or BUS_CLIENT_ID
             remote = asyncio.ensure_future(self.cluster.forward(message, sender))
         targets, unheard = delivery.unheard(targets, hearer)
+        deliveries = self.deliveries
         for target in unheard:
             # Answered before this delivery ends, the request's bytes stay charged until then.
             release = hold_request_bytes()
-            target.handle.spawn(self._deliver_unheard(target, params, message, release))
+            target.handle.spawn(deliveries.deliver_unheard(target, params, message, release))
         if not targets:
             results: list[bool] = []
         elif len(targets) == 1:
-            results = [await self._deliver(targets[0], params, message)]
+            results = [await deliveries.deliver(targets[0], params, message)]
         else:
             results = await asyncio.gather(
-                *(self._deliver(target, params, message) for target in targets)
+                *(deliveries.deliver(target, params, message) for target in targets)
             )
         delivered, reached = sum(results), len(targets)
         if remote is not None:
@@ -307,94 +307,6 @@ class Fanout:
         )
         await self.log.commit()
         return delivered
-
-    async def _deliver_unheard(
-        self,
-        route: Route[Link],
-        params: _Params,
-        message: Message,
-        release: Callable[[], None] | None,
-    ) -> None:
-        """Deliver to a target the sender may not hear; its row is committed with the next."""
-        try:
-            await self._deliver(route, params, message)
-            with contextlib.suppress(BusError):
-                await self.log.commit()
-        finally:
-            if release is not None:
-                release()
-
-    async def _deliver(self, route: Route[Link], params: _Params, message: Message) -> bool:
-        status, error = "processed", None
-        limit = self.limits.max_write_buffer
-        target = route.handle
-        started = _clock()
-        try:
-            if limit is not None and target.write_buffer_size() > limit:
-                # A peer that does not read gets nothing more written: fail fast, hold nothing.
-                raise _SlowConsumer()
-            async with asyncio.timeout(self.limits.process_timeout):
-                if target.inflight is not None:
-                    async with target.inflight:
-                        result = await target.call("processMessage", params.fit(target))
-                else:
-                    result = await target.call("processMessage", params.fit(target))
-            status, error = delivery.outcome(result)
-        except TimeoutError:
-            status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
-        except PeerGone:
-            status, error = "disconnected", None
-        except _SlowConsumer:
-            status, error = "slow_consumer", f"more than {limit} bytes unread"
-        except BusError as exc:
-            status, error = "error", str(exc)
-        if self.on_delivered is not None:
-            self.on_delivered(status, _clock() - started)
-        self.log.record(
-            LogEvent.PROCESS_FINISH,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=message.topic,
-            status=status,
-            error=error,
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        return status == "processed"
-
-    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
-
-    def _set_timer(self, timer: delivery.SetTimer[Link]) -> None:
-        """Arm the timer that flushes a debounce window, kept in the link's state."""
-        state = self._states.open(timer.link)
-        loop = asyncio.get_running_loop()
-        state.timers[timer.topic] = loop.call_at(
-            timer.at, self._flush_held, timer.link, timer.topic
-        )
-
-    def _flush_held(self, conn: Link, topic: str) -> None:
-        """At the end of a debounce window: push the latest message held on ``topic``."""
-        due = delivery.flush(self._router, self._states, conn, topic, _clock())
-        if due is None or self._closing():
-            return
-        conn.spawn(self._push_held(*due))
-
-    async def _push_held(self, route: Route[Link], message: Message, skipped: int) -> None:
-        log = self.log
-        log.record(
-            LogEvent.PROCESS_START,
-            message_id=message.message_id,
-            actor=route.client_id,
-            topic=message.topic,
-            status=f"debounced, skipped {skipped}",
-            epoch=message.epoch,
-            trace_id=message.trace_id,
-        )
-        params = _Params(message, skipped)
-        with contextlib.suppress(BusError):  # unpushed, it stays fetchable
-            await log.commit()
-            await self._deliver(route, params, message)
-            await log.commit()
 
 
 def record_row(log: ActivityLog, row: Record) -> None:
@@ -423,44 +335,6 @@ def _local(stamp: Callable[[int | None], list[Route[Link]]]) -> list[Route[Link]
         return stamp(None)
     except NoRoom as exc:
         raise ClusterUnavailable(f"{exc}: not kept while this node is cut off") from exc
-
-
-class _SlowConsumer(Exception):
-    """A delivery refused because the target has too many unread bytes."""
-
-
-class _Params:
-    """The ``processMessage`` params of one message, made once per form a link takes.
-
-    A :class:`~bus.transports.connection.Connection` encodes the call itself, so it gets the
-    envelope as the message's one encoding (:func:`bus.core._json.fragment`): every frame
-    splices it in, and no decoded copy is held while deliveries wait. Other links
-    (webhooks, the cluster) read the params as a dict; they get one decoded on first use.
-    """
-
-    __slots__ = ("_decoded", "_encoded", "message", "skipped")
-
-    def __init__(self, message: Message, skipped: int = 0) -> None:
-        self.message, self.skipped = message, skipped
-        self._encoded: dict[str, Any] | None = None
-        self._decoded: dict[str, Any] | None = None
-
-    def fit(self, link: Link) -> dict[str, Any]:
-        """The params to call ``link`` with."""
-        if isinstance(link, Connection):
-            if self._encoded is None:
-                self._encoded = self._make(_json.fragment(self.message.encode()))
-            return self._encoded
-        if self._decoded is None:
-            self._decoded = self._make(self.message.payload)
-        return self._decoded
-
-    def _make(self, payload: Any) -> dict[str, Any]:
-        message = self.message
-        params = {"topic": message.topic, "payload": payload, "epoch": message.epoch}
-        if self.skipped:
-            params["skipped"] = self.skipped
-        return params
 
 
 def _content(message: Message, mode: LogContent) -> str:

@@ -308,11 +308,11 @@ class Bus:
     def on_delivered(self) -> Callable[[str, float], None] | None:
         """Told each delivery's outcome (``process_finish`` status) and how many seconds the
         ``processMessage`` call took; :mod:`bus.ops.metrics` sets it."""
-        return self._fanout.on_delivered
+        return self._fanout.deliveries.on_delivered
 
     @on_delivered.setter
     def on_delivered(self, hook: Callable[[str, float], None] | None) -> None:
-        self._fanout.on_delivered = hook
+        self._fanout.deliveries.on_delivered = hook
 
     # What its links call (bus.transports.websocket.SocketBus and bus.transports.port.BusPort)
 

@@ -13,7 +13,8 @@ import pytest
 from bus.core import _json
 from bus.core.delivery import Message
 from bus.core.identities import PeerIdentity
-from bus.fanout import _content, _Params
+from bus.deliveries import Params
+from bus.fanout import _content
 from bus.ops.config import Limits
 from bus.ops.memory import return_large_blocks
 from bus.transports.connection import ByteBudget, charged_context, frame_bytes, hold_request_bytes
@@ -62,7 +63,7 @@ def test_the_process_message_frame_is_byte_for_byte_the_one_a_dict_gives(content
     """Splicing the encoded envelope writes the same bytes as encoding the decoded dict."""
     held = message(content)
     expected = {"topic": "agent:w1", "payload": {**ENVELOPE, "content": content}, "epoch": 7}
-    params = _Params(held)
+    params = Params(held)
     held.encode()
 
     class Link:  # any Connection gets the spliced form; built without a socket here

@@ -216,7 +216,7 @@ async def test_a_held_push_is_dropped_when_the_subscription_goes(tmp_path, monke
     async with running_bus(tmp_path) as h:
         inbox = Inbox()
         flushed, pushed = asyncio.Event(), list[Any]()
-        real_flush = h.bus._fanout._flush_held
+        real_flush = h.bus._fanout.deliveries._flush_held
 
         def flush(*args: Any) -> None:
             real_flush(*args)
@@ -226,8 +226,8 @@ async def test_a_held_push_is_dropped_when_the_subscription_goes(tmp_path, monke
             pushed.append(args)
             return asyncio.sleep(0)
 
-        monkeypatch.setattr(h.bus._fanout, "_flush_held", flush)
-        monkeypatch.setattr(h.bus._fanout, "_push_held", push_held)
+        monkeypatch.setattr(h.bus._fanout.deliveries, "_flush_held", flush)
+        monkeypatch.setattr(h.bus._fanout.deliveries, "_push_held", push_held)
         async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
             agent.handle(None, inbox)
             await agent.subscribe("agent:w1", debounce_ms=int(scaled(200)))

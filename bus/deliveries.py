@@ -1,0 +1,185 @@
+"""The ``processMessage`` calls of one bus: a delivery's timeout, its outcome and its row.
+
+:class:`Deliveries` is the per-target half of :class:`bus.fanout.Fanout`: one call under
+``process_timeout`` and the link's in-flight bound, a peer that reads nothing refused fast
+(``slow_consumer``), the ``process_finish`` row, and the pushes a subscription holds back
+(``debounceMs``: the loop timer that flushes a window, then the push). What is delivered to
+whom is decided in :mod:`bus.core.delivery`; :class:`Params` is what each call carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from .core import _json, delivery
+from .core.delivery import Message
+from .core.errors import BusError
+from .core.logevents import LogEvent
+from .core.router import Route, Router
+from .core.state import PeerStates
+from .log.activity import ActivityLog
+from .ops.config import Limits
+from .transports.connection import Connection, Link, PeerGone
+
+__all__ = ["Deliveries", "Params"]
+
+
+class Deliveries:
+    """Delivers one message to one target at a time, for one bus.
+
+    Args:
+        closing: tells whether the bus is closing (a window's flush then pushes nothing).
+    """
+
+    def __init__(
+        self,
+        log: ActivityLog,
+        limits: Limits,
+        router: Router[Link],
+        states: PeerStates[Link],
+        *,
+        closing: Callable[[], bool],
+    ) -> None:
+        self.log = log
+        self.limits = limits
+        self._router = router
+        self._states = states
+        self._closing = closing
+        self.on_delivered: Callable[[str, float], None] | None = None
+        """Told each delivery's outcome (``process_finish`` status) and how many seconds the
+        ``processMessage`` call took; :mod:`bus.ops.metrics` sets it through the bus."""
+
+    async def deliver_unheard(
+        self,
+        route: Route[Link],
+        params: Params,
+        message: Message,
+        release: Callable[[], None] | None,
+    ) -> None:
+        """Deliver to a target the sender may not hear; its row is committed with the next."""
+        try:
+            await self.deliver(route, params, message)
+            with contextlib.suppress(BusError):
+                await self.log.commit()
+        finally:
+            if release is not None:
+                release()
+
+    async def deliver(self, route: Route[Link], params: Params, message: Message) -> bool:
+        """Call ``processMessage`` on ``route`` under the delivery timeout and the link's
+        in-flight bound; record its ``process_finish``; return whether it was processed."""
+        status, error = "processed", None
+        limit = self.limits.max_write_buffer
+        target = route.handle
+        started = _clock()
+        try:
+            if limit is not None and target.write_buffer_size() > limit:
+                # A peer that does not read gets nothing more written: fail fast, hold nothing.
+                raise _SlowConsumer()
+            async with asyncio.timeout(self.limits.process_timeout):
+                if target.inflight is not None:
+                    async with target.inflight:
+                        result = await target.call("processMessage", params.fit(target))
+                else:
+                    result = await target.call("processMessage", params.fit(target))
+            status, error = delivery.outcome(result)
+        except TimeoutError:
+            status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
+        except PeerGone:
+            status, error = "disconnected", None
+        except _SlowConsumer:
+            status, error = "slow_consumer", f"more than {limit} bytes unread"
+        except BusError as exc:
+            status, error = "error", str(exc)
+        if self.on_delivered is not None:
+            self.on_delivered(status, _clock() - started)
+        self.log.record(
+            LogEvent.PROCESS_FINISH,
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=message.topic,
+            status=status,
+            error=error,
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        return status == "processed"
+
+    # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
+
+    def set_timer(self, timer: delivery.SetTimer[Link]) -> None:
+        """Arm the timer that flushes a debounce window, kept in the link's state."""
+        state = self._states.open(timer.link)
+        loop = asyncio.get_running_loop()
+        state.timers[timer.topic] = loop.call_at(
+            timer.at, self._flush_held, timer.link, timer.topic
+        )
+
+    def _flush_held(self, conn: Link, topic: str) -> None:
+        """At the end of a debounce window: push the latest message held on ``topic``."""
+        due = delivery.flush(self._router, self._states, conn, topic, _clock())
+        if due is None or self._closing():
+            return
+        conn.spawn(self._push_held(*due))
+
+    async def _push_held(self, route: Route[Link], message: Message, skipped: int) -> None:
+        log = self.log
+        log.record(
+            LogEvent.PROCESS_START,
+            message_id=message.message_id,
+            actor=route.client_id,
+            topic=message.topic,
+            status=f"debounced, skipped {skipped}",
+            epoch=message.epoch,
+            trace_id=message.trace_id,
+        )
+        params = Params(message, skipped)
+        with contextlib.suppress(BusError):  # unpushed, it stays fetchable
+            await log.commit()
+            await self.deliver(route, params, message)
+            await log.commit()
+
+
+class _SlowConsumer(Exception):
+    """A delivery refused because the target has too many unread bytes."""
+
+
+class Params:
+    """The ``processMessage`` params of one message, made once per form a link takes.
+
+    A :class:`~bus.transports.connection.Connection` encodes the call itself, so it gets the
+    envelope as the message's one encoding (:func:`bus.core._json.fragment`): every frame
+    splices it in, and no decoded copy is held while deliveries wait. Other links
+    (webhooks, the cluster) read the params as a dict; they get one decoded on first use.
+    """
+
+    __slots__ = ("_decoded", "_encoded", "message", "skipped")
+
+    def __init__(self, message: Message, skipped: int = 0) -> None:
+        self.message, self.skipped = message, skipped
+        self._encoded: dict[str, Any] | None = None
+        self._decoded: dict[str, Any] | None = None
+
+    def fit(self, link: Link) -> dict[str, Any]:
+        """The params to call ``link`` with."""
+        if isinstance(link, Connection):
+            if self._encoded is None:
+                self._encoded = self._make(_json.fragment(self.message.encode()))
+            return self._encoded
+        if self._decoded is None:
+            self._decoded = self._make(self.message.payload)
+        return self._decoded
+
+    def _make(self, payload: Any) -> dict[str, Any]:
+        message = self.message
+        params = {"topic": message.topic, "payload": payload, "epoch": message.epoch}
+        if self.skipped:
+            params["skipped"] = self.skipped
+        return params
+
+
+def _clock() -> float:
+    return asyncio.get_running_loop().time()
