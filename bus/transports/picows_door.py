@@ -27,7 +27,7 @@ from picows import (
 )
 
 from .picows_socket import PicowsSocket
-from .websocket import SocketBus, WebSocketDoor, address_of, bearer_of
+from .websocket import SocketBus, WebSocketDoor
 
 __all__ = ["PicowsDoor"]
 
@@ -158,7 +158,7 @@ class PicowsDoor(WebSocketDoor):
         )
         # Anonymous sockets are counted apart from peers, the oldest of a full address evicted,
         # by the websockets door's own rule.
-        if not self.admits(address_of(socket), bearer_of(socket)):
+        if not self.lobby.admit(socket):
             return _refused(b"too many connections that have not initialized\n")
         return socket
 

@@ -5,9 +5,9 @@ what the bus bounds for sockets alone.
 turns each into a :class:`Connection`, and feeds its requests to the bus through
 :class:`SocketBus`: ``initialize`` joins the peer, any other method goes to the bus's method
 table. What only sockets have is decided here with :mod:`bus.core.watch` and
-:mod:`bus.core.strangers`: sockets that never initialize (counted per address, closed after
-``initialize_timeout``, their errors counted instead of logged), frames too large, and slow
-consumers (closed with 4004). The bus (:class:`bus.server.Bus`) owns one door and closes it
+:mod:`bus.core.strangers`: sockets that never initialize (admitted and counted per address by
+:class:`~bus.transports.lobby.Lobby`, closed after ``initialize_timeout``, their errors counted
+instead of logged), frames too large, and slow consumers (closed with 4004). The bus (:class:`bus.server.Bus`) owns one door and closes it
 first when it shuts down::
 
     door = WebSocketDoor(bus)
@@ -32,7 +32,6 @@ from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 from ..core import joins, strangers
 from ..core.actions import Action, Record
 from ..core.errors import (
-    CLOSE_EVICTED,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
     AlreadyInitialized,
@@ -45,12 +44,13 @@ from ..core.protocol import Request
 from ..core.requests import LinkFacts
 from ..core.router import Route
 from ..core.state import PeerStates
-from ..core.watch import Anonymous, SlowConsumers, disconnect_slow
+from ..core.watch import SlowConsumers, disconnect_slow
 from ..ops.config import Limits
 from ..ops.credentials import Credentials
 from ..ops.refusals import Refusals
 from .connection import SLOW, ByteBudget, Connection, Link
-from .local import LocalSocket, Socket, local_pair
+from .lobby import Lobby, address_of, bearer_of
+from .local import LocalSocket, local_pair
 
 __all__ = [
     "Method",
@@ -122,12 +122,8 @@ class WebSocketDoor:
         limits = bus.limits
         self.connections: set[Connection] = set()
         """Every open connection, initialized or not."""
-        self._anonymous = Anonymous(
-            total=limits.max_anonymous_connections, per_address=limits.max_anonymous_per_address
-        )
-        self._waiting: dict[str, dict[Connection, bool]] = {}
-        """By address, the sockets that have not initialized, oldest first; True for those
-        that may be evicted (no peer's token at the handshake)."""
+        self.lobby = Lobby(bus)
+        """The sockets that have not initialized: the anonymous caps, decided at handshakes."""
         timeout = limits.slow_consumer_timeout
         self._slow: SlowConsumers[Connection] | None = (
             None if timeout is None else SlowConsumers(timeout)
@@ -242,61 +238,11 @@ class WebSocketDoor:
         bus = self._bus
         if bus.closing:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
-        if self.admits(address_of(ws), bearer_of(ws)):
+        if self.lobby.admit(ws):
             return None
         return ws.respond(
             HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
         )
-
-    def admits(self, address: str, bearer: str | None) -> bool:
-        """Whether a handshake from ``address`` (with ``bearer``, its Authorization token) may
-        open a socket; False: answer it HTTP 503. A door on another WebSocket library calls it
-        at its handshake too.
-
-        Sockets that have not authenticated are counted apart from peers, in total and per
-        address, so that anonymous sockets can never take the places of peers. A handshake
-        that carries a peer's token passes: anonymous sockets from its address (a NAT, a
-        shared host) cannot keep it out. One more from an address at its cap closes the oldest
-        of that address (4006) rather than being refused: nor can they keep out a newer one.
-        """
-        refusal = self._anonymous.refusal(address)
-        if refusal is None or self._bus.credentials.identify(bearer) is not None:
-            return True
-        name, _ = refusal
-        self._bus.refusals.count(name, address)
-        return name == "max_anonymous_per_address" and self._evict_oldest(address)
-
-    def _evict_oldest(self, address: str) -> bool:
-        """Close (4006) the oldest anonymous socket from ``address`` that has not initialized
-        and has no request being handled (an ``initialize`` under way is let finish); False if
-        none. A socket that showed a peer's token at the handshake is never one: it passed the
-        cap so that anonymous sockets of its address cannot keep it out, nor may they kick it
-        out before its ``initialize`` is read."""
-        waiting = self._waiting.get(address, {})
-        victim = next(
-            (
-                conn
-                for conn, anonymous in waiting.items()
-                if anonymous and not conn.requests_in_flight
-            ),
-            None,
-        )
-        if victim is None:
-            return False
-        self._initialized_or_gone(victim, address)
-        reason = "evicted: too many sockets from this address have not initialized"
-        victim.spawn(victim.force_close(CLOSE_EVICTED, reason))
-        return True
-
-    def _initialized_or_gone(self, conn: Connection, address: str) -> None:
-        """Stop counting ``conn`` as anonymous: it initialized, closed, or is being evicted."""
-        group = self._waiting.get(address)
-        if group is None or conn not in group:
-            return
-        del group[conn]
-        if not group:
-            del self._waiting[address]
-        self._anonymous.closed(address)
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
         bus, limits = self._bus, self._bus.limits
@@ -314,9 +260,7 @@ class WebSocketDoor:
         self.connections.add(conn)
         bus.states.open(conn)
         address = address_of(ws)
-        self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
-        anonymous = bus.credentials.identify(bearer_of(ws)) is None
-        self._waiting.setdefault(address, {})[conn] = anonymous
+        self.lobby.entered(conn, ws)
         watchdog = asyncio.create_task(self._initialize_watchdog(conn))
         try:
             await conn.run()
@@ -327,7 +271,7 @@ class WebSocketDoor:
                 bus.carry(strangers.frame_refused(event, conn.client_id, address, error=limit))
         finally:
             watchdog.cancel()
-            self._initialized_or_gone(conn, address)
+            self.lobby.left(conn, address)
             self.connections.discard(conn)
             if self._slow is not None:
                 self._slow.forget(conn)
@@ -384,7 +328,7 @@ class WebSocketDoor:
         client_id, result = await self._bus.join(
             conn, request, address=address, remote=str(ws.remote_address), bearer=bearer_of(ws)
         )
-        self._initialized_or_gone(conn, address)
+        self.lobby.left(conn, address)
         conn.authenticated(client_id)
         return result
 
@@ -427,20 +371,6 @@ class WebSocketDoor:
             for conn in slow.check(states, loop.time()):
                 unread = conn.write_buffer_size()
                 self._bus.carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
-
-
-def bearer_of(ws: Socket) -> str | None:
-    """The token of a handshake's ``Authorization: Bearer`` header, if any."""
-    header = ws.request.headers.get("Authorization") if ws.request is not None else None
-    if header and header[:7].lower() == "bearer ":
-        return header[7:].strip() or None
-    return None
-
-
-def address_of(ws: Socket) -> str:
-    """The remote IP address of a socket, the unit of the anonymous-connection limit."""
-    remote = ws.remote_address
-    return str(remote[0]) if isinstance(remote, tuple) and remote else str(remote)
 
 
 def link_facts(link: Link) -> LinkFacts:
