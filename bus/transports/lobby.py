@@ -50,6 +50,8 @@ class Lobby:
         self._waiting: dict[str, dict[Connection, bool]] = {}
         """By address, the sockets that have not initialized, oldest first; True for those
         that may be evicted (no peer's token at the handshake)."""
+        self._reserved: dict[Socket, str] = {}
+        """Sockets admitted at their handshake and counted, whose handler has not started."""
 
     def __len__(self) -> int:
         """Sockets counted as not initialized now."""
@@ -67,16 +69,32 @@ class Lobby:
         """
         address = address_of(socket)
         refusal = self._anonymous.refusal(address)
-        if refusal is None or self._bus.credentials.identify(bearer_of(socket)) is not None:
-            return True
-        name, _ = refusal
-        self._bus.refusals.count(name, address)
-        return name == "max_anonymous_per_address" and self._evict_oldest(address)
+        if refusal is not None and self._bus.credentials.identify(bearer_of(socket)) is None:
+            name, _ = refusal
+            self._bus.refusals.count(name, address)
+            if name != "max_anonymous_per_address" or not self._evict_oldest(address):
+                return False
+        # Counted now, not when its handler starts: handshakes from one address that run
+        # before any of their handlers (many do on picows) would all pass a full cap.
+        self._anonymous.opened(address)
+        self._reserved[socket] = address
+        return True
+
+    def unclaimed(self, socket: Socket) -> None:
+        """``socket``'s handshake ended and no handler took it (the connection was lost, the
+        upgrade failed after :meth:`admit`): give back the place :meth:`admit` counted. Safe to
+        call for any socket, at any time: one that :meth:`entered` is left alone."""
+        address = self._reserved.pop(socket, None)
+        if address is not None:
+            self._anonymous.closed(address)
 
     def entered(self, conn: Connection, socket: Socket) -> None:
-        """``conn`` reads ``socket``, admitted: count it until :meth:`left`."""
-        address = address_of(socket)
-        self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
+        """``conn`` reads ``socket``: count it until :meth:`left` (a socket :meth:`admit` let in
+        is counted already; an in-process link, which has no handshake, from now)."""
+        address = self._reserved.pop(socket, None)
+        if address is None:
+            address = address_of(socket)
+            self._anonymous.opened(address)
         anonymous = self._bus.credentials.identify(bearer_of(socket)) is None
         self._waiting.setdefault(address, {})[conn] = anonymous
 

@@ -160,7 +160,14 @@ class PicowsDoor(WebSocketDoor):
         # by the websockets door's own rule.
         if not self.lobby.admit(socket):
             return _refused(b"too many connections that have not initialized\n")
+        # picows calls on_ws_connected in this same callback once it has sent the 101; if it
+        # did not (it found the upgrade invalid after asking), no handler will run.
+        asyncio.get_running_loop().call_soon(self._unless_connected, socket)
         return socket
+
+    def _unless_connected(self, socket: PicowsSocket) -> None:
+        if socket.transport is None:
+            self.lobby.unclaimed(socket)
 
     def _connected(self, socket: PicowsSocket) -> None:
         handler = asyncio.get_running_loop().create_task(self._handle_connection(cast(Any, socket)))

@@ -7,8 +7,8 @@ turns each into a :class:`Connection`, and feeds its requests to the bus through
 table. What only sockets have is decided here with :mod:`bus.core.watch` and
 :mod:`bus.core.strangers`: sockets that never initialize (admitted and counted per address by
 :class:`~bus.transports.lobby.Lobby`, closed after ``initialize_timeout``, their errors counted
-instead of logged), frames too large, and slow consumers (closed with 4004). The bus (:class:`bus.server.Bus`) owns one door and closes it
-first when it shuts down::
+instead of logged), frames too large, and slow consumers (closed with 4004). The bus
+(:class:`bus.server.Bus`) owns one door and closes it first when it shuts down::
 
     door = WebSocketDoor(bus)
     await door.start("127.0.0.1", 0, ssl=None)
@@ -142,6 +142,7 @@ class WebSocketDoor:
             host,
             port,
             process_request=self._process_request,
+            process_response=self._process_response,
             max_size=limits.max_frame_bytes,
             open_timeout=limits.handshake_timeout,
             compression=None,
@@ -239,10 +240,19 @@ class WebSocketDoor:
         if bus.closing:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
         if self.lobby.admit(ws):
+            # The handshake can still fail after this (the peer leaves, the bus starts closing):
+            # then no handler runs, and the place admit() counted goes back once it is gone.
+            ws.connection_lost_waiter.add_done_callback(lambda _: self.lobby.unclaimed(ws))
             return None
         return ws.respond(
             HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
         )
+
+    def _process_response(
+        self, ws: ServerConnection, request: HTTPRequest, response: HTTPResponse
+    ) -> None:
+        if response.status_code != HTTPStatus.SWITCHING_PROTOCOLS:
+            self.lobby.unclaimed(ws)  # refused after admission (an invalid upgrade): no handler
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
         bus, limits = self._bus, self._bus.limits
