@@ -71,8 +71,10 @@ class Lobby:
         refusal = self._anonymous.refusal(address)
         if refusal is not None and self._bus.credentials.identify(bearer_of(socket)) is None:
             name, _ = refusal
-            self._bus.refusals.count(name, address)
-            if name != "max_anonymous_per_address" or not self._evict_oldest(address):
+            if name == "max_anonymous_per_address" and self._evict_oldest(address):
+                self._bus.refusals.count("evicted", address)  # the newcomer is let in
+            else:
+                self._bus.refusals.count(name, address)
                 return False
         # Counted now, not when its handler starts: handshakes from one address that run
         # before any of their handlers (many do on picows) would all pass a full cap.
