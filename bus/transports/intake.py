@@ -14,8 +14,10 @@ parser keeps it until the next frame arrives, which for a peer that sent one lar
 waits for its answer is as long as the bus holds the message, a second copy of it.
 
 A slot is held only while a frame is being read, and a frame being read always ends: the
-sender finishes it or its connection closes (authenticated peers are accountable; sockets that
-never initialize are closed by ``initialize_timeout``).
+sender finishes it, or :attr:`Intake.read_timeout` passes without the read loop taking a frame
+from that socket, and the intake takes the slot back, stops reading the socket and tells
+:attr:`Intake.stalled` (the door closes it with 4007): a peer that stops in the middle of a
+large frame cannot hold a slot for ever. Sockets that never initialize take no slot.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class Intake:
 
     def __init__(self, slots: int) -> None:
         self.slots = max(1, slots)
+        self.read_timeout: float | None = None
+        """Seconds a socket may hold a slot without a frame taken from it; None: for ever."""
+        self.stalled: Callable[[Any], None] | None = None
+        """Told of a socket whose slot :attr:`read_timeout` took back (it is no longer read):
+        close it. Without it the intake closes the transport itself."""
         self._holders: set[Reader] = set()
         self._waiting: collections.deque[Reader] = collections.deque()
 
@@ -69,6 +76,7 @@ class Intake:
             return None
         reader = Reader(self, transport, receive, _unparsed(ws))
         reader.anonymous = anonymous
+        reader.socket = ws
         # The transport calls its protocol's data_received: counting goes in between.
         ws.data_received = reader.data_received
         frames = getattr(ws, "recv_messages", None)
@@ -80,19 +88,49 @@ class Intake:
 
     def _acquire(self, reader: Reader) -> bool:
         if len(self._holders) < self.slots:
-            self._holders.add(reader)
+            self._hold(reader)
             return True
         self._waiting.append(reader)
         return False
 
+    def _hold(self, reader: Reader) -> None:
+        self._holders.add(reader)
+        self._arm(reader)
+
+    def _arm(self, reader: Reader) -> None:
+        """(Re)start ``reader``'s clock: it has ``read_timeout`` to hand over its next frame."""
+        if reader.timer is not None:
+            reader.timer.cancel()
+            reader.timer = None
+        if self.read_timeout is not None:
+            loop = asyncio.get_running_loop()
+            reader.timer = loop.call_later(self.read_timeout, self._expired, reader)
+
     def _release(self, reader: Reader) -> None:
         self._holders.discard(reader)
+        if reader.timer is not None:
+            reader.timer.cancel()
+            reader.timer = None
         while self._waiting and len(self._holders) < self.slots:
             nxt = self._waiting.popleft()
             if nxt.closed:
                 continue
-            self._holders.add(nxt)
+            self._hold(nxt)
             nxt.resume()
+
+    def _expired(self, reader: Reader) -> None:
+        # The socket stopped inside its frame: the slot goes to the next, the socket is no
+        # longer read (held: nothing resumes it) and is closed by its owner.
+        reader.timer = None
+        if reader not in self._holders or reader.closed:
+            return
+        reader.held = True
+        reader.transport.pause_reading()
+        self._release(reader)
+        if self.stalled is not None:
+            self.stalled(reader.socket)
+        else:
+            reader.transport.close()
 
 
 def _unparsed(ws: Any) -> Callable[[], int] | None:
@@ -121,12 +159,14 @@ class Reader:
         "_intake",
         "_last",
         "_receive",
-        "_transport",
         "_unparsed",
         "anonymous",
         "closed",
         "held",
         "pending",
+        "socket",
+        "timer",
+        "transport",
     )
 
     def __init__(
@@ -136,7 +176,7 @@ class Reader:
         receive: Callable[[bytes], None],
         unparsed: Callable[[], int] | None,
     ) -> None:
-        self._intake, self._transport, self._receive = intake, transport, receive
+        self._intake, self.transport, self._receive = intake, transport, receive
         self._unparsed = unparsed
         self._frames: Sized | None = None
         self._assembler: Any = None
@@ -146,7 +186,11 @@ class Reader:
         self.anonymous = False
         """Not initialized yet: takes no slot."""
         self.held = False
-        """Stopped by the intake (waiting for a slot, or anonymous)."""
+        """Stopped by the intake (waiting for a slot, anonymous, or stalled)."""
+        self.socket: Any = None
+        """The connection watched (what :attr:`Intake.stalled` is told of)."""
+        self.timer: asyncio.TimerHandle | None = None
+        """Fires ``read_timeout`` after the slot was taken or a frame last taken from it."""
 
     def assembled(self, assembler: Any) -> None:
         """Remember the last data frame websockets hands ``assembler`` (its message queue),
@@ -185,7 +229,7 @@ class Reader:
             return
         if self.anonymous or not intake._acquire(self):
             self.held = True
-            self._transport.pause_reading()
+            self.transport.pause_reading()
 
     def trust(self) -> None:
         """The socket initialized: from now on it may take a slot, and a large frame it
@@ -203,8 +247,11 @@ class Reader:
             # Every frame queued was read: the last one's bytes are a copy nobody needs.
             self._last.data = b""
             self._last = None
-        if self._unread() < LARGE and self in self._intake._holders:
-            self._intake._release(self)
+        if self in self._intake._holders:
+            if self._unread() < LARGE:
+                self._intake._release(self)
+            else:
+                self._intake._arm(self)  # a frame came whole: the next one has its own time
 
     def _unread(self) -> int:
         # The frame being read, as websockets holds it; else the bytes counted in and out.
@@ -215,8 +262,8 @@ class Reader:
         self.held = False
         if self._assembler is not None and self._assembler.paused:
             return  # its frame queue is full: websockets resumes it once the loop drains it
-        if not self._transport.is_closing():
-            self._transport.resume_reading()
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def close(self) -> None:
         """The connection ended: free its slot, and leave the queue."""

@@ -32,6 +32,7 @@ from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 from ..core import joins, strangers
 from ..core.actions import Action, Record
 from ..core.errors import (
+    CLOSE_FRAME_TIMEOUT,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
     AlreadyInitialized,
@@ -128,6 +129,10 @@ class WebSocketDoor:
         self._slow: SlowConsumers[Connection] | None = (
             None if timeout is None else SlowConsumers(timeout)
         )
+        intake = bus.byte_budget.intake
+        if intake is not None:
+            intake.read_timeout = limits.frame_read_timeout
+            intake.stalled = self._frame_stalled
         self._server: Server | None = None
         self._scheme = "ws"
         self._sweeper: asyncio.Task[None] | None = None
@@ -354,6 +359,23 @@ class WebSocketDoor:
     def _frame_refused(self, conn: Connection, reason: str) -> None:
         event, address = LogEvent.FRAME_REFUSED, address_of(conn.ws)
         self._bus.carry(strangers.frame_refused(event, conn.client_id, address, status=reason))
+
+    def _frame_stalled(self, ws: Any) -> None:
+        """A socket held a large-frame slot ``frame_read_timeout`` seconds without finishing
+        its frame: the intake took the slot back; close the socket (4007) with a row."""
+        conn = next((conn for conn in self.connections if conn.ws is ws), None)
+        if conn is None:
+            return
+        timeout = self._bus.limits.frame_read_timeout
+        event, address = LogEvent.FRAME_REFUSED, address_of(ws)
+        error = f"frame_read_timeout {timeout}s"
+        self._bus.carry(
+            strangers.frame_refused(
+                event, conn.client_id, address, status="read_timeout", error=error
+            )
+        )
+        reason = "frame read timeout: a large frame stopped coming"
+        conn.spawn(conn.force_close(CLOSE_FRAME_TIMEOUT, reason))
 
     def _anonymous_error(self, conn: Connection, *, closing: bool) -> None:
         state = self._bus.states.get(conn)
