@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
+from websockets.protocol import State
 
 from ..core import joins, strangers
 from ..core.actions import Action, Record
@@ -133,6 +134,8 @@ class WebSocketDoor:
         if intake is not None:
             intake.read_timeout = limits.frame_read_timeout
             intake.stalled = self._frame_stalled
+        self._opening: set[Any] = set()
+        """Sockets accepted whose handshake has not ended: :meth:`close` drops them."""
         self._server: Server | None = None
         self._scheme = "ws"
         self._sweeper: asyncio.Task[None] | None = None
@@ -148,6 +151,7 @@ class WebSocketDoor:
             port,
             process_request=self._process_request,
             process_response=self._process_response,
+            create_connection=_tracked(self._opening),
             max_size=limits.max_frame_bytes,
             open_timeout=limits.handshake_timeout,
             compression=None,
@@ -222,7 +226,9 @@ class WebSocketDoor:
         await asyncio.wait([asyncio.ensure_future(conn.wait_requests_answered()) for conn in busy])
 
     async def close(self) -> None:
-        """Close every connection (1001) and wait for their handlers and the listener."""
+        """Drop the sockets still in their handshake, close every connection (1001) and wait
+        for their handlers and the listener."""
+        self._drop_handshakes()
         for conn in list(self.connections):
             conn.spawn(conn.close(CLOSE_GOING_AWAY, "bus shutting down"))
         if self._server is not None:
@@ -235,6 +241,13 @@ class WebSocketDoor:
                 await self._sweeper
             except asyncio.CancelledError:
                 pass
+
+    def _drop_handshakes(self) -> None:
+        # Their handshake would otherwise run on to handshake_timeout, and the listener's close
+        # wait for it (or, past the loop's end, leave their transports to the collector).
+        for ws in list(self._opening):
+            if ws.protocol.state is State.CONNECTING:
+                ws.transport.abort()
 
     # One socket
 
@@ -403,6 +416,27 @@ class WebSocketDoor:
             for conn in slow.check(states, loop.time()):
                 unread = conn.write_buffer_size()
                 self._bus.carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
+
+
+class _Tracked(ServerConnection):
+    """A websockets connection its door holds from its first byte (see :func:`_tracked`)."""
+
+    opening: set[Any]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.opening.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.opening.discard(self)
+        super().connection_lost(exc)
+
+
+def _tracked(opening: set[Any]) -> type[ServerConnection]:
+    """The connection class to give ``serve(create_connection=...)`` so that every socket
+    accepted is in ``opening`` until it is gone: websockets itself lists a connection only
+    once its handshake is done, so a closing bus could not drop the ones still in it."""
+    return type("TrackedConnection", (_Tracked,), {"opening": opening, "__module__": __name__})
 
 
 def link_facts(link: Link) -> LinkFacts:
