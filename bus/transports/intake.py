@@ -16,8 +16,14 @@ waits for its answer is as long as the bus holds the message, a second copy of i
 A slot is held only while a frame is being read, and a frame being read always ends: the
 sender finishes it, or :attr:`Intake.read_timeout` passes without the read loop taking a frame
 from that socket, and the intake takes the slot back, stops reading the socket and tells
-:attr:`Intake.stalled` (the door closes it with 4007): a peer that stops in the middle of a
-large frame cannot hold a slot for ever. Sockets that never initialize take no slot.
+:attr:`Intake.refused` (the door closes it with 4007): a peer that stops in the middle of a
+large frame cannot hold a slot for ever.
+
+Sockets that have not initialized take no slot, and stop being read once they hold
+:data:`ANONYMOUS_LARGE` unread; what those stopped hold (up to one read of the event loop more,
+256 KiB) is counted, and past :attr:`Intake.anonymous_limit` in all the socket is refused
+(``anonymous_unread``; the door closes it with 1013): a thousand of them hold a few MiB, not
+the third of a GiB that a thousand reads would.
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ import collections
 from collections.abc import Callable, Sized
 from typing import Any
 
-__all__ = ["LARGE", "Intake"]
+__all__ = ["ANONYMOUS_LARGE", "LARGE", "Intake"]
 
 LARGE = 64 << 10
 """Bytes of unread frames from one socket past which it needs a slot."""
+
+ANONYMOUS_LARGE = 16 << 10
+"""Bytes of unread frames past which a socket that has not initialized stops being read (an
+``initialize`` frame is far smaller, so it is read whole)."""
 
 _HEADER = 14
 """The most bytes of WebSocket framing around a frame's text (header and mask)."""
@@ -47,9 +57,15 @@ class Intake:
         self.slots = max(1, slots)
         self.read_timeout: float | None = None
         """Seconds a socket may hold a slot without a frame taken from it; None: for ever."""
-        self.stalled: Callable[[Any], None] | None = None
-        """Told of a socket whose slot :attr:`read_timeout` took back (it is no longer read):
-        close it. Without it the intake closes the transport itself."""
+        self.anonymous_limit = max(self.slots * LARGE, 1 << 20)
+        """Bytes that sockets not initialized, stopped inside a frame, may hold unread in all."""
+        self.anonymous_unread = 0
+        """Bytes they hold now (counted when each was stopped)."""
+        self.refused: Callable[[Any, str], None] | None = None
+        """Told of a socket the intake stopped reading for good, and why: ``read_timeout``
+        (it held a slot that long without a frame taken) or ``anonymous_unread`` (not
+        initialized, and its unread bytes would pass :attr:`anonymous_limit`). Close it;
+        without this hook the intake closes the transport itself."""
         self._holders: set[Reader] = set()
         self._waiting: collections.deque[Reader] = collections.deque()
 
@@ -127,8 +143,27 @@ class Intake:
         reader.held = True
         reader.transport.pause_reading()
         self._release(reader)
-        if self.stalled is not None:
-            self.stalled(reader.socket)
+        self._refuse(reader, "read_timeout")
+
+    def _park(self, reader: Reader, unread: int) -> None:
+        """Stop reading ``reader``, not initialized, that holds ``unread`` bytes of a frame:
+        counted against :attr:`anonymous_limit`, or refused if they do not fit."""
+        reader.held = True
+        reader.transport.pause_reading()
+        if self.anonymous_unread + unread > self.anonymous_limit:
+            self._refuse(reader, "anonymous_unread")
+            return
+        reader.parked = unread
+        self.anonymous_unread += unread
+
+    def _unpark(self, reader: Reader) -> None:
+        self.anonymous_unread -= reader.parked
+        reader.parked = 0
+
+    def _refuse(self, reader: Reader, reason: str) -> None:
+        reader.closed = True  # read no more: nothing resumes it, no slot is given it
+        if self.refused is not None:
+            self.refused(reader.socket, reason)
         else:
             reader.transport.close()
 
@@ -147,7 +182,9 @@ class Reader:
     """What one socket has read and its read loop not yet taken (see :class:`Intake`).
 
     A socket that has not initialized (:attr:`anonymous`) never takes a slot: its large frame
-    waits, unread, until it initializes (:meth:`trust`) or ``initialize_timeout`` closes it.
+    waits, unread (past :data:`ANONYMOUS_LARGE`, counted against the intake's
+    ``anonymous_limit``), until it initializes (:meth:`trust`) or ``initialize_timeout``
+    closes it.
     ``initialize`` is a small frame, so a peer loses nothing; sockets that never initialize,
     sending the start of a large frame and nothing more, would otherwise hold every slot and
     stop every peer's large messages.
@@ -163,6 +200,7 @@ class Reader:
         "anonymous",
         "closed",
         "held",
+        "parked",
         "pending",
         "socket",
         "timer",
@@ -187,8 +225,10 @@ class Reader:
         """Not initialized yet: takes no slot."""
         self.held = False
         """Stopped by the intake (waiting for a slot, anonymous, or stalled)."""
+        self.parked = 0
+        """Bytes counted in :attr:`Intake.anonymous_unread` for this socket."""
         self.socket: Any = None
-        """The connection watched (what :attr:`Intake.stalled` is told of)."""
+        """The connection watched (what :attr:`Intake.refused` is told of)."""
         self.timer: asyncio.TimerHandle | None = None
         """Fires ``read_timeout`` after the slot was taken or a frame last taken from it."""
 
@@ -225,9 +265,13 @@ class Reader:
         self.pending += len(data)
         self._receive(data)
         intake = self._intake
-        if self.held or self.closed or self in intake._holders or self._unread() < LARGE:
+        if self.held or self.closed or self in intake._holders:
             return
-        if self.anonymous or not intake._acquire(self):
+        unread = self._unread()
+        if self.anonymous:
+            if unread >= ANONYMOUS_LARGE:
+                intake._park(self, unread)
+        elif unread >= LARGE and not intake._acquire(self):
             self.held = True
             self.transport.pause_reading()
 
@@ -235,6 +279,7 @@ class Reader:
         """The socket initialized: from now on it may take a slot, and a large frame it
         was stopped in waits for one now."""
         self.anonymous = False
+        self._intake._unpark(self)  # it may read its frame now, with a slot
         if self.held and not self.closed and self not in self._intake._waiting:
             if self._intake._acquire(self):
                 self.resume()
@@ -268,6 +313,7 @@ class Reader:
     def close(self) -> None:
         """The connection ended: free its slot, and leave the queue."""
         self.closed = True
+        self._intake._unpark(self)
         if self in self._intake._holders:
             self._intake._release(self)
         elif self in self._intake._waiting:

@@ -36,6 +36,7 @@ from ..core.errors import (
     CLOSE_FRAME_TIMEOUT,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
+    CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
     BusError,
     NotInitialized,
@@ -133,7 +134,7 @@ class WebSocketDoor:
         intake = bus.byte_budget.intake
         if intake is not None:
             intake.read_timeout = limits.frame_read_timeout
-            intake.stalled = self._frame_stalled
+            intake.refused = self._intake_refused
         self._opening: set[Any] = set()
         """Sockets accepted whose handshake has not ended: :meth:`close` drops them."""
         self._server: Server | None = None
@@ -373,22 +374,23 @@ class WebSocketDoor:
         event, address = LogEvent.FRAME_REFUSED, address_of(conn.ws)
         self._bus.carry(strangers.frame_refused(event, conn.client_id, address, status=reason))
 
-    def _frame_stalled(self, ws: Any) -> None:
-        """A socket held a large-frame slot ``frame_read_timeout`` seconds without finishing
-        its frame: the intake took the slot back; close the socket (4007) with a row."""
+    def _intake_refused(self, ws: Any, reason: str) -> None:
+        """The intake stopped reading ``ws`` for good (see :attr:`Intake.refused`): close it,
+        with a row (a peer) or a count (anonymous)."""
         conn = next((conn for conn in self.connections if conn.ws is ws), None)
         if conn is None:
             return
-        timeout = self._bus.limits.frame_read_timeout
+        limits = self._bus.limits
+        if reason == "read_timeout":
+            code, error = CLOSE_FRAME_TIMEOUT, f"frame_read_timeout {limits.frame_read_timeout}s"
+            why = "frame read timeout: a large frame stopped coming"
+        else:
+            code, error = CLOSE_TRY_AGAIN_LATER, "sockets not initialized hold too many bytes"
+            why = "try again later: initialize before sending large frames"
         event, address = LogEvent.FRAME_REFUSED, address_of(ws)
-        error = f"frame_read_timeout {timeout}s"
-        self._bus.carry(
-            strangers.frame_refused(
-                event, conn.client_id, address, status="read_timeout", error=error
-            )
-        )
-        reason = "frame read timeout: a large frame stopped coming"
-        conn.spawn(conn.force_close(CLOSE_FRAME_TIMEOUT, reason))
+        rows = strangers.frame_refused(event, conn.client_id, address, status=reason, error=error)
+        self._bus.carry(rows)
+        conn.spawn(conn.force_close(code, why))
 
     def _anonymous_error(self, conn: Connection, *, closing: bool) -> None:
         state = self._bus.states.get(conn)

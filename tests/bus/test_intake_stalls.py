@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -87,3 +88,56 @@ async def test_large_messages_read_in_time_are_never_cut(tmp_path: Path) -> None
                     assert (await got.get()).payload["content"]["text"][0] == str(n)
             assert (await tg.ping()).pong is True
     assert h.rows(event="frame_refused") == []
+
+
+def each_stopped(h: BusHarness) -> asyncio.Future[None]:
+    """Done once the bus has stopped reading every socket it has now (pause_reading)."""
+    done = asyncio.get_running_loop().create_future()
+    transports = {conn.ws.transport for conn in h.bus._door.connections}
+    left = set(transports)
+    for transport in transports:
+        pause = transport.pause_reading
+
+        def paused(transport: Any = transport, pause: Any = pause) -> None:
+            pause()
+            left.discard(transport)
+            if not left and not done.done():
+                done.set_result(None)
+
+        transport.pause_reading = paused
+    return done
+
+
+async def test_anonymous_sockets_inside_large_frames_hold_a_bounded_number_of_bytes(
+    tmp_path: Path,
+) -> None:
+    """Thirty sockets that have not initialized each send 200 KiB of a large frame at once:
+    each stops being read past ANONYMOUS_LARGE, the ones stopped hold at most the intake's
+    anonymous_limit unparsed in all, and those that would go over it are closed 1013 (counted
+    as frame_refused). Before, each kept 64 KiB and one read more: 300 MiB for a thousand."""
+    limits = Limits(max_inflight_bytes=ONE_SLOT, max_anonymous_per_address=None)
+    async with running_bus(tmp_path, limits=limits) as h:
+        intake = h.bus.byte_budget.intake
+        assert intake is not None
+        sockets = [await connect(h.url) for _ in range(30)]
+        try:
+            stopped = each_stopped(h)
+            for ws in sockets:
+                ws.transport.write(partial_frame(512 << 10, 200 << 10))
+            readers = {conn.ws.remote_address[1]: conn._reader for conn in h.bus._door.connections}
+            assert len(readers) == 30 and None not in readers.values()
+            async with asyncio.timeout(scaled(10)):
+                await stopped
+            parked = [r for r in readers.values() if not r.closed]  # type: ignore[union-attr]
+            unparsed = sum(len(r.socket.protocol.reader.buffer) for r in parked)  # type: ignore[union-attr]
+            assert 0 < unparsed <= intake.anonymous_limit, (len(parked), unparsed)
+            refused = [ws for ws in sockets if readers[ws.local_address[1]].closed]  # type: ignore[union-attr]
+            assert refused
+            async with asyncio.timeout(scaled(10)):
+                for ws in refused:
+                    await ws.wait_closed()
+                    assert ws.close_code == 1013
+        finally:
+            for ws in sockets:
+                ws.transport.abort()
+        assert (await h.refused()).get("frame_refused") == len(refused)
