@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as _ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any, Protocol
 
@@ -399,25 +399,33 @@ class WebSocketDoor:
 
     # Slow consumers
 
-    async def _sweep_slow_consumers(self) -> None:
-        """Disconnect (4004) every peer the bus has not been able to write to for
-        ``slow_consumer_timeout`` seconds, as NATS's write deadline does.
+    def _sweep_slow_consumers(self) -> Coroutine[Any, Any, None]:
+        """The task that disconnects this door's slow consumers (:func:`_sweep`)."""
+        assert self._slow is not None
+        return _sweep(self.connections, self._slow, self._bus.carry)
 
-        "Not able to write" means the socket's unread bytes stayed above its low water mark
-        (:meth:`Connection.write_blocked`) at every check. The WebSocket keepalive cannot catch
-        such a peer: its ping waits behind the unread bytes, so its timeout never starts. One
-        task checks every socket, which costs well under a microsecond each.
-        """
-        slow = self._slow
-        assert slow is not None
-        interval = min(1.0, slow.timeout / 4)
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            states = [(conn, conn.write_blocked()) for conn in self.connections]
-            for conn in slow.check(states, loop.time()):
-                unread = conn.write_buffer_size()
-                self._bus.carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
+
+async def _sweep(
+    connections: set[Connection],
+    slow: SlowConsumers[Connection],
+    carry: Callable[[list[Action]], Any],
+) -> None:
+    """Disconnect (4004) every peer of ``connections`` the bus has not been able to write to
+    for ``slow_consumer_timeout`` seconds, as NATS's write deadline does; runs until cancelled.
+
+    "Not able to write" means the socket's unread bytes stayed above its low water mark
+    (:meth:`Connection.write_blocked`) at every check. The WebSocket keepalive cannot catch
+    such a peer: its ping waits behind the unread bytes, so its timeout never starts. One
+    task checks every socket, which costs well under a microsecond each.
+    """
+    interval = min(1.0, slow.timeout / 4)
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval)
+        states = [(conn, conn.write_blocked()) for conn in connections]
+        for conn in slow.check(states, loop.time()):
+            unread = conn.write_buffer_size()
+            carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
 
 
 class _Tracked(ServerConnection):
