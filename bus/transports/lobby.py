@@ -3,15 +3,17 @@ when an address is full.
 
 Anyone can open a socket without a token, so sockets that have not initialized are counted
 apart from peers (:class:`bus.core.watch.Anonymous`), in total and per address, and the caps
-are decided at the handshake: the door asks :meth:`Lobby.admit` before it accepts a socket
-(HTTP 503 when False), then hands the :class:`~bus.transports.connection.Connection` it reads
-the socket with to :meth:`Lobby.entered`, and :meth:`Lobby.left` once it initialized or closed::
+are decided and counted at the handshake: the door asks :meth:`Lobby.admit` before it accepts
+a socket (HTTP 503 when False), then hands the :class:`~bus.transports.connection.Connection`
+it reads the socket with to :meth:`Lobby.entered`, and calls :meth:`Lobby.left` once it
+initialized or closed; a handshake admitted that ends without a handler calls
+:meth:`Lobby.unclaimed`::
 
     if not lobby.admit(socket):
         ...  # answer the handshake 503
-    lobby.entered(conn, socket)
+    lobby.entered(conn, socket)  # or, if the handshake failed after all: lobby.unclaimed(socket)
     ...
-    lobby.left(conn, socket)
+    lobby.left(conn, address_of(socket))
 
 One more socket from an address at its cap closes the oldest of that address (4006) rather
 than being refused, so a flood of sockets from a shared address cannot lock out a tool of that
