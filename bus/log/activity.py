@@ -348,7 +348,7 @@ class ActivityLog(Writer):
         self._rows_recorded += 1
         if self.on_record is not None:
             self.on_record(event, topic, status, payload)
-        if self._linger is None:
+        if self._linger is None:  # checked here too: this line runs for every row
             self._linger_soon()
 
     def _refusal(self) -> AuditUnavailable:
