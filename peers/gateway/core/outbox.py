@@ -23,7 +23,7 @@ from schemas.agents import Channel
 from schemas.bcp import BcpValidationResult, ReasonCode
 from schemas.common import agent_id
 
-from ..events import Action, CancelTimer, Commit, Send, SetTimer
+from ..events import Action, CancelTimer, Commit, Send, SetTimer, Spawn
 from ..state import Held
 from .context import Context, Leaving, Release
 from .frames import iso
@@ -74,7 +74,7 @@ class Outbox:
 
     def release(self, controller: str, delivery_id: str) -> list[Action]:
         """Send the delivery whose timer fired, every one queued before it, and every other one
-        due by now, earliest first."""
+        due by now, earliest first, each in a :class:`~..events.Spawn` of its own."""
         queue = self.ctx.releases.get(controller, [])
         ids = [r.content["delivery_id"] for r in queue]
         upto = ids.index(delivery_id) + 1 if delivery_id in ids else 0
@@ -84,7 +84,10 @@ class Outbox:
             upto -= 1
             due = queue.pop(0)
             actions.append(CancelTimer(("release", controller, due.content["delivery_id"])))
-            actions += self._leave(due)
+            # Each on its own, started in order (their frames leave in order): carried out one
+            # after another, the last of a grid point's deliveries would wait for every one
+            # before it to be answered by the bus and logged, and leave that much off the grid.
+            actions.append(Spawn(tuple(self._leave(due))))
         if not queue:
             self.ctx.releases.pop(controller, None)
         return actions

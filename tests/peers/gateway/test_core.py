@@ -999,6 +999,28 @@ def test_a_late_answer_pays_for_its_slot_and_releases_in_order(tmp_path):
     assert used == pytest.approx(2 * (CAT1_BITS + 1 + 6), abs=1e-3) and used < reserved
 
 
+def test_a_grid_points_deliveries_leave_side_by_side(tmp_path):
+    """Two answers due at one grid point are released as one background run each, in order,
+    so the second's send does not wait for the first's answer and row."""
+    core, shell, clock = make(tmp_path, quantum=0.1)
+    ask(shell, "q1")
+    ask(shell, "q2")
+    clock.now += 0.05
+    good = {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"}
+    timers = [
+        a
+        for query_id in ("q1", "q2")
+        for a in answer(shell, good, query_id)
+        if isinstance(a, SetTimer) and a.key[0] == "release"
+    ]
+    clock.now += 0.05
+    released = core.handle(TimerFired(timers[0].key))
+    runs = [a.actions for a in released if isinstance(a, Spawn)]
+    sends = [[a for a in run if isinstance(a, Send)] for run in runs]
+    assert [[s.content["query_id"] for s in run] for run in sends] == [["q1"], ["q2"]]
+    assert all(s.token is not None for run in sends for s in run)
+
+
 def test_a_failure_leaves_on_the_grid_and_says_what_it_cost(tmp_path):
     """retries_exhausted waits for its grid point and carries its bits: outcome and slot."""
     core, shell, clock = make(tmp_path, quantum=0.1)
