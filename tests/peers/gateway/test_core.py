@@ -21,6 +21,7 @@ from peers.gateway.core import (
     channel_of,
     parse,
 )
+from peers.gateway.core.frames import iso, question, wire
 from peers.gateway.core.outcomes import FAILURE_OUTCOMES, OutcomeCharge, outcome_charge
 from peers.gateway.events import (
     CancelTimer,
@@ -38,7 +39,7 @@ from peers.gateway.events import (
 )
 from peers.gateway.state import GatewayState, Held, Orphans
 from schemas.agents import build_channels, load_agents
-from schemas.bcp import UNTRUSTED_NOTICE, BcpQueryFailed, BcpResponse
+from schemas.bcp import UNTRUSTED_NOTICE, BcpQuery, BcpQueryFailed, BcpResponse, QuerySpec
 
 from .test_flows import CAT1, CAT1_BITS, CAT2, CAT3, agents
 
@@ -944,6 +945,18 @@ def test_anomalies_reach_the_controller_on_flag_and_the_human_on_review(tmp_path
         assert sent(actions, "bcp_response_delivery")["anomalies"]
     else:
         assert sent(actions, "bcp_approval_request").anomalies
+
+
+@pytest.mark.parametrize("spec", [CAT1, CAT2, CAT3], ids=["cat1", "cat2", "cat3"])
+def test_the_question_frame_is_what_its_model_would_validate(spec):
+    """bcp_query, put together from parts validated already, sends exactly what validating
+    the same parts through BcpQuery would send, and validates as one."""
+    bare = QuerySpec.model_validate(spec)
+    at = 1_790_000_000.75
+    built = wire(question(bare, "q-1", "main", at))
+    fields = {"query_id": "q-1", "controller": "main", **spec, "expires_at": iso(at)}
+    assert built == wire(BcpQuery.model_validate(fields))
+    assert wire(BcpQuery.model_validate(built)) == built
 
 
 # The release grid (delivery_quantum)
