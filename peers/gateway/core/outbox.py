@@ -14,7 +14,7 @@ push that expires tells its reader ``controller_unavailable``.
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,7 +56,7 @@ class Outbox:
         """
         # One id for this message however often it is sent (now, or from the outbox later), so
         # that a controller that also fetches the first copy by epoch can drop the repeat.
-        content = {**content, "delivery_id": f"d-{uuid.uuid4().hex[:16]}"}
+        content = {**content, "delivery_id": f"d-{secrets.token_hex(8)}"}
         now = self.ctx.clock()
         if at is None or at <= now:
             return self._leave(Release(now, channel, message_type, content, then, leaving))
@@ -123,7 +123,7 @@ class Outbox:
     def hold(self, channel: Channel, message_type: str, content: Mapping[str, Any]) -> list[Action]:
         """Keep a delivery for its offline controller, after a committed ``bcp_held`` row."""
         held = Held(
-            hold_id=f"hold-{uuid.uuid4().hex[:12]}",
+            hold_id=f"hold-{secrets.token_hex(6)}",
             controller=channel.controller,
             content={"type": message_type, "content": dict(content)},
             expires_at=self.ctx.clock() + self.ctx.settings.outbox_ttl,
