@@ -74,23 +74,27 @@ class Outbox:
 
     def release(self, controller: str, delivery_id: str) -> list[Action]:
         """Send the delivery whose timer fired, every one queued before it, and every other one
-        due by now, earliest first, each in a :class:`~..events.Spawn` of its own."""
+        due by now, earliest first; when more than one is due, each in a
+        :class:`~..events.Spawn` of its own."""
         queue = self.ctx.releases.get(controller, [])
         ids = [r.content["delivery_id"] for r in queue]
         upto = ids.index(delivery_id) + 1 if delivery_id in ids else 0
         now = self.ctx.clock()
         actions: list[Action] = []
+        runs: list[list[Action]] = []
         while queue and (upto > 0 or queue[0].at <= now + 1e-6):
             upto -= 1
             due = queue.pop(0)
             actions.append(CancelTimer(("release", controller, due.content["delivery_id"])))
-            # Each on its own, started in order (their frames leave in order): carried out one
-            # after another, the last of a grid point's deliveries would wait for every one
-            # before it to be answered by the bus and logged, and leave that much off the grid.
-            actions.append(Spawn(tuple(self._leave(due))))
+            runs.append(self._leave(due))
         if not queue:
             self.ctx.releases.pop(controller, None)
-        return actions
+        if len(runs) == 1:
+            return [*actions, *runs[0]]  # The timer's own run carries it: no task more.
+        # Each on its own, started in order (their frames leave in order): carried out one after
+        # another, the last of a grid point's deliveries would wait for every one before it to
+        # be answered by the bus and logged, and leave that much off the grid.
+        return [*actions, *(Spawn(tuple(run)) for run in runs)]
 
     def _leave(self, due: Release) -> list[Action]:
         go, first = due.leaving() if due.leaving else (True, [])
