@@ -271,16 +271,28 @@ class Connection:
                     for error in self.session.errors_sent():
                         self._on_protocol_error(self, error)
                 await self.flush()
-                while self._max_requests is not None and self._requests >= self._max_requests:
-                    # Backpressure: read nothing more until a request is answered.
-                    self._request_done.clear()
-                    await self._request_done.wait()
+                if self._max_requests is not None and self._requests >= self._max_requests:
+                    await self._backpressure(self._max_requests)
         finally:
             self._gone = True
             if self._reader is not None:
                 self._reader.close()
             self._pending.fail_all(PeerGone(self.name))
             self._closed.set()
+
+    async def _backpressure(self, most: int) -> None:
+        """Read nothing more until fewer than ``most`` requests are being handled. The intake's
+        read deadline for this socket stops meanwhile: the bus is the one not reading."""
+        reader = self._reader
+        if reader is not None:
+            reader.bus_waits(True)
+        try:
+            while self._requests >= most:
+                self._request_done.clear()
+                await self._request_done.wait()
+        finally:
+            if reader is not None:
+                reader.bus_waits(False)
 
     async def wait_closed(self) -> None:
         """Return once the read loop has ended: the peer is gone or was disconnected."""
