@@ -151,23 +151,27 @@ class Params:
     """The ``processMessage`` params of one message, made once per form a link takes.
 
     A :class:`~bus.transports.connection.Connection` encodes the call itself, so it gets the
-    envelope as the message's one encoding (:func:`bus.core._json.fragment`): every frame
-    splices it in, and no decoded copy is held while deliveries wait. Other links
-    (webhooks, the cluster) read the params as a dict; they get one decoded on first use.
+    params encoded once for all its targets (:func:`bus.core._json.fragment`), the envelope in
+    them as the message's one encoding: every frame splices them in after its own id, and no
+    decoded copy is held while deliveries wait. Other links (webhooks, the cluster) read the
+    params as a dict; they get one decoded on first use.
     """
 
     __slots__ = ("_decoded", "_encoded", "message", "skipped")
 
     def __init__(self, message: Message, skipped: int = 0) -> None:
         self.message, self.skipped = message, skipped
-        self._encoded: dict[str, Any] | None = None
+        self._encoded: Any = None
         self._decoded: dict[str, Any] | None = None
 
-    def fit(self, link: Link) -> dict[str, Any]:
-        """The params to call ``link`` with."""
+    def fit(self, link: Link) -> Any:
+        """The params to call ``link`` with: a dict, or for a
+        :class:`~bus.transports.connection.Connection` the same encoded params, which it writes
+        as they are."""
         if isinstance(link, Connection):
             if self._encoded is None:
-                self._encoded = self._make(_json.fragment(self.message.encode()))
+                params = self._make(_json.fragment(self.message.encode()))
+                self._encoded = _json.fragment(_json.dumpb(params))
             return self._encoded
         if self._decoded is None:
             self._decoded = self._make(self.message.payload)
