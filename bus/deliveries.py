@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .core import _json, delivery
@@ -68,25 +68,46 @@ class Deliveries:
             if release is not None:
                 release()
 
-    async def deliver(self, route: Route[Link], params: Params, message: Message) -> bool:
+    async def deliver_all(
+        self, routes: list[Route[Link]], params: Params, message: Message
+    ) -> list[bool]:
+        """:meth:`deliver` to every route at once; return whether each processed it, in order.
+
+        The calls start together, so one ``process_timeout`` timer serves them all: when it
+        fires, every call still waiting ends as ``timeout``, as its own timer would have.
+        """
+        loop = asyncio.get_running_loop()
+        calls = [loop.create_task(self.deliver(r, params, message, timed=False)) for r in routes]
+        expiry = self._expire_later(loop, calls)
+        try:
+            return await asyncio.gather(*calls)
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+
+    async def deliver(
+        self, route: Route[Link], params: Params, message: Message, *, timed: bool = True
+    ) -> bool:
         """Call ``processMessage`` on ``route`` under the delivery timeout and the link's
-        in-flight bound; record its ``process_finish``; return whether it was processed."""
+        in-flight bound; record its ``process_finish``; return whether it was processed.
+
+        Args:
+            timed: False when the caller set the timer (:meth:`deliver_all`).
+        """
         status, error = "processed", None
         limit = self.limits.max_write_buffer
         target = route.handle
-        started = _clock()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        expiry = self._expire_later(loop, [asyncio.current_task()]) if timed else None
         try:
             if limit is not None and target.write_buffer_size() > limit:
                 # A peer that does not read gets nothing more written: fail fast, hold nothing.
                 raise _SlowConsumer()
-            async with asyncio.timeout(self.limits.process_timeout):
-                if target.inflight is not None:
-                    async with target.inflight:
-                        result = await target.call("processMessage", params.fit(target))
-                else:
-                    result = await target.call("processMessage", params.fit(target))
-            status, error = delivery.outcome(result)
-        except TimeoutError:
+            status, error = delivery.outcome(await _call(target, params))
+        except asyncio.CancelledError as exc:
+            if not _expired(exc):
+                raise
             status, error = "timeout", f"no answer within {self.limits.process_timeout}s"
         except PeerGone:
             status, error = "disconnected", None
@@ -94,8 +115,27 @@ class Deliveries:
             status, error = "slow_consumer", f"more than {limit} bytes unread"
         except BusError as exc:
             status, error = "error", str(exc)
+        finally:
+            if expiry is not None:
+                expiry.cancel()
         if self.on_delivered is not None:
-            self.on_delivered(status, _clock() - started)
+            self.on_delivered(status, loop.time() - started)
+        self._finished(route, message, status, error)
+        return status == "processed"
+
+    def _expire_later(
+        self, loop: asyncio.AbstractEventLoop, calls: Sequence[asyncio.Task[Any] | None]
+    ) -> asyncio.TimerHandle | None:
+        """The timer that ends ``calls`` as ``timeout`` in ``process_timeout``; None without
+        one. A plain loop timer: ``asyncio.timeout`` costs a context manager more per call."""
+        timeout = self.limits.process_timeout
+        if timeout is None:
+            return None
+        return loop.call_at(loop.time() + timeout, _expire, calls)
+
+    def _finished(
+        self, route: Route[Link], message: Message, status: str, error: str | None
+    ) -> None:
         self.log.record(
             LogEvent.PROCESS_FINISH,
             message_id=message.message_id,
@@ -106,7 +146,6 @@ class Deliveries:
             epoch=message.epoch,
             trace_id=message.trace_id,
         )
-        return status == "processed"
 
     # Pushes that subscriptions hold back: minRelevance and debounceMs (see bus.core.pushes)
 
@@ -187,3 +226,31 @@ class Params:
 
 def _clock() -> float:
     return asyncio.get_running_loop().time()
+
+
+_EXPIRED = "process_timeout"
+"""The message a delivery's call is cancelled with when its timer fires."""
+
+
+async def _call(target: Link, params: Params) -> Any:
+    """``processMessage`` on ``target`` within its in-flight bound."""
+    if target.inflight is None:
+        return await target.call("processMessage", params.fit(target))
+    async with target.inflight:
+        return await target.call("processMessage", params.fit(target))
+
+
+def _expire(calls: Sequence[asyncio.Task[Any] | None]) -> None:
+    """End the deliveries in ``calls`` still waiting: their time is up."""
+    for call in calls:
+        if call is not None and not call.done():
+            call.cancel(_EXPIRED)
+
+
+def _expired(cancelled: asyncio.CancelledError) -> bool:
+    """Whether ``cancelled`` is the delivery's own timer firing (the task then goes on, as
+    under ``asyncio.timeout``), rather than the task being cancelled, which must propagate."""
+    task = asyncio.current_task()
+    if cancelled.args[:1] != (_EXPIRED,) or task is None:
+        return False
+    return task.uncancel() == 0
