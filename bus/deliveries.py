@@ -5,6 +5,12 @@
 (``slow_consumer``), the ``process_finish`` row, and the pushes a subscription holds back
 (``debounceMs``: the loop timer that flushes a window, then the push). What is delivered to
 whom is decided in :mod:`bus.core.delivery`; :class:`Params` is what each call carries.
+
+A message to many targets (:meth:`Deliveries.deliver_all`) costs one timer, not one per call,
+and no task for the targets that can take their frame at once: the fan-out writes those
+calls itself and each answer's future records its outcome in a callback. A target that is
+behind (its in-flight slots taken, its write buffer over the low mark, a frame over
+:data:`INLINE_BYTES`) gets a task of its own, so that it holds up no other.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from .log.activity import ActivityLog
 from .ops.config import Limits
 from .transports.connection import Connection, Link, PeerGone
 
-__all__ = ["Deliveries", "Params"]
+__all__ = ["INLINE_BYTES", "Deliveries", "Params"]
 
 
 class Deliveries:

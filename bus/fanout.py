@@ -4,8 +4,9 @@
 decided in :mod:`bus.core.delivery` (targets, taint, relevance, debounce, outcomes); this
 module gives the epoch, writes the ``send_start`` row, commits before anything is delivered
 (fail closed: -32006 and nothing delivered when the log cannot commit), calls every target
-concurrently (each call under its timeout: :mod:`bus.deliveries`), and records how the message
-ended. The bus (:class:`bus.server.Bus`) owns one and hands it what it accepted.
+concurrently (every call under ``process_timeout``, one timer for them all:
+:mod:`bus.deliveries`), and records how the message ended. The bus
+(:class:`bus.server.Bus`) owns one and hands it what it accepted.
 """
 
 from __future__ import annotations
