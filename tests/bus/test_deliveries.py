@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bus.core.policy import Policy
 from bus.ops.config import Limits
 from peers import Message
 from peers.testing import Inbox, running_bus, scaled
+
+pytestmark = pytest.mark.usefixtures("each_transport")
+"""Every test here runs on both WebSocket transports (tests/bus/conftest.py)."""
 
 POLICY = Policy.from_yaml(
     """version: 1
