@@ -563,8 +563,13 @@ class QuerySpec(_Model):
         """Return the bare spec of this object, without the fields of a subclass."""
         if type(self) is QuerySpec:
             return self
-        keys = set(QuerySpec.model_fields)
-        return QuerySpec.model_validate(self.model_dump(include=keys, exclude_none=True))
+        # Its fields were validated with this object, by the same field types and validators:
+        # copied, not validated a second time (this runs for every query the gateway admits).
+        values = {key: value for key in _SPEC_KEYS if (value := getattr(self, key)) is not None}
+        return QuerySpec.model_construct(**values)
+
+
+_SPEC_KEYS = tuple(QuerySpec.model_fields)
 
 
 def _check_unique(names: list[str], collection: str, key: str, what: str) -> None:

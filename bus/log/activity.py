@@ -10,9 +10,9 @@ A commit is one hop: :meth:`~ActivityLog.commit` hands the pending rows to the d
 itself (once the tasks ready in the same loop iteration have recorded theirs), and the thread
 hands back a callback that releases the committers in the loop iteration that reads its
 wake-up; the rows recorded while a batch is on the thread go in the next one, started by that
-callback. A writer task is there for what no commit asks for: rows nobody commits (connection
-events, written ``LINGER`` after the first of them), a batch that failed (retried, or split to
-isolate a row SQLite refuses), and the flush on close.
+callback. Rows nobody commits (connection events) take the same path ``LINGER`` after the first
+of them, or go with the next commit's batch. A writer task is there for the rest: a batch that
+failed (retried, or split to isolate a row SQLite refuses), and the flush on close.
 
 Every statement runs on one database thread (:class:`~bus.log.store.LogStore`, a plain
 :mod:`sqlite3` connection, ``busy_timeout`` 5 s), never on the event loop's: a stalled disk (a
@@ -88,7 +88,7 @@ from .rows import LogRow, encode_payload, stamp
 from .schema import max_rows_per_statement, statement_rows
 from .segments import Head
 from .store import LogStore
-from .writer import Writer
+from .writer import LINGER, Writer
 
 __all__ = [
     "CHECKPOINT_BYTES",
@@ -100,9 +100,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("bus.log.activity")
-
-LINGER = 0.05
-"""Seconds a recorded row may wait for a transaction when no caller commits it."""
 
 CHECKPOINT_ROWS = 20_000
 """Rows committed between two checkpoints that empty the ``-wal`` file (``TRUNCATE``)."""
@@ -351,8 +348,8 @@ class ActivityLog(Writer):
         self._rows_recorded += 1
         if self.on_record is not None:
             self.on_record(event, topic, status, payload)
-        if self._linger is None and self._writer is not None:
-            self._linger = asyncio.get_running_loop().call_later(LINGER, self._wakeup.set)
+        if self._linger is None:  # checked here too: this line runs for every row
+            self._linger_soon()
 
     def _refusal(self) -> AuditUnavailable:
         """Why :meth:`record` refuses a row: the log is closed, or its backlog is full."""

@@ -24,6 +24,9 @@ __all__ = ["Writer"]
 logger = logging.getLogger("bus.log.activity")
 
 
+LINGER = 0.05
+"""Seconds a recorded row may wait for a transaction when no caller commits it."""
+
 BATCH_CONTENT = 4 << 20
 """Characters of ``payload_json`` one batch holds at most beyond its first row."""
 
@@ -62,10 +65,10 @@ class Writer:
         self._rows_recorded = 0
         # commit() callers as (rows they wait for, future), in call order, so the targets grow.
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-        self._wakeup = asyncio.Event()
-        # Wakes the writer for rows nobody commits (connection events), LINGER seconds after
-        # the first of them; commit() wakes it at once. Waking it on every record() would start
-        # a transaction for the first row of each message and another for the rest.
+        self._wakeup = asyncio.Event()  # the writer task's: a failure to handle, or close()
+        # Hands over the rows nobody commits (connection events), LINGER seconds after the first
+        # of them. Handing over on every record() would start a transaction for the first row
+        # of each message and another for the rest.
         self._linger: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
         # The batch commit() handed to the database thread itself, if one is there: at most one
@@ -141,6 +144,8 @@ class Writer:
             self._committed(len(batch))
             if self._waiters:
                 self._hand_over_soon()  # the rows recorded meanwhile: group commit
+            elif self._pending:
+                self._linger_soon()  # rows nobody commits, recorded while it was away
             return
         self._store.forget()
         if not isinstance(exc, Exception):  # pragma: no cover - KeyboardInterrupt on the thread
@@ -149,7 +154,31 @@ class Writer:
         self._handed_failure = exc
         self._wakeup.set()
 
-    # The writer task: rows nobody commits, failures, and the flush on close
+    # Rows nobody commits (connection events): written LINGER seconds after the first
+
+    def _linger_soon(self) -> None:
+        """Have the pending rows written within :data:`LINGER` seconds, committed or not."""
+        if self._linger is None and self._writer is not None:
+            self._linger = asyncio.get_running_loop().call_later(LINGER, self._lingered)
+
+    def _lingered(self) -> None:
+        """:data:`LINGER` seconds after a row was recorded: hand the pending rows over.
+
+        On the one-hop path, as a commit would: a batch on the thread (or about to go) takes
+        what was recorded before it, and the timer is armed again for what may be left. Under
+        load a commit always has a batch there, so this costs a timer every ``LINGER``
+        seconds; when the writer task wrote these rows, it took over from the committers that
+        often, for a batch through a future and a task step.
+        """
+        self._linger = None
+        if self._closing or self._draining or self._handed_failure is not None:
+            self._wakeup.set()  # the writer task is at work, or has work: it writes them
+        elif self._inflight is not None or self._hand_over_due:
+            self._linger_soon()
+        else:
+            self._hand_over()
+
+    # The writer task: failures, and the flush on close
 
     async def _run(self) -> None:
         """Drain the buffer whenever woken, until closed and drained (or failing)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from schemas.agents import AgentDefinition, Channel, Subscription, build_channels
 from schemas.bcp import MAX_WORDS_LIMIT, Category, QuerySpec
@@ -180,7 +180,6 @@ def spec_risk(
     open_fields = [f for f in fields if f.free_text and not f.sealed]
     words = sum(f.max_words for f in open_fields)
     bits = delivered_spec_bits(spec)
-    count = int(budget_bits // (bits + _OUTCOME_BIT + (_FIRST_SLOT_BITS if grid else 0.0)))
     window, gated = _window(spec, query_ttl), kind != "ad_hoc"
     risk = SpecRisk(
         kind=kind,
@@ -191,9 +190,7 @@ def spec_risk(
         unsealed_words=words,
         human_approved=spec.category == 3,
         bits=bits,
-        deliveries_per_budget=count,
-        words_per_budget=count * words,
-        bits_per_budget=count * bits,
+        **_per_budget(budget_bits, bits, words, grid),
         timing_window_s=window,
         timing_bits=timing_bits(window, quantum_s),
         gated=gated,
@@ -202,6 +199,21 @@ def spec_risk(
         verdict="",
     )
     return risk.model_copy(update={"verdict": _verdict(risk, max_unsealed_words, grid)})
+
+
+class _PerBudget(TypedDict):
+    deliveries_per_budget: int
+    words_per_budget: int
+    bits_per_budget: float
+
+
+def _per_budget(budget_bits: float, bits: float, words: int, grid: bool) -> _PerBudget:
+    """How many deliveries of ``bits`` (and ``words`` unsealed words) a budget pays for, each
+    with its outcome bit and, on a grid, its first slot; and their words and bits."""
+    count = int(budget_bits // (bits + _OUTCOME_BIT + (_FIRST_SLOT_BITS if grid else 0.0)))
+    return _PerBudget(
+        deliveries_per_budget=count, words_per_budget=count * words, bits_per_budget=count * bits
+    )
 
 
 def _savings(open_fields: list[FieldRisk]) -> dict[Any, Saving]:

@@ -426,6 +426,58 @@ async def test_rows_recorded_during_a_write_form_the_next_batch(log: ActivityLog
     assert log.batches_committed == 2
 
 
+def no_writer_task_batches(log: ActivityLog) -> list[int]:
+    """Replace the writer task's way to the thread; return the sizes of the batches it took."""
+    real, taken = log._write_batch, []
+
+    async def through_the_task(batch: list[tuple[str | None, ...]]) -> None:
+        taken.append(len(batch))
+        await real(batch)
+
+    log._write_batch = through_the_task  # type: ignore[method-assign]
+    return taken
+
+
+async def test_a_row_nobody_commits_is_written_after_linger(log: ActivityLog) -> None:
+    """A row no caller commits reaches the disk on its own, handed over as a commit would be."""
+    inserts = Inserts(log)
+    taken = no_writer_task_batches(log)
+    log.record(LogEvent.CONNECT, actor="a")
+    async with asyncio.timeout(TIMEOUT):
+        await inserts.entered.wait()
+        await idle(log)
+    assert [row["event"] for row in read_rows(log.path)] == ["connect"]
+    assert log.rows_committed == 1
+    assert taken == []  # not through the writer task
+
+
+async def test_a_row_nobody_commits_follows_the_batch_on_the_thread(
+    log: ActivityLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row nobody commits, recorded while a batch is on the thread, waits for that batch
+    (one at a time) and then goes in the next, with no committer to start it."""
+    monkeypatch.setattr("bus.log.writer.LINGER", 0)  # the timer fires while the batch is away
+    inserts = Inserts(log, blocked=True)
+    taken = no_writer_task_batches(log)
+    log.record(LogEvent.SEND_START, message_id="m")
+    committing = asyncio.create_task(log.commit())
+    async with asyncio.timeout(TIMEOUT):
+        await inserts.entered.wait()
+    inserts.entered.clear()
+    log.record(LogEvent.CONNECT, actor="a")
+    for _ in range(20):  # loop iterations in which the timer fires and finds the thread busy
+        await asyncio.sleep(0)
+    assert inserts.batches == [1]
+    inserts.release.set()
+    async with asyncio.timeout(TIMEOUT):
+        await committing
+        await inserts.entered.wait()
+        await idle(log)
+    assert inserts.batches == [1, 1]
+    assert [row["event"] for row in read_rows(log.path)] == ["send_start", "connect"]
+    assert taken == []
+
+
 async def test_checkpoints_run_every_checkpoint_rows(tmp_path: Path) -> None:
     """Every ``checkpoint_rows`` rows, after the commit is answered, a checkpoint copies the WAL
     into the database file and truncates it."""

@@ -216,6 +216,20 @@ def test_as_spec_drops_the_carriers_fields():
     assert spec.as_spec() is spec
 
 
+@pytest.mark.parametrize("spec", [CAT1, CAT2, CAT3], ids=["cat1", "cat2", "cat3"])
+def test_as_spec_is_the_spec_validated_on_its_own(spec):
+    """The bare spec copied out of a request equals, and dumps exactly as, the same spec
+    validated by itself (its Cat-2 questions' default max_words filled in as well)."""
+    bare = BcpQueryRequest.model_validate({"query_id": "q-1", **spec}).as_spec()
+    alone = QuerySpec.model_validate(spec)
+    assert type(bare) is QuerySpec
+    assert bare == alone and bare.model_fields_set == alone.model_fields_set
+    for mode in ("python", "json"):
+        assert bare.model_dump(mode=mode, exclude_unset=True) == alone.model_dump(
+            mode=mode, exclude_unset=True
+        )
+
+
 def test_bounds_of_a_non_integer_field_raise():
     """bounds() is for integer fields only."""
     with pytest.raises(ValueError, match="not an integer"):

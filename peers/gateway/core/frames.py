@@ -15,6 +15,7 @@ from schemas.bcp import (
     SUBSCRIPTION_ID_PATTERN,
     UNTRUSTED_NOTICE,
     AnomalyCode,
+    BcpQuery,
     BcpResponseDelivery,
     BcpValidationResult,
     DeliveryBits,
@@ -24,7 +25,15 @@ from schemas.common import step_down
 
 from ..validation import ValidationResult
 
-__all__ = ["anomalies", "codes_only", "delivery", "iso", "validation_result", "wire"]
+__all__ = [
+    "anomalies",
+    "codes_only",
+    "delivery",
+    "iso",
+    "question",
+    "validation_result",
+    "wire",
+]
 
 _ID = re.compile(ID_PATTERN)
 _SUBSCRIPTION_ID = re.compile(SUBSCRIPTION_ID_PATTERN)
@@ -47,6 +56,24 @@ def validation_result(
     if retries_left is not None:
         fields["retries_left"] = retries_left
     return BcpValidationResult(**fields)
+
+
+def question(spec: QuerySpec, query_id: str, controller: str, expires_at: float) -> BcpQuery:
+    """Return the ``bcp_query`` that asks a reader ``spec``; it may answer until ``expires_at``
+    (seconds since the epoch, sent to the second).
+
+    Every part was validated already (the spec and its id with the controller's request, the
+    controller's name with the agent definitions), so the frame is put together from them, not
+    validated again: a query's spec would otherwise be validated three times.
+    """
+    values = {key: value for key in _SPEC_KEYS if (value := getattr(spec, key)) is not None}
+    at = datetime.fromtimestamp(expires_at, UTC).replace(microsecond=0)
+    return BcpQuery.model_construct(
+        query_id=query_id, controller=controller, **values, expires_at=at
+    )
+
+
+_SPEC_KEYS = tuple(QuerySpec.model_fields)
 
 
 def delivery(

@@ -14,7 +14,7 @@ push that expires tells its reader ``controller_unavailable``.
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,7 +23,7 @@ from schemas.agents import Channel
 from schemas.bcp import BcpValidationResult, ReasonCode
 from schemas.common import agent_id
 
-from ..events import Action, CancelTimer, Commit, Send, SetTimer
+from ..events import Action, CancelTimer, Commit, Send, SetTimer, Spawn
 from ..state import Held
 from .context import Context, Leaving, Release
 from .frames import iso
@@ -56,7 +56,7 @@ class Outbox:
         """
         # One id for this message however often it is sent (now, or from the outbox later), so
         # that a controller that also fetches the first copy by epoch can drop the repeat.
-        content = {**content, "delivery_id": f"d-{uuid.uuid4().hex[:16]}"}
+        content = {**content, "delivery_id": f"d-{secrets.token_hex(8)}"}
         now = self.ctx.clock()
         if at is None or at <= now:
             return self._leave(Release(now, channel, message_type, content, then, leaving))
@@ -74,20 +74,27 @@ class Outbox:
 
     def release(self, controller: str, delivery_id: str) -> list[Action]:
         """Send the delivery whose timer fired, every one queued before it, and every other one
-        due by now, earliest first."""
+        due by now, earliest first; when more than one is due, each in a
+        :class:`~..events.Spawn` of its own."""
         queue = self.ctx.releases.get(controller, [])
         ids = [r.content["delivery_id"] for r in queue]
         upto = ids.index(delivery_id) + 1 if delivery_id in ids else 0
         now = self.ctx.clock()
         actions: list[Action] = []
+        runs: list[list[Action]] = []
         while queue and (upto > 0 or queue[0].at <= now + 1e-6):
             upto -= 1
             due = queue.pop(0)
             actions.append(CancelTimer(("release", controller, due.content["delivery_id"])))
-            actions += self._leave(due)
+            runs.append(self._leave(due))
         if not queue:
             self.ctx.releases.pop(controller, None)
-        return actions
+        if len(runs) == 1:
+            return [*actions, *runs[0]]  # The timer's own run carries it: no task more.
+        # Each on its own, started in order (their frames leave in order): carried out one after
+        # another, the last of a grid point's deliveries would wait for every one before it to
+        # be answered by the bus and logged, and leave that much off the grid.
+        return [*actions, *(Spawn(tuple(run)) for run in runs)]
 
     def _leave(self, due: Release) -> list[Action]:
         go, first = due.leaving() if due.leaving else (True, [])
@@ -120,7 +127,7 @@ class Outbox:
     def hold(self, channel: Channel, message_type: str, content: Mapping[str, Any]) -> list[Action]:
         """Keep a delivery for its offline controller, after a committed ``bcp_held`` row."""
         held = Held(
-            hold_id=f"hold-{uuid.uuid4().hex[:12]}",
+            hold_id=f"hold-{secrets.token_hex(6)}",
             controller=channel.controller,
             content={"type": message_type, "content": dict(content)},
             expires_at=self.ctx.clock() + self.ctx.settings.outbox_ttl,

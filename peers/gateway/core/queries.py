@@ -43,7 +43,7 @@ from ..events import (
 )
 from ..state import QueryState
 from .context import GATEWAY_CLIENT_ID, Context, Leaving, Query, Refusal, channel_of, parse
-from .frames import codes_only, delivery, iso, wire
+from .frames import codes_only, delivery, question, wire
 from .outbox import Outbox
 from .outcomes import ANSWERED, FAILED, outcome_charge, reserve
 from .sealed import seal, sealed_charge
@@ -226,14 +226,8 @@ class Queries:
     def _question(self, query: Query) -> BcpQuery:
         """What the reader is asked: the spec, whose query it is, until when it may answer."""
         ctx = self.ctx
-        return BcpQuery.model_validate(
-            {
-                "query_id": query.query_id,
-                "controller": query.channel.controller,
-                **query.spec.model_dump(exclude_none=True),
-                "expires_at": iso(ctx.clock() + ctx.settings.query_ttl),
-            }
-        )
+        expires_at = ctx.clock() + ctx.settings.query_ttl
+        return question(query.spec, query.query_id, query.channel.controller, expires_at)
 
     def fail(self, query: Query, reason: str, detail: str) -> list[Action]:
         """End ``query`` with ``bcp_query_failed`` to its controller, after a committed row.

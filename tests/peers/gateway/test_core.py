@@ -21,6 +21,7 @@ from peers.gateway.core import (
     channel_of,
     parse,
 )
+from peers.gateway.core.frames import iso, question, wire
 from peers.gateway.core.outcomes import FAILURE_OUTCOMES, OutcomeCharge, outcome_charge
 from peers.gateway.events import (
     CancelTimer,
@@ -38,7 +39,7 @@ from peers.gateway.events import (
 )
 from peers.gateway.state import GatewayState, Held, Orphans
 from schemas.agents import build_channels, load_agents
-from schemas.bcp import UNTRUSTED_NOTICE, BcpQueryFailed, BcpResponse
+from schemas.bcp import UNTRUSTED_NOTICE, BcpQuery, BcpQueryFailed, BcpResponse, QuerySpec
 
 from .test_flows import CAT1, CAT1_BITS, CAT2, CAT3, agents
 
@@ -946,6 +947,18 @@ def test_anomalies_reach_the_controller_on_flag_and_the_human_on_review(tmp_path
         assert sent(actions, "bcp_approval_request").anomalies
 
 
+@pytest.mark.parametrize("spec", [CAT1, CAT2, CAT3], ids=["cat1", "cat2", "cat3"])
+def test_the_question_frame_is_what_its_model_would_validate(spec):
+    """bcp_query, put together from parts validated already, sends exactly what validating
+    the same parts through BcpQuery would send, and validates as one."""
+    bare = QuerySpec.model_validate(spec)
+    at = 1_790_000_000.75
+    built = wire(question(bare, "q-1", "main", at))
+    fields = {"query_id": "q-1", "controller": "main", **spec, "expires_at": iso(at)}
+    assert built == wire(BcpQuery.model_validate(fields))
+    assert wire(BcpQuery.model_validate(built)) == built
+
+
 # The release grid (delivery_quantum)
 
 
@@ -997,6 +1010,28 @@ def test_a_late_answer_pays_for_its_slot_and_releases_in_order(tmp_path):
     assert shell.handle(TimerFired(timers[0].key)) == []
     used = core.state.ledger.used(KEY)
     assert used == pytest.approx(2 * (CAT1_BITS + 1 + 6), abs=1e-3) and used < reserved
+
+
+def test_a_grid_points_deliveries_leave_side_by_side(tmp_path):
+    """Two answers due at one grid point are released as one background run each, in order,
+    so the second's send does not wait for the first's answer and row."""
+    core, shell, clock = make(tmp_path, quantum=0.1)
+    ask(shell, "q1")
+    ask(shell, "q2")
+    clock.now += 0.05
+    good = {"has_pricing": True, "tier": "pro", "rating": 4, "region": "eu"}
+    timers = [
+        a
+        for query_id in ("q1", "q2")
+        for a in answer(shell, good, query_id)
+        if isinstance(a, SetTimer) and a.key[0] == "release"
+    ]
+    clock.now += 0.05
+    released = core.handle(TimerFired(timers[0].key))
+    runs = [a.actions for a in released if isinstance(a, Spawn)]
+    sends = [[a for a in run if isinstance(a, Send)] for run in runs]
+    assert [[s.content["query_id"] for s in run] for run in sends] == [["q1"], ["q2"]]
+    assert all(s.token is not None for run in sends for s in run)
 
 
 def test_a_failure_leaves_on_the_grid_and_says_what_it_cost(tmp_path):
