@@ -10,7 +10,7 @@ A message to many targets (:meth:`Deliveries.deliver_all`) costs one timer, not 
 and no task for the targets that can take their frame at once: the fan-out writes those
 calls itself and each answer's future records its outcome in a callback. A target that is
 behind (its in-flight slots taken, its write buffer over the low mark, a frame over
-:data:`INLINE_BYTES`) gets a task of its own, so that it holds up no other.
+:data:`INLINE_BYTES`, its socket closing) gets a task of its own, so that it holds up no other.
 """
 
 from __future__ import annotations
@@ -292,11 +292,15 @@ target's write buffer under its low mark (8 KiB), such a frame leaves it under t
 
 def _writes_at_once(target: Connection, params: Params) -> bool:
     """Whether a call to ``target`` can be written without waiting: a free in-flight slot,
-    a write buffer under its low mark, and a small frame."""
+    a write buffer under its low mark, a small frame, and a socket not closing (a write to it
+    would wait for the close handshake, outside ``process_timeout``, and every target after
+    it with it)."""
     inflight = target.inflight
     if inflight is not None and inflight.locked():
         return False
-    return not target.write_blocked() and params.size() <= INLINE_BYTES
+    if target.write_blocked() or target.closing():
+        return False
+    return params.size() <= INLINE_BYTES
 
 
 class _Spread:

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from ..core.calls import PeerGone, PendingCalls
 from ..core.errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
@@ -458,6 +459,15 @@ class Connection:
         size: int = transport.get_write_buffer_size()
         low: int = transport.get_write_buffer_limits()[0]
         return size > low
+
+    def closing(self) -> bool:
+        """Whether the socket has begun to close: a frame written to it now may wait for the
+        close handshake to end (websockets waits up to its ``close_timeout``, 10 s) rather
+        than go out at once."""
+        state = getattr(self.ws, "state", State.OPEN)
+        transport = getattr(self.ws, "transport", None)
+        closed: bool = transport is not None and transport.is_closing()
+        return self._gone or state is not State.OPEN or closed
 
     async def force_close(self, code: int, reason: str) -> None:
         """Close with ``code``, dropping the TCP connection if the close frame cannot go out
