@@ -414,15 +414,24 @@ class _Spread:
             return  # abandoned
         error = task.exception()
         if error is not None:
-            if not self._done.done():
-                self._done.set_exception(error)
+            self._fail(error)
             return
         self._count(index, task.result())
 
     def _end(self, index: int, route: Route[Link], status: str, error: str | None) -> None:
         took = self._loop.time() - self._started
-        self._deliveries.finished(route, self._message, status, error, took)
+        try:
+            self._deliveries.finished(route, self._message, status, error, took)
+        except Exception as exc:  # the log refused the row: closed, or its backlog full
+            # Raised in a future's callback it would be lost and this delivery never counted:
+            # the fan-out ends with it instead, as a delivery's own task ends it.
+            self._fail(exc)
+            return
         self._count(index, status == "processed")
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done.done():
+            self._done.set_exception(error)
 
     def _count(self, index: int, processed: bool) -> None:
         self._outcomes[index] = processed

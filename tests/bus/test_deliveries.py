@@ -14,6 +14,7 @@ from websockets.uri import parse_uri
 from bus.core.policy import Policy
 from bus.ops.config import Limits
 from peers import Message
+from peers.errors import RequestRefused
 from peers.testing import BusHarness, Inbox, running_bus, scaled
 
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -211,3 +212,38 @@ async def test_subscriber_in_its_closing_handshake_stalls_no_other(tmp_path):
                 never.set()
         rows = {r["actor"]: r["status"] for r in h.rows(event="process_finish", message_id="m1")}
         assert rows["fan:b"] == "timeout"
+
+
+async def test_a_row_the_log_refuses_ends_the_fan_out_with_its_error(tmp_path):
+    """When the activity log refuses the process_finish rows of a fan-out (its backlog full),
+    the sender is answered at once with -32006, as for any refused row, instead of waiting
+    for ever on deliveries whose outcome could not be recorded."""
+    answered = asyncio.Event()
+    got = [asyncio.Event(), asyncio.Event()]
+
+    def holding(arrived: asyncio.Event):
+        async def handle(message: Message) -> None:
+            arrived.set()
+            await answered.wait()
+
+        return handle
+
+    async with running_bus(tmp_path, policy=POLICY) as h:
+        async with h.peer("fan:pub") as pub, h.peer("fan:a") as a, h.peer("fan:b") as b:
+            for peer, arrived in zip((a, b), got, strict=True):
+                peer.handle(None, holding(arrived))
+                await peer.subscribe("fan:x")
+            sending = asyncio.create_task(pub.send("fan:x", "agent_event", {}, message_id="m1"))
+            async with asyncio.timeout(scaled(5)):
+                for arrived in got:
+                    await arrived.wait()
+            log, queue_max = h.bus.log, h.bus.log.queue_max
+            log.queue_max = 0  # as if queue_max rows were waiting for the disk: rows refused
+            try:
+                answered.set()
+                async with asyncio.timeout(scaled(5)):
+                    with pytest.raises(RequestRefused) as refused:
+                        await sending
+            finally:
+                log.queue_max = queue_max
+            assert refused.value.code == -32006
