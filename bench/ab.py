@@ -6,6 +6,8 @@ run is a child ``python -c`` started in its tree, so ``bench``, ``bus`` and ``pe
 tree's (and the children it starts get ``PYTHONPATH`` to it, see :mod:`bench.common`). Make the
 other tree with ``git worktree add /tmp/base COMMIT``; remove it with ``git worktree remove``.
 ``--this TREE`` compares two other trees, e.g. a change of the past against its parent;
+``--fanout N`` runs scenario 4 (``bench.fanout``: one publisher, N subscribers) instead, and
+reports deliveries/s and server CPU µs a delivery;
 ``--transport picows`` serves this tree's bus with picows (``python -m bench.ab . --transport
 picows`` compares the two transports on one tree).
 
@@ -44,11 +46,32 @@ async def main():
 print(json.dumps(asyncio.run(main())[str(window)]))
 """
 
+_FANOUT_DRIVER = """
+import asyncio, json, sys, tempfile
+from pathlib import Path
+from bench import fanout
+window, count, subscribers = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+options = fanout.Options(
+    reps=1, subscribers=subscribers, windows=(window,), count=count, warmup=min(50, count)
+)
+async def main():
+    with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
+        return await fanout._one("bus", Path(tmp), options)
+figures = asyncio.run(main())[str(window)]
+figures["msgs_per_s"] = figures.pop("deliveries_per_s")  # the rate ab.py reports
+print(json.dumps(figures))
+"""
 
-def _run(tree: Path, window: int, count: int, transport: str | None) -> dict[str, float]:
-    extra = [] if transport is None else [transport]
+
+def _run(
+    tree: Path, window: int, count: int, transport: str | None, fanout: int | None = None
+) -> dict[str, float]:
+    if fanout is not None:
+        command = [_FANOUT_DRIVER, str(window), str(count), str(fanout)]
+    else:
+        command = [_DRIVER, str(window), str(count), *([] if transport is None else [transport])]
     done = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(window), str(count), *extra],
+        [sys.executable, "-c", *command],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -84,17 +107,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="this tree's bus's serve --transport (the other tree's keeps its default); with "
         "the other tree this one, it compares the transports",
     )
+    parser.add_argument(
+        "--fanout",
+        type=int,
+        metavar="N",
+        help="run the fan-out scenario with N subscribers (rates are then deliveries/s and "
+        "CPU is per delivery; --count is messages, each delivered N times)",
+    )
     args = parser.parse_args(argv)
+    if args.fanout is not None and args.transport is not None:
+        parser.error("--fanout runs each tree's bus as it serves by default: drop --transport")
     trees = {"other": args.other.resolve(), "this": args.this.resolve()}
     runs: dict[str, list[dict[str, float]]] = {"other": [], "this": []}
+    unit, each = ("msgs", "msg") if args.fanout is None else ("deliveries", "delivery")
     for pair in range(args.pairs):
         for name in ("other", "this") if pair % 2 == 0 else ("this", "other"):
             transport = args.transport if name == "this" else None
-            figures = _run(trees[name], args.window, args.count, transport)
+            figures = _run(trees[name], args.window, args.count, transport, args.fanout)
             runs[name].append(figures)
             print(
-                f"pair {pair + 1} {name}: {figures['msgs_per_s']:,.0f} msgs/s, "
-                f"{figures['server_cpu_us']:.0f} us/msg, p50 {figures['p50_ms']:.1f} ms; "
+                f"pair {pair + 1} {name}: {figures['msgs_per_s']:,.0f} {unit}/s, "
+                f"{figures['server_cpu_us']:.0f} us/{each}, p50 {figures['p50_ms']:.1f} ms; "
                 f"load average {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
@@ -102,13 +135,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         msgs = [f["msgs_per_s"] for f in runs[name]]
         cpu = [f["server_cpu_us"] for f in runs[name]]
         served = f", --transport {args.transport}" if name == "this" and args.transport else ""
-        print(f"{name} ({tree}{served}): msgs/s {_spread(msgs)}; server CPU us/msg {_spread(cpu)}")
+        print(
+            f"{name} ({tree}{served}): {unit}/s {_spread(msgs)}; "
+            f"server CPU us/{each} {_spread(cpu)}"
+        )
     pairs = list(zip(runs["this"], runs["other"], strict=True))
     msgs_ratio = [a["msgs_per_s"] / b["msgs_per_s"] for a, b in pairs]
     cpu_ratio = [a["server_cpu_us"] / b["server_cpu_us"] for a, b in pairs if b["server_cpu_us"]]
-    print(f"this/other msgs/s per pair: {_spread(msgs_ratio, 3)}")
+    print(f"this/other {unit}/s per pair: {_spread(msgs_ratio, 3)}")
     if cpu_ratio:
-        print(f"this/other CPU/msg per pair: {_spread(cpu_ratio, 3)}")
+        print(f"this/other CPU/{each} per pair: {_spread(cpu_ratio, 3)}")
     return 0
 
 

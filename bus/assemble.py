@@ -15,10 +15,10 @@ started beside the bus with ``peers.gateway.runner``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import ssl as _ssl
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
 
 from .core.identities import PeerIdentity
 from .core.policy import Policy
@@ -33,9 +33,6 @@ from .ops.config import AuditSettings, HttpSettings, Limits, LogContent, Transpo
 from .ops.credentials import Credentials
 from .server import Bus
 from .transports.websocket import WebSocketDoor
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["HttpListenFailed", "door_for", "running"]
 
@@ -85,20 +82,37 @@ async def running(
     """
     door = door_for(transport)
     log = _activity_log(db, audit or AuditSettings(), accept_broken_log)
+    options = _BusOptions(credentials, policy, identities, limits, server_id, log_content)
     async with log:  # opened before the bus reads its last epoch; closed after the bus
-        async with Bus(
-            policy=policy or Policy.default(),
-            credentials=credentials,
-            log=log,
-            identities=identities,
-            limits=limits,
-            server_id=server_id,
-            log_content=log_content,
-            door=door,
-        ) as bus:
+        async with options.bus(log, door) as bus:
             await bus.start(host, port, ssl=ssl)
             async with _http_binding(bus, http, host, ssl):
                 yield bus
+
+
+@dataclasses.dataclass(frozen=True)
+class _BusOptions:
+    """What :func:`running` hands the :class:`Bus` itself, as it was given."""
+
+    credentials: Credentials
+    policy: Policy | None
+    identities: Mapping[str, PeerIdentity] | None
+    limits: Limits | None
+    server_id: str | None
+    log_content: LogContent
+
+    def bus(self, log: ActivityLog, door: type[WebSocketDoor]) -> Bus:
+        """A bus on ``log`` behind ``door``, not started (the built-in policy if none)."""
+        return Bus(
+            policy=self.policy or Policy.default(),
+            credentials=self.credentials,
+            log=log,
+            identities=self.identities,
+            limits=self.limits,
+            server_id=self.server_id,
+            log_content=self.log_content,
+            door=door,
+        )
 
 
 def door_for(transport: Transport) -> type[WebSocketDoor]:

@@ -4,8 +4,9 @@
 decided in :mod:`bus.core.delivery` (targets, taint, relevance, debounce, outcomes); this
 module gives the epoch, writes the ``send_start`` row, commits before anything is delivered
 (fail closed: -32006 and nothing delivered when the log cannot commit), calls every target
-concurrently (each call under its timeout: :mod:`bus.deliveries`), and records how the message
-ended. The bus (:class:`bus.server.Bus`) owns one and hands it what it accepted.
+concurrently (every call under ``process_timeout``, one timer for them all:
+:mod:`bus.deliveries`), and records how the message ended. The bus
+(:class:`bus.server.Bus`) owns one and hands it what it accepted.
 """
 
 from __future__ import annotations
@@ -283,30 +284,36 @@ class Fanout:
             release = hold_request_bytes()
             target.handle.spawn(deliveries.deliver_unheard(target, params, message, release))
         if not targets:
-            results: list[bool] = []
-        elif len(targets) == 1:
-            results = [await deliveries.deliver(targets[0], params, message)]
+            delivered = 0
+        elif len(targets) == 1:  # the common case, without a task and a gather
+            delivered = int(await deliveries.deliver(targets[0], params, message))
         else:
-            results = await asyncio.gather(
-                *(deliveries.deliver(target, params, message) for target in targets)
-            )
-        delivered, reached = sum(results), len(targets)
+            delivered = sum(await deliveries.deliver_all(targets, params, message))
+        reached = len(targets)
         if remote is not None:
             elsewhere, reached_elsewhere = await remote
             delivered, reached = delivered + elsewhere, reached + reached_elsewhere
         status = f"delivered {delivered}/{reached}"
+        if unheard:
+            status = f"{status}, unheard {len(unheard)}"
+        await self._finish(message, actor, rpc_id, status)
+        return delivered
+
+    async def _finish(
+        self, message: Message, actor: str | None, rpc_id: str | None, status: str
+    ) -> None:
+        """Record ``message``'s ``send_finish`` row with ``status``, and commit every row."""
         self.log.record(
             LogEvent.SEND_FINISH,
             message_id=message.message_id,
             rpc_id=rpc_id,
             actor=actor,
             topic=message.topic,
-            status=f"{status}, unheard {len(unheard)}" if unheard else status,
+            status=status,
             epoch=message.epoch,
             trace_id=message.trace_id,
         )
         await self.log.commit()
-        return delivered
 
 
 def record_row(log: ActivityLog, row: Record) -> None:

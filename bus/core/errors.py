@@ -47,6 +47,7 @@ __all__ = [
     "CLOSE_REPLACED",
     "CLOSE_REVOKED",
     "CLOSE_EVICTED",
+    "CLOSE_FRAME_TIMEOUT",
     "CLOSE_GOING_AWAY",
     "CLOSE_POLICY_VIOLATION",
     "AlreadyInitialized",
@@ -328,6 +329,7 @@ CLOSE_AUTH_FAILED = 4003
 CLOSE_SLOW_CONSUMER = 4004
 CLOSE_REVOKED = 4005
 CLOSE_EVICTED = 4006
+CLOSE_FRAME_TIMEOUT = 4007
 
 CLOSE_CODES: dict[int, str] = {
     1001: "the bus is shutting down",
@@ -344,4 +346,6 @@ CLOSE_CODES: dict[int, str] = {
     "no longer admits its roles; reconnect with a valid token",
     CLOSE_EVICTED: "evicted: the oldest of max_anonymous_per_address sockets from one address "
     "that had not initialized, closed to let a newer one in",
+    CLOSE_FRAME_TIMEOUT: "frame read timeout: a frame of 64 KiB or more was not read whole "
+    "within frame_read_timeout seconds",
 }

@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_REFUSAL_LOG_INTERVAL",
     "DEFAULT_SHUTDOWN_GRACE",
     "DEFAULT_SLOW_CONSUMER_TIMEOUT",
+    "DEFAULT_FRAME_READ_TIMEOUT",
     "DEFAULT_HTTP_BODY_TIMEOUT",
     "DEFAULT_HTTP_HEADER_TIMEOUT",
     "DEFAULT_HTTP_KEEP_ALIVE_TIMEOUT",
@@ -81,6 +82,7 @@ DEFAULT_MAX_INFLIGHT_REQUESTS = 256
 DEFAULT_MAX_INFLIGHT_BYTES = 256 << 20
 DEFAULT_MAX_WRITE_BUFFER = 4 << 20
 DEFAULT_SLOW_CONSUMER_TIMEOUT = 10.0
+DEFAULT_FRAME_READ_TIMEOUT = 30.0
 DEFAULT_DEDUP_WINDOW = 300.0
 DEFAULT_DEDUP_MAX_IDS = 100_000
 DEFAULT_SHUTDOWN_GRACE = 10.0
@@ -161,6 +163,10 @@ class Limits:
     slow_consumer_timeout: Seconds | None = DEFAULT_SLOW_CONSUMER_TIMEOUT
     """Seconds the bus may be unable to write to a peer (its unread bytes above the socket's 32
     KiB write limit all along) before it disconnects it with 4004."""
+    frame_read_timeout: Seconds | None = DEFAULT_FRAME_READ_TIMEOUT
+    """Seconds a socket may hold one of the large-frame slots (:mod:`bus.transports.intake`)
+    without its read loop taking a frame; then it is closed with 4007 and the slot freed, so a
+    peer that stops in the middle of a large frame cannot keep others' large messages out."""
     dedup_window: Seconds | None = DEFAULT_DEDUP_WINDOW
     """Seconds a ``messageId`` is remembered per sender; None turns duplicate refusal off."""
     shutdown_grace: Seconds | None = DEFAULT_SHUTDOWN_GRACE

@@ -498,15 +498,30 @@ class Connection:
             PeerGone: the connection closed first.
             BusError: the peer answered with an error.
         """
-        if self._gone:
-            raise PeerGone(self.name)
-        request_id = self.session.send_request(method, params)
-        future = self._pending.expect(request_id)
+        request_id, future = self.queue_call(method, params)
         try:
             await self.flush()
             return await future
         finally:
             self._pending.forget(request_id)
+
+    def queue_call(self, method: str, params: Any) -> tuple[int, asyncio.Future[Any]]:
+        """Queue a request to the peer, unwritten; return its id and the future its answer
+        settles. Await :meth:`flush` next, and call :meth:`forget_call` once the future is done
+        or no longer awaited: :meth:`call` without a coroutine per call, for a caller that
+        waits for many at once.
+
+        Raises:
+            PeerGone: the connection is closed.
+        """
+        if self._gone:
+            raise PeerGone(self.name)
+        request_id = self.session.send_request(method, params)
+        return request_id, self._pending.expect(request_id)
+
+    def forget_call(self, request_id: int) -> None:
+        """Stop waiting for the answer to a :meth:`queue_call` request."""
+        self._pending.forget(request_id)
 
     # Tasks
 

@@ -144,7 +144,7 @@ class HttpBinding:
         """The ASGI application; mount it elsewhere if the bus's own server is not wanted."""
         self._listener = _Listener(self.host, ssl)
         self._flusher: asyncio.Task[None] | None = None
-        self._requests: set[asyncio.Task[Any]] = set()
+        self._posted = _Posted(bus, settings.max_requests)
         self._closing = False
 
     def _routes(self) -> list[BaseRoute]:
@@ -213,7 +213,7 @@ class HttpBinding:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
         self.refusals.flush()
-        await _finish(self._requests, self.bus.limits.shutdown_grace)
+        await self._posted.finish(self.bus.limits.shutdown_grace)
         await self.webhooks.close()
         self.metrics.detach()
 
@@ -248,7 +248,7 @@ class HttpBinding:
         size = 0
         try:
             wait = _flag(request.query_params.get("wait"), "wait")
-            self._check_backlog(route.client_id)
+            self._posted.check(route.client_id)
             body, size = await self._body(request, route.client_id)
             if isinstance(body, dict) and "traceparent" in request.headers:
                 body = _with_traceparent(body, request.headers["traceparent"])
@@ -266,7 +266,9 @@ class HttpBinding:
 
         # The body's bytes stay charged to the bus's budget until the delivery ends, as a
         # WebSocket frame's do until its request is answered.
-        task = self._own(self.bus.handle(route, rpc, accepted=None if wait else on_accept), size)
+        task = self._posted.own(
+            self.bus.handle(route, rpc, accepted=None if wait else on_accept), size
+        )
         if wait:
             # Shielded: a client that goes away does not stop the delivery it asked for.
             return JSONResponse(await asyncio.shield(task))
@@ -363,21 +365,6 @@ class HttpBinding:
             self.guard.authenticated(request.client.host, request.client.port)
         return route
 
-    def _check_backlog(self, actor: str) -> None:
-        """Refuse a message when ``max_requests`` are being handled or delivered already.
-
-        Raises:
-            LimitExceeded: logged as ``limit_exceeded`` (status ``http_max_requests``).
-        """
-        limit = self.settings.max_requests
-        if limit is None or len(self._requests) < limit:
-            return
-        self.bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_max_requests")
-        raise LimitExceeded(
-            f"Limit exceeded: {limit} messages posted over HTTP are still being delivered "
-            "(max_requests); retry later"
-        )
-
     async def _body(self, request: HTTPRequest, actor: str) -> tuple[Any, int]:
         """The request's JSON body and its size, charged to the bus's byte budget: give it
         back when the request is done. Raises as :func:`_read_body`."""
@@ -385,23 +372,7 @@ class HttpBinding:
 
     async def settled(self) -> None:
         """Return once the requests taken so far are done: delivered, their bytes given back."""
-        await _finish(self._requests, None)
-
-    def _own(self, coro: Coroutine[Any, Any, Any], charge: int) -> asyncio.Task[Any]:
-        # Its bytes stay charged after it ends while a delivery it did not wait for (to a more
-        # tainted receiver) still holds the message, as a WebSocket request's do.
-        context, release = charged_context(self.bus.byte_budget, charge)
-        task = asyncio.get_running_loop().create_task(coro, context=context)
-        self._requests.add(task)
-        task.add_done_callback(lambda done: self._done(done, release))
-        return task
-
-    def _done(self, task: asyncio.Task[Any], release: Callable[[], None]) -> None:
-        self._requests.discard(task)
-        release()
-        if not task.cancelled() and isinstance(task.exception(), Exception):
-            # Answered already (202) or by the handler: retrieving it keeps asyncio quiet.
-            logger.debug("request ended with %r", task.exception())
+        await self._posted.finish(None)
 
 
 async def _read_body(
@@ -452,15 +423,63 @@ def _too_large(bus: BusPort, actor: str, limit: int) -> BodyTooLarge:
     return BodyTooLarge(f"Request body larger than max_frame_bytes ({limit} bytes)")
 
 
-async def _finish(requests: set[asyncio.Task[Any]], grace: float | None) -> None:
-    """Wait up to ``grace`` seconds for ``requests`` to end, then cancel the rest."""
-    if not requests:
-        return
-    _, pending = await asyncio.wait(set(requests), timeout=grace)
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.wait(pending)
+class _Posted:
+    """The messages posted over HTTP still being handled or delivered: at most
+    ``max_requests`` of them, each holding its body's bytes in the bus's budget until its
+    delivery ends; :meth:`finish` waits for them when the binding closes.
+
+    Args:
+        bus: whose budget and log they use.
+        limit: the most at once (``max_requests``); None for no limit.
+    """
+
+    def __init__(self, bus: BusPort, limit: int | None) -> None:
+        self.bus, self.limit = bus, limit
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def check(self, actor: str) -> None:
+        """Refuse a message when ``max_requests`` are being handled or delivered already.
+
+        Raises:
+            LimitExceeded: logged as ``limit_exceeded`` (status ``http_max_requests``).
+        """
+        limit = self.limit
+        if limit is None or len(self._tasks) < limit:
+            return
+        self.bus.log.record(LogEvent.LIMIT_EXCEEDED, actor=actor, status="http_max_requests")
+        raise LimitExceeded(
+            f"Limit exceeded: {limit} messages posted over HTTP are still being delivered "
+            "(max_requests); retry later"
+        )
+
+    def own(self, coro: Coroutine[Any, Any, Any], charge: int) -> asyncio.Task[Any]:
+        """Run ``coro``, a request whose body took ``charge`` bytes of the budget, until it
+        and the deliveries it leaves running end; then give the bytes back."""
+        # Its bytes stay charged after it ends while a delivery it did not wait for (to a more
+        # tainted receiver) still holds the message, as a WebSocket request's do.
+        context, release = charged_context(self.bus.byte_budget, charge)
+        task = asyncio.get_running_loop().create_task(coro, context=context)
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._done(done, release))
+        return task
+
+    def _done(self, task: asyncio.Task[Any], release: Callable[[], None]) -> None:
+        self._tasks.discard(task)
+        release()
+        if not task.cancelled() and isinstance(task.exception(), Exception):
+            # Answered already (202) or by the handler: retrieving it keeps asyncio quiet.
+            logger.debug("request ended with %r", task.exception())
+
+    async def finish(self, grace: float | None) -> None:
+        """Wait up to ``grace`` seconds (None: as long as it takes) for the requests to end,
+        then cancel the rest."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
 
 
 class _Listener:

@@ -14,8 +14,16 @@ parser keeps it until the next frame arrives, which for a peer that sent one lar
 waits for its answer is as long as the bus holds the message, a second copy of it.
 
 A slot is held only while a frame is being read, and a frame being read always ends: the
-sender finishes it or its connection closes (authenticated peers are accountable; sockets that
-never initialize are closed by ``initialize_timeout``).
+sender finishes it, or :attr:`Intake.read_timeout` passes without the read loop taking a frame
+from that socket, and the intake takes the slot back, stops reading the socket and tells
+:attr:`Intake.refused` (the door closes it with 4007): a peer that stops in the middle of a
+large frame cannot hold a slot for ever.
+
+Sockets that have not initialized take no slot, and stop being read once they hold
+:data:`ANONYMOUS_LARGE` unread; what those stopped hold (up to one read of the event loop more,
+256 KiB) is counted, and past :attr:`Intake.anonymous_limit` in all the socket is refused
+(``anonymous_unread``; the door closes it with 1013): a thousand of them hold a few MiB, not
+the third of a GiB that a thousand reads would.
 """
 
 from __future__ import annotations
@@ -25,10 +33,14 @@ import collections
 from collections.abc import Callable, Sized
 from typing import Any
 
-__all__ = ["LARGE", "Intake"]
+__all__ = ["ANONYMOUS_LARGE", "LARGE", "Intake"]
 
 LARGE = 64 << 10
 """Bytes of unread frames from one socket past which it needs a slot."""
+
+ANONYMOUS_LARGE = 16 << 10
+"""Bytes of unread frames past which a socket that has not initialized stops being read (an
+``initialize`` frame is far smaller, so it is read whole)."""
 
 _HEADER = 14
 """The most bytes of WebSocket framing around a frame's text (header and mask)."""
@@ -43,6 +55,17 @@ class Intake:
 
     def __init__(self, slots: int) -> None:
         self.slots = max(1, slots)
+        self.read_timeout: float | None = None
+        """Seconds a socket may hold a slot without a frame taken from it; None: for ever."""
+        self.anonymous_limit = max(self.slots * LARGE, 1 << 20)
+        """Bytes that sockets not initialized, stopped inside a frame, may hold unread in all."""
+        self.anonymous_unread = 0
+        """Bytes they hold now (counted when each was stopped)."""
+        self.refused: Callable[[Any, str], None] | None = None
+        """Told of a socket the intake stopped reading for good, and why: ``read_timeout``
+        (it held a slot that long without a frame taken) or ``anonymous_unread`` (not
+        initialized, and its unread bytes would pass :attr:`anonymous_limit`). Close it;
+        without this hook the intake closes the transport itself."""
         self._holders: set[Reader] = set()
         self._waiting: collections.deque[Reader] = collections.deque()
 
@@ -69,6 +92,7 @@ class Intake:
             return None
         reader = Reader(self, transport, receive, _unparsed(ws))
         reader.anonymous = anonymous
+        reader.socket = ws
         # The transport calls its protocol's data_received: counting goes in between.
         ws.data_received = reader.data_received
         frames = getattr(ws, "recv_messages", None)
@@ -80,19 +104,68 @@ class Intake:
 
     def _acquire(self, reader: Reader) -> bool:
         if len(self._holders) < self.slots:
-            self._holders.add(reader)
+            self._hold(reader)
             return True
         self._waiting.append(reader)
         return False
 
+    def _hold(self, reader: Reader) -> None:
+        self._holders.add(reader)
+        self._arm(reader)
+
+    def _arm(self, reader: Reader) -> None:
+        """(Re)start ``reader``'s clock: it has ``read_timeout`` to hand over its next frame."""
+        if reader.timer is not None:
+            reader.timer.cancel()
+            reader.timer = None
+        if self.read_timeout is not None:
+            loop = asyncio.get_running_loop()
+            reader.timer = loop.call_later(self.read_timeout, self._expired, reader)
+
     def _release(self, reader: Reader) -> None:
         self._holders.discard(reader)
+        if reader.timer is not None:
+            reader.timer.cancel()
+            reader.timer = None
         while self._waiting and len(self._holders) < self.slots:
             nxt = self._waiting.popleft()
             if nxt.closed:
                 continue
-            self._holders.add(nxt)
+            self._hold(nxt)
             nxt.resume()
+
+    def _expired(self, reader: Reader) -> None:
+        # The socket stopped inside its frame: the slot goes to the next, the socket is no
+        # longer read (held: nothing resumes it) and is closed by its owner.
+        reader.timer = None
+        if reader not in self._holders or reader.closed:
+            return
+        reader.held = True
+        reader.transport.pause_reading()
+        self._release(reader)
+        self._refuse(reader, "read_timeout")
+
+    def _park(self, reader: Reader, unread: int) -> None:
+        """Stop reading ``reader``, not initialized, that holds ``unread`` bytes of a frame:
+        counted against :attr:`anonymous_limit`, or refused if they do not fit."""
+        reader.held = True
+        reader.transport.pause_reading()
+        if self.anonymous_unread + unread > self.anonymous_limit:
+            self._refuse(reader, "anonymous_unread")
+            return
+        reader.parked = unread
+        self.anonymous_unread += unread
+
+    def _unpark(self, reader: Reader) -> None:
+        self.anonymous_unread -= reader.parked
+        reader.parked = 0
+
+    def _refuse(self, reader: Reader, reason: str) -> None:
+        reader.closed = True  # read no more: nothing resumes it, no slot is given it
+        if self.refused is not None:
+            self.refused(reader.socket, reason)
+        else:
+            reader.transport.close()
 
 
 def _unparsed(ws: Any) -> Callable[[], int] | None:
@@ -109,7 +182,9 @@ class Reader:
     """What one socket has read and its read loop not yet taken (see :class:`Intake`).
 
     A socket that has not initialized (:attr:`anonymous`) never takes a slot: its large frame
-    waits, unread, until it initializes (:meth:`trust`) or ``initialize_timeout`` closes it.
+    waits, unread (past :data:`ANONYMOUS_LARGE`, counted against the intake's
+    ``anonymous_limit``), until it initializes (:meth:`trust`) or ``initialize_timeout``
+    closes it.
     ``initialize`` is a small frame, so a peer loses nothing; sockets that never initialize,
     sending the start of a large frame and nothing more, would otherwise hold every slot and
     stop every peer's large messages.
@@ -121,12 +196,15 @@ class Reader:
         "_intake",
         "_last",
         "_receive",
-        "_transport",
         "_unparsed",
         "anonymous",
         "closed",
         "held",
+        "parked",
         "pending",
+        "socket",
+        "timer",
+        "transport",
     )
 
     def __init__(
@@ -136,7 +214,7 @@ class Reader:
         receive: Callable[[bytes], None],
         unparsed: Callable[[], int] | None,
     ) -> None:
-        self._intake, self._transport, self._receive = intake, transport, receive
+        self._intake, self.transport, self._receive = intake, transport, receive
         self._unparsed = unparsed
         self._frames: Sized | None = None
         self._assembler: Any = None
@@ -146,7 +224,13 @@ class Reader:
         self.anonymous = False
         """Not initialized yet: takes no slot."""
         self.held = False
-        """Stopped by the intake (waiting for a slot, or anonymous)."""
+        """Stopped by the intake (waiting for a slot, anonymous, or stalled)."""
+        self.parked = 0
+        """Bytes counted in :attr:`Intake.anonymous_unread` for this socket."""
+        self.socket: Any = None
+        """The connection watched (what :attr:`Intake.refused` is told of)."""
+        self.timer: asyncio.TimerHandle | None = None
+        """Fires ``read_timeout`` after the slot was taken or a frame last taken from it."""
 
     def assembled(self, assembler: Any) -> None:
         """Remember the last data frame websockets hands ``assembler`` (its message queue),
@@ -181,16 +265,21 @@ class Reader:
         self.pending += len(data)
         self._receive(data)
         intake = self._intake
-        if self.held or self.closed or self in intake._holders or self._unread() < LARGE:
+        if self.held or self.closed or self in intake._holders:
             return
-        if self.anonymous or not intake._acquire(self):
+        unread = self._unread()
+        if self.anonymous:
+            if unread >= ANONYMOUS_LARGE:
+                intake._park(self, unread)
+        elif unread >= LARGE and not intake._acquire(self):
             self.held = True
-            self._transport.pause_reading()
+            self.transport.pause_reading()
 
     def trust(self) -> None:
         """The socket initialized: from now on it may take a slot, and a large frame it
         was stopped in waits for one now."""
         self.anonymous = False
+        self._intake._unpark(self)  # it may read its frame now, with a slot
         if self.held and not self.closed and self not in self._intake._waiting:
             if self._intake._acquire(self):
                 self.resume()
@@ -203,8 +292,11 @@ class Reader:
             # Every frame queued was read: the last one's bytes are a copy nobody needs.
             self._last.data = b""
             self._last = None
-        if self._unread() < LARGE and self in self._intake._holders:
-            self._intake._release(self)
+        if self in self._intake._holders:
+            if self._unread() < LARGE:
+                self._intake._release(self)
+            else:
+                self._intake._arm(self)  # a frame came whole: the next one has its own time
 
     def _unread(self) -> int:
         # The frame being read, as websockets holds it; else the bytes counted in and out.
@@ -215,12 +307,13 @@ class Reader:
         self.held = False
         if self._assembler is not None and self._assembler.paused:
             return  # its frame queue is full: websockets resumes it once the loop drains it
-        if not self._transport.is_closing():
-            self._transport.resume_reading()
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def close(self) -> None:
         """The connection ended: free its slot, and leave the queue."""
         self.closed = True
+        self._intake._unpark(self)
         if self in self._intake._holders:
             self._intake._release(self)
         elif self in self._intake._waiting:

@@ -27,7 +27,7 @@ from picows import (
 )
 
 from .picows_socket import PicowsSocket
-from .websocket import SocketBus, WebSocketDoor, address_of, bearer_of
+from .websocket import SocketBus, WebSocketDoor
 
 __all__ = ["PicowsDoor"]
 
@@ -101,6 +101,10 @@ class PicowsDoor(WebSocketDoor):
         if self._listener is not None:
             self._listener.close()  # the open connections stay
 
+    def _drop_handshakes(self) -> None:
+        for protocol in list(self._opening):
+            protocol.transport.disconnect(False)
+
     async def close(self) -> None:
         await super().close()
         if self._handlers:
@@ -118,11 +122,12 @@ class PicowsDoor(WebSocketDoor):
 
         def upgrade(request: WSUpgradeRequest) -> Any:
             assert protocol is not None
+            self._opening.discard(protocol)  # the handshake ends in this call, one way or another
             tcp = protocol.transport.underlying_transport
             return self._upgrade(request, tcp.get_extra_info("peername"))
 
         # As picows's ws_create_server makes it, with an upgrade that can see the address.
-        protocol = WSProtocol(
+        protocol = _Tracked(
             None,  # host and port: a client's
             None,  # path: a client's
             False,  # the server side
@@ -139,6 +144,7 @@ class PicowsDoor(WebSocketDoor):
             None,  # extra headers: a client's
             READ_BUFFER,
         )
+        protocol.opening = self._opening
         return protocol
 
     def _upgrade(self, request: WSUpgradeRequest, remote: Any) -> Any:
@@ -158,14 +164,37 @@ class PicowsDoor(WebSocketDoor):
         )
         # Anonymous sockets are counted apart from peers, the oldest of a full address evicted,
         # by the websockets door's own rule.
-        if not self.admits(address_of(socket), bearer_of(socket)):
+        if not self.lobby.admit(socket):
             return _refused(b"too many connections that have not initialized\n")
+        # picows calls on_ws_connected in this same callback once it has sent the 101; if it
+        # did not (it found the upgrade invalid after asking), no handler will run.
+        asyncio.get_running_loop().call_soon(self._unless_connected, socket)
         return socket
+
+    def _unless_connected(self, socket: PicowsSocket) -> None:
+        if socket.transport is None:
+            self.lobby.unclaimed(socket)
 
     def _connected(self, socket: PicowsSocket) -> None:
         handler = asyncio.get_running_loop().create_task(self._handle_connection(cast(Any, socket)))
         self._handlers.add(handler)
         handler.add_done_callback(self._handlers.discard)
+
+
+class _Tracked(WSProtocol):  # type: ignore[misc]
+    """picows's protocol, in its door's ``opening`` set from its first byte until its upgrade
+    (or its end): a closing bus drops those still in their handshake, which the listener's
+    close leaves open (they would wait for handshake_timeout, or the garbage collector)."""
+
+    opening: set[Any]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.opening.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.opening.discard(self)
+        super().connection_lost(exc)
 
 
 def _refused(body: bytes) -> WSUpgradeResponseWithListener:

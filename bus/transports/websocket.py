@@ -5,10 +5,10 @@ what the bus bounds for sockets alone.
 turns each into a :class:`Connection`, and feeds its requests to the bus through
 :class:`SocketBus`: ``initialize`` joins the peer, any other method goes to the bus's method
 table. What only sockets have is decided here with :mod:`bus.core.watch` and
-:mod:`bus.core.strangers`: sockets that never initialize (counted per address, closed after
-``initialize_timeout``, their errors counted instead of logged), frames too large, and slow
-consumers (closed with 4004). The bus (:class:`bus.server.Bus`) owns one door and closes it
-first when it shuts down::
+:mod:`bus.core.strangers`: sockets that never initialize (admitted and counted per address by
+:class:`~bus.transports.lobby.Lobby`, closed after ``initialize_timeout``, their errors counted
+instead of logged), frames too large, and slow consumers (closed with 4004). The bus
+(:class:`bus.server.Bus`) owns one door and closes it first when it shuts down::
 
     door = WebSocketDoor(bus)
     await door.start("127.0.0.1", 0, ssl=None)
@@ -21,20 +21,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as _ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
+from websockets.protocol import State
 
 from ..core import joins, strangers
 from ..core.actions import Action, Record
 from ..core.errors import (
-    CLOSE_EVICTED,
+    CLOSE_FRAME_TIMEOUT,
     CLOSE_GOING_AWAY,
     CLOSE_INITIALIZE_TIMEOUT,
+    CLOSE_TRY_AGAIN_LATER,
     AlreadyInitialized,
     BusError,
     NotInitialized,
@@ -45,12 +47,13 @@ from ..core.protocol import Request
 from ..core.requests import LinkFacts
 from ..core.router import Route
 from ..core.state import PeerStates
-from ..core.watch import Anonymous, SlowConsumers, disconnect_slow
+from ..core.watch import SlowConsumers, disconnect_slow
 from ..ops.config import Limits
 from ..ops.credentials import Credentials
 from ..ops.refusals import Refusals
 from .connection import SLOW, ByteBudget, Connection, Link
-from .local import LocalSocket, Socket, local_pair
+from .lobby import Lobby, address_of, bearer_of
+from .local import LocalSocket, local_pair
 
 __all__ = [
     "Method",
@@ -122,16 +125,18 @@ class WebSocketDoor:
         limits = bus.limits
         self.connections: set[Connection] = set()
         """Every open connection, initialized or not."""
-        self._anonymous = Anonymous(
-            total=limits.max_anonymous_connections, per_address=limits.max_anonymous_per_address
-        )
-        self._waiting: dict[str, dict[Connection, bool]] = {}
-        """By address, the sockets that have not initialized, oldest first; True for those
-        that may be evicted (no peer's token at the handshake)."""
+        self.lobby = Lobby(bus)
+        """The sockets that have not initialized: the anonymous caps, decided at handshakes."""
         timeout = limits.slow_consumer_timeout
         self._slow: SlowConsumers[Connection] | None = (
             None if timeout is None else SlowConsumers(timeout)
         )
+        intake = bus.byte_budget.intake
+        if intake is not None:
+            intake.read_timeout = limits.frame_read_timeout
+            intake.refused = self._intake_refused
+        self._opening: set[Any] = set()
+        """Sockets accepted whose handshake has not ended: :meth:`close` drops them."""
         self._server: Server | None = None
         self._scheme = "ws"
         self._sweeper: asyncio.Task[None] | None = None
@@ -146,6 +151,8 @@ class WebSocketDoor:
             host,
             port,
             process_request=self._process_request,
+            process_response=self._process_response,
+            create_connection=_tracked(self._opening),
             max_size=limits.max_frame_bytes,
             open_timeout=limits.handshake_timeout,
             compression=None,
@@ -220,7 +227,9 @@ class WebSocketDoor:
         await asyncio.wait([asyncio.ensure_future(conn.wait_requests_answered()) for conn in busy])
 
     async def close(self) -> None:
-        """Close every connection (1001) and wait for their handlers and the listener."""
+        """Drop the sockets still in their handshake, close every connection (1001) and wait
+        for their handlers and the listener."""
+        self._drop_handshakes()
         for conn in list(self.connections):
             conn.spawn(conn.close(CLOSE_GOING_AWAY, "bus shutting down"))
         if self._server is not None:
@@ -234,6 +243,13 @@ class WebSocketDoor:
             except asyncio.CancelledError:
                 pass
 
+    def _drop_handshakes(self) -> None:
+        # Their handshake would otherwise run on to handshake_timeout, and the listener's close
+        # wait for it (or, past the loop's end, leave their transports to the collector).
+        for ws in list(self._opening):
+            if ws.protocol.state is State.CONNECTING:
+                ws.transport.abort()
+
     # One socket
 
     def _process_request(self, ws: ServerConnection, request: HTTPRequest) -> HTTPResponse | None:
@@ -242,61 +258,20 @@ class WebSocketDoor:
         bus = self._bus
         if bus.closing:
             return ws.respond(HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
-        if self.admits(address_of(ws), bearer_of(ws)):
+        if self.lobby.admit(ws):
+            # The handshake can still fail after this (the peer leaves, the bus starts closing):
+            # then no handler runs, and the place admit() counted goes back once it is gone.
+            ws.connection_lost_waiter.add_done_callback(lambda _: self.lobby.unclaimed(ws))
             return None
         return ws.respond(
             HTTPStatus.SERVICE_UNAVAILABLE, "too many connections that have not initialized\n"
         )
 
-    def admits(self, address: str, bearer: str | None) -> bool:
-        """Whether a handshake from ``address`` (with ``bearer``, its Authorization token) may
-        open a socket; False: answer it HTTP 503. A door on another WebSocket library calls it
-        at its handshake too.
-
-        Sockets that have not authenticated are counted apart from peers, in total and per
-        address, so that anonymous sockets can never take the places of peers. A handshake
-        that carries a peer's token passes: anonymous sockets from its address (a NAT, a
-        shared host) cannot keep it out. One more from an address at its cap closes the oldest
-        of that address (4006) rather than being refused: nor can they keep out a newer one.
-        """
-        refusal = self._anonymous.refusal(address)
-        if refusal is None or self._bus.credentials.identify(bearer) is not None:
-            return True
-        name, _ = refusal
-        self._bus.refusals.count(name, address)
-        return name == "max_anonymous_per_address" and self._evict_oldest(address)
-
-    def _evict_oldest(self, address: str) -> bool:
-        """Close (4006) the oldest anonymous socket from ``address`` that has not initialized
-        and has no request being handled (an ``initialize`` under way is let finish); False if
-        none. A socket that showed a peer's token at the handshake is never one: it passed the
-        cap so that anonymous sockets of its address cannot keep it out, nor may they kick it
-        out before its ``initialize`` is read."""
-        waiting = self._waiting.get(address, {})
-        victim = next(
-            (
-                conn
-                for conn, anonymous in waiting.items()
-                if anonymous and not conn.requests_in_flight
-            ),
-            None,
-        )
-        if victim is None:
-            return False
-        self._initialized_or_gone(victim, address)
-        reason = "evicted: too many sockets from this address have not initialized"
-        victim.spawn(victim.force_close(CLOSE_EVICTED, reason))
-        return True
-
-    def _initialized_or_gone(self, conn: Connection, address: str) -> None:
-        """Stop counting ``conn`` as anonymous: it initialized, closed, or is being evicted."""
-        group = self._waiting.get(address)
-        if group is None or conn not in group:
-            return
-        del group[conn]
-        if not group:
-            del self._waiting[address]
-        self._anonymous.closed(address)
+    def _process_response(
+        self, ws: ServerConnection, request: HTTPRequest, response: HTTPResponse
+    ) -> None:
+        if response.status_code != HTTPStatus.SWITCHING_PROTOCOLS:
+            self.lobby.unclaimed(ws)  # refused after admission (an invalid upgrade): no handler
 
     async def _handle_connection(self, ws: ServerConnection | LocalSocket) -> None:
         bus, limits = self._bus, self._bus.limits
@@ -314,9 +289,7 @@ class WebSocketDoor:
         self.connections.add(conn)
         bus.states.open(conn)
         address = address_of(ws)
-        self._anonymous.opened(address)  # its connect row waits for initialize (anonymous: none)
-        anonymous = bus.credentials.identify(bearer_of(ws)) is None
-        self._waiting.setdefault(address, {})[conn] = anonymous
+        self.lobby.entered(conn, ws)
         watchdog = self._watch_initialize(conn)
         try:
             await conn.run()
@@ -328,7 +301,7 @@ class WebSocketDoor:
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-            self._initialized_or_gone(conn, address)
+            self.lobby.left(conn, address)
             self.connections.discard(conn)
             if self._slow is not None:
                 self._slow.forget(conn)
@@ -388,7 +361,7 @@ class WebSocketDoor:
         client_id, result = await self._bus.join(
             conn, request, address=address, remote=str(ws.remote_address), bearer=bearer_of(ws)
         )
-        self._initialized_or_gone(conn, address)
+        self.lobby.left(conn, address)
         conn.authenticated(client_id)
         return result
 
@@ -405,6 +378,24 @@ class WebSocketDoor:
         event, address = LogEvent.FRAME_REFUSED, address_of(conn.ws)
         self._bus.carry(strangers.frame_refused(event, conn.client_id, address, status=reason))
 
+    def _intake_refused(self, ws: Any, reason: str) -> None:
+        """The intake stopped reading ``ws`` for good (see :attr:`Intake.refused`): close it,
+        with a row (a peer) or a count (anonymous)."""
+        conn = next((conn for conn in self.connections if conn.ws is ws), None)
+        if conn is None:
+            return
+        limits = self._bus.limits
+        if reason == "read_timeout":
+            code, error = CLOSE_FRAME_TIMEOUT, f"frame_read_timeout {limits.frame_read_timeout}s"
+            why = "frame read timeout: a large frame stopped coming"
+        else:
+            code, error = CLOSE_TRY_AGAIN_LATER, "sockets not initialized hold too many bytes"
+            why = "try again later: initialize before sending large frames"
+        event, address = LogEvent.FRAME_REFUSED, address_of(ws)
+        rows = strangers.frame_refused(event, conn.client_id, address, status=reason, error=error)
+        self._bus.carry(rows)
+        conn.spawn(conn.force_close(code, why))
+
     def _anonymous_error(self, conn: Connection, *, closing: bool) -> None:
         state = self._bus.states.get(conn)
         address = address_of(conn.ws)
@@ -412,39 +403,54 @@ class WebSocketDoor:
 
     # Slow consumers
 
-    async def _sweep_slow_consumers(self) -> None:
-        """Disconnect (4004) every peer the bus has not been able to write to for
-        ``slow_consumer_timeout`` seconds, as NATS's write deadline does.
-
-        "Not able to write" means the socket's unread bytes stayed above its low water mark
-        (:meth:`Connection.write_blocked`) at every check. The WebSocket keepalive cannot catch
-        such a peer: its ping waits behind the unread bytes, so its timeout never starts. One
-        task checks every socket, which costs well under a microsecond each.
-        """
-        slow = self._slow
-        assert slow is not None
-        interval = min(1.0, slow.timeout / 4)
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval)
-            states = [(conn, conn.write_blocked()) for conn in self.connections]
-            for conn in slow.check(states, loop.time()):
-                unread = conn.write_buffer_size()
-                self._bus.carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
+    def _sweep_slow_consumers(self) -> Coroutine[Any, Any, None]:
+        """The task that disconnects this door's slow consumers (:func:`_sweep`)."""
+        assert self._slow is not None
+        return _sweep(self.connections, self._slow, self._bus.carry)
 
 
-def bearer_of(ws: Socket) -> str | None:
-    """The token of a handshake's ``Authorization: Bearer`` header, if any."""
-    header = ws.request.headers.get("Authorization") if ws.request is not None else None
-    if header and header[:7].lower() == "bearer ":
-        return header[7:].strip() or None
-    return None
+async def _sweep(
+    connections: set[Connection],
+    slow: SlowConsumers[Connection],
+    carry: Callable[[list[Action]], Any],
+) -> None:
+    """Disconnect (4004) every peer of ``connections`` the bus has not been able to write to
+    for ``slow_consumer_timeout`` seconds, as NATS's write deadline does; runs until cancelled.
+
+    "Not able to write" means the socket's unread bytes stayed above its low water mark
+    (:meth:`Connection.write_blocked`) at every check. The WebSocket keepalive cannot catch
+    such a peer: its ping waits behind the unread bytes, so its timeout never starts. One
+    task checks every socket, which costs well under a microsecond each.
+    """
+    interval = min(1.0, slow.timeout / 4)
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval)
+        states = [(conn, conn.write_blocked()) for conn in connections]
+        for conn in slow.check(states, loop.time()):
+            unread = conn.write_buffer_size()
+            carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
 
 
-def address_of(ws: Socket) -> str:
-    """The remote IP address of a socket, the unit of the anonymous-connection limit."""
-    remote = ws.remote_address
-    return str(remote[0]) if isinstance(remote, tuple) and remote else str(remote)
+class _Tracked(ServerConnection):
+    """A websockets connection its door holds from its first byte (see :func:`_tracked`)."""
+
+    opening: set[Any]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.opening.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.opening.discard(self)
+        super().connection_lost(exc)
+
+
+def _tracked(opening: set[Any]) -> type[ServerConnection]:
+    """The connection class to give ``serve(create_connection=...)`` so that every socket
+    accepted is in ``opening`` until it is gone: websockets itself lists a connection only
+    once its handshake is done, so a closing bus could not drop the ones still in it."""
+    return type("TrackedConnection", (_Tracked,), {"opening": opening, "__module__": __name__})
 
 
 def link_facts(link: Link) -> LinkFacts:

@@ -77,3 +77,20 @@ def test_ab_compares_two_trees():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "this/other msgs/s per pair:" in done.stdout
+
+
+def test_ab_compares_fan_out():
+    """`python -m bench.ab TREE --fanout N` runs the fan-out scenario in both trees and reports
+    deliveries per second and CPU per delivery."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ab", str(ROOT), "--pairs", "1", "--count", "20"]
+        + ["--fanout", "4", "--window", "4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this/other deliveries/s per pair:" in done.stdout
+    assert "this/other CPU/delivery per pair:" in done.stdout

@@ -290,8 +290,9 @@ async def closed_with(ws: ClientConnection) -> tuple[int | None, str | None]:
 
 async def test_a_full_anonymous_cap_evicts_its_oldest_socket(tmp_path):
     """One more anonymous socket from an address at max_anonymous_per_address closes the
-    oldest of them (4006, counted in ws_refused) instead of being refused, so a flood of
-    sockets from a shared address cannot lock a tool of that address out."""
+    oldest of them (4006, counted in ws_refused as evicted: the newcomer is not refused) instead
+    of being refused, so a flood of sockets from a shared address cannot lock a tool of that
+    address out."""
     limits = Limits(max_anonymous_per_address=3)
     async with running_bus(tmp_path, limits=limits) as h:
         idle = [await connect(h.url) for _ in range(3)]
@@ -310,7 +311,7 @@ async def test_a_full_anonymous_cap_evicts_its_oldest_socket(tmp_path):
         finally:
             for ws in idle:
                 await ws.close()
-        assert await h.refused() == {"max_anonymous_per_address": 2}
+        assert await h.refused() == {"evicted": 2}
 
 
 async def test_an_initialize_under_way_is_not_evicted(tmp_path, monkeypatch):
@@ -354,6 +355,7 @@ async def test_an_initialize_under_way_is_not_evicted(tmp_path, monkeypatch):
             release.set()
             for ws in sockets:
                 await ws.close()
+        assert await h.refused() == {"evicted": 1, "max_anonymous_per_address": 1}
 
 
 async def test_a_peer_with_its_token_at_the_handshake_passes_a_full_anonymous_cap(tmp_path):

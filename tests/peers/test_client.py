@@ -108,7 +108,7 @@ async def test_anonymous_sockets_filling_an_address_keep_no_peer_or_tool_out(tmp
                 cwd=tmp_path,
             )
             assert code == 0 and '"accepted": true' in out, err
-            assert h.bus.refusals.total.get("max_anonymous_per_address") == 1
+            assert h.bus.refusals.total.get("evicted") == 1
             assert all(ws.close_code is None for ws in idle[1:])
         finally:
             for ws in idle:
