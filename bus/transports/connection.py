@@ -223,17 +223,20 @@ class Connection:
         self.client_id: str | None = None
         """The clientId this connection authenticated as (:meth:`authenticated`); None before.
         What it may do and what it subscribes to are the bus's business (:mod:`bus.core.router`)."""
-        self.initialized = asyncio.Event()
+        # The three Events are made when first waited on and let go once they have served:
+        # each holds a deque of about 0.7 KiB, most of an idle peer's share of the bus.
+        self._initialized: asyncio.Event | None = None
         self.inflight = asyncio.Semaphore(max_inflight) if max_inflight else None
         self._close_after: tuple[int, str] | None = None
         self._pending = PendingCalls()
         self._tasks: set[asyncio.Task[None]] = set()
         self._gone = False
-        self._closed = asyncio.Event()
+        self._ended = False
+        self._closed: asyncio.Event | None = None
         self._max_requests = max_requests
         self._budget = budget
         self._requests = 0
-        self._request_done = asyncio.Event()
+        self._request_done: asyncio.Event | None = None
         self._request_tasks: set[asyncio.Task[None]] = set()
         self._abandon_with: BusError | None = None
         intake = budget.intake if budget is not None else None
@@ -243,6 +246,20 @@ class Connection:
     def kind(self) -> str:
         """``local`` for an in-process link (:mod:`bus.transports.local`), else ``websocket``."""
         return str(getattr(self.ws, "kind", "websocket"))
+
+    @property
+    def initialized(self) -> asyncio.Event:
+        """Set once the peer authenticated (:meth:`authenticated`): ``await
+        conn.initialized.wait()``. Made on first use and let go once set, so that an idle peer
+        holds no Event."""
+        event = self._initialized
+        if event is None:
+            event = asyncio.Event()
+            if self.client_id is not None:
+                event.set()
+            else:
+                self._initialized = event
+        return event
 
     @property
     def name(self) -> str:
@@ -279,7 +296,9 @@ class Connection:
             if self._reader is not None:
                 self._reader.close()
             self._pending.fail_all(PeerGone(self.name))
-            self._closed.set()
+            self._ended = True
+            if self._closed is not None:
+                self._closed.set()
 
     async def _backpressure(self, most: int) -> None:
         """Read nothing more until fewer than ``most`` requests are being handled. The intake's
@@ -289,15 +308,25 @@ class Connection:
             reader.bus_waits(True)
         try:
             while self._requests >= most:
-                self._request_done.clear()
-                await self._request_done.wait()
+                await self._request_answered()
         finally:
             if reader is not None:
                 reader.bus_waits(False)
 
     async def wait_closed(self) -> None:
         """Return once the read loop has ended: the peer is gone or was disconnected."""
+        if self._ended:
+            return
+        if self._closed is None:
+            self._closed = asyncio.Event()
         await self._closed.wait()
+
+    async def _request_answered(self) -> None:
+        """Wait until the next request of this peer is answered."""
+        if self._request_done is None:
+            self._request_done = asyncio.Event()
+        self._request_done.clear()
+        await self._request_done.wait()
 
     def _dispatch(self, size: int) -> None:
         events = self.session.events_received()
@@ -373,7 +402,8 @@ class Connection:
             await self.flush()
         finally:
             self._requests -= 1
-            self._request_done.set()
+            if self._request_done is not None:
+                self._request_done.set()
             if charge is not None:
                 charge.done()
         if self._close_after is not None:
@@ -395,7 +425,9 @@ class Connection:
     def authenticated(self, client_id: str) -> None:
         """Record that the peer proved it is ``client_id``; wakes :attr:`initialized`."""
         self.client_id = client_id
-        self.initialized.set()
+        if self._initialized is not None:
+            self._initialized.set()  # its waiters are woken; the Event itself is not needed
+            self._initialized = None
         if self._reader is not None:
             self._reader.trust()  # it may read large frames now
 
@@ -427,8 +459,7 @@ class Connection:
     async def wait_requests_answered(self) -> None:
         """Return once no request of this peer is being handled."""
         while self._requests:
-            self._request_done.clear()
-            await self._request_done.wait()
+            await self._request_answered()
 
     # Writing
 

@@ -290,7 +290,7 @@ class WebSocketDoor:
         bus.states.open(conn)
         address = address_of(ws)
         self.lobby.entered(conn, ws)
-        watchdog = asyncio.create_task(self._initialize_watchdog(conn))
+        watchdog = self._watch_initialize(conn)
         try:
             await conn.run()
         except ConnectionClosed as exc:
@@ -299,7 +299,8 @@ class WebSocketDoor:
                 event = LogEvent.FRAME_TOO_LARGE
                 bus.carry(strangers.frame_refused(event, conn.client_id, address, error=limit))
         finally:
-            watchdog.cancel()
+            if watchdog is not None:
+                watchdog.cancel()
             self.lobby.left(conn, address)
             self.connections.discard(conn)
             if self._slow is not None:
@@ -307,16 +308,19 @@ class WebSocketDoor:
             bus.leave(conn, str(conn.ws.close_code))
             await conn.drain_tasks()
 
-    async def _initialize_watchdog(self, conn: Connection) -> None:
+    def _watch_initialize(self, conn: Connection) -> asyncio.TimerHandle | None:
+        """Close ``conn`` if it has not initialized within ``initialize_timeout``: a timer
+        rather than a task, so that a peer that initialized keeps nothing of it."""
         timeout = self._bus.limits.initialize_timeout
         if timeout is None:
+            return None
+        return asyncio.get_running_loop().call_later(timeout, self._initialize_expired, conn)
+
+    def _initialize_expired(self, conn: Connection) -> None:
+        if conn.client_id is not None:
             return
-        try:
-            async with asyncio.timeout(timeout):
-                await conn.initialized.wait()
-        except TimeoutError:
-            self._bus.refusals.count("initialize_timeout", address_of(conn.ws))
-            await conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout")
+        self._bus.refusals.count("initialize_timeout", address_of(conn.ws))
+        conn.spawn(conn.close(CLOSE_INITIALIZE_TIMEOUT, "initialize timeout"))
 
     # Its requests
 
