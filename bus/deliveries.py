@@ -93,7 +93,7 @@ class Deliveries:
             for index, route in enumerate(routes):
                 target = route.handle
                 if not isinstance(target, Connection) or not _writes_at_once(target, params):
-                    spread.track(index, self.deliver(route, params, message, timed=False))
+                    spread.track(index, route, self.deliver(route, params, message, timed=False))
                     continue
                 if target.inflight is not None:
                     await target.inflight.acquire()  # not locked (checked): never waits
@@ -338,8 +338,12 @@ class _Spread:
             await self._done
         return self._outcomes
 
-    def track(self, index: int, delivery: Coroutine[Any, Any, bool]) -> None:
+    def track(self, index: int, route: Route[Link], delivery: Coroutine[Any, Any, bool]) -> None:
         """Run ``delivery`` (target ``index``'s) in a task of its own."""
+        if self._expired:  # the timer fired while an earlier write waited: never started
+            delivery.close()
+            self._timed_out(index, route)
+            return
         task = self._loop.create_task(delivery)
         self._tasks[index] = task
         task.add_done_callback(functools.partial(self._task_ended, index))
@@ -347,6 +351,10 @@ class _Spread:
     def call(self, index: int, route: Route[Link], target: Connection, params: Any) -> bool:
         """Queue ``processMessage`` to ``target`` (its in-flight slot taken); return whether
         it was queued (else its outcome is recorded: flush nothing)."""
+        if self._expired:  # the timer fired while an earlier write waited: too late to call
+            self._release(target)
+            self._timed_out(index, route)
+            return False
         limit = self._deliveries.limits.max_write_buffer
         if limit is not None and target.write_buffer_size() > limit:
             self._release(target)
@@ -395,11 +403,9 @@ class _Spread:
         target.forget_call(request_id)
         self._release(target)
         if future.cancelled():
-            if not self._expired:
-                return  # abandoned
-            timeout = self._deliveries.limits.process_timeout
-            self._end(index, route, "timeout", f"no answer within {timeout}s")
-            return
+            if self._expired:
+                self._timed_out(index, route)
+            return  # else abandoned
         error = future.exception()
         if error is None:
             self._end(index, route, *delivery.outcome(future.result()))
@@ -417,6 +423,10 @@ class _Spread:
             self._fail(error)
             return
         self._count(index, task.result())
+
+    def _timed_out(self, index: int, route: Route[Link]) -> None:
+        timeout = self._deliveries.limits.process_timeout
+        self._end(index, route, "timeout", f"no answer within {timeout}s")
 
     def _end(self, index: int, route: Route[Link], status: str, error: str | None) -> None:
         took = self._loop.time() - self._started

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any, cast
 
 import pytest
@@ -13,6 +14,7 @@ from websockets.uri import parse_uri
 
 from bus.core.policy import Policy
 from bus.ops.config import Limits
+from bus.transports.connection import Connection
 from peers import Message
 from peers.errors import RequestRefused
 from peers.testing import BusHarness, Inbox, running_bus, scaled
@@ -247,3 +249,38 @@ async def test_a_row_the_log_refuses_ends_the_fan_out_with_its_error(tmp_path):
             finally:
                 log.queue_max = queue_max
             assert refused.value.code == -32006
+
+
+async def test_calls_after_the_timer_fired_end_as_timeout(tmp_path, monkeypatch):
+    """If a write of the fan-out waits past process_timeout, the targets not yet called end as
+    timeout at once (as the called ones do) rather than waiting for an answer no timer ends."""
+    never = asyncio.Event()
+
+    async def stuck(message: Message) -> None:
+        await never.wait()
+
+    limits = Limits(process_timeout=scaled(0.3))
+    real_flush = Connection.flush
+    waits = [True]
+
+    async def slow_first_flush(self: Connection) -> None:
+        await real_flush(self)
+        # The fault: the fan-out's first write waits past the timer, as a stalled one would.
+        if waits and sys._getframe(1).f_code.co_name == "deliver_all":
+            waits.pop()
+            await asyncio.sleep(limits.process_timeout * 2)
+
+    monkeypatch.setattr(Connection, "flush", slow_first_flush)
+    async with running_bus(tmp_path, policy=POLICY, limits=limits) as h:
+        async with h.peer("fan:pub") as pub, h.peer("fan:a") as a, h.peer("fan:b") as b:
+            for peer in (a, b):
+                peer.handle(None, stuck)
+                await peer.subscribe("fan:x")
+            try:
+                async with asyncio.timeout(scaled(5)):
+                    result = await pub.send("fan:x", "agent_event", {}, message_id="m1")
+            finally:
+                never.set()
+            assert result.delivered_to == 0
+        rows = [r["status"] for r in h.rows(event="process_finish", message_id="m1")]
+        assert rows == ["timeout", "timeout"]
