@@ -26,6 +26,7 @@ from http import HTTPStatus
 from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 from websockets.protocol import State
@@ -290,6 +291,7 @@ class WebSocketDoor:
         bus.states.open(conn)
         address = address_of(ws)
         self.lobby.entered(conn, ws)
+        _let_go_of_handshake(ws)
         watchdog = self._watch_initialize(conn)
         try:
             await conn.run()
@@ -356,10 +358,10 @@ class WebSocketDoor:
     async def _initialize(self, conn: Connection, request: Request) -> Any:
         if conn.client_id is not None:
             raise AlreadyInitialized()
-        ws = conn.ws
+        ws, bearer = conn.ws, self.lobby.bearer(conn)
         address = address_of(ws)
         client_id, result = await self._bus.join(
-            conn, request, address=address, remote=str(ws.remote_address), bearer=bearer_of(ws)
+            conn, request, address=address, remote=str(ws.remote_address), bearer=bearer
         )
         self.lobby.left(conn, address)
         conn.authenticated(client_id)
@@ -430,6 +432,23 @@ async def _sweep(
         for conn in slow.check(states, loop.time()):
             unread = conn.write_buffer_size()
             carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
+
+
+_HANDSHAKE_READ = HTTPRequest("/", Headers())
+"""What a websockets connection's ``request`` becomes once its handler started: one shared
+request with no headers. Not None: websockets reads a None ``request`` as a handshake still to
+come, and would take the next frame for it."""
+
+
+def _let_go_of_handshake(ws: Any) -> None:
+    """Drop ``ws``'s handshake request and response (some 4 KiB of headers a socket, kept by
+    websockets for the socket's life): the door read what it needs of them (the token is in
+    :meth:`Lobby.bearer`; the address comes from the transport). websockets itself reads them
+    only during the handshake."""
+    if isinstance(ws, ServerConnection):
+        ws.request, ws.response = _HANDSHAKE_READ, None
+    elif getattr(ws, "request", None) is not None:
+        ws.request = None  # a picows socket: only the door reads it
 
 
 class _Tracked(ServerConnection):
