@@ -52,6 +52,7 @@ from ..core.watch import SlowConsumers, disconnect_slow
 from ..ops.config import Limits
 from ..ops.credentials import Credentials
 from ..ops.refusals import Refusals
+from . import keepalive
 from .connection import SLOW, ByteBudget, Connection, Link
 from .lobby import Lobby, address_of, bearer_of
 from .local import LocalSocket, local_pair
@@ -141,6 +142,7 @@ class WebSocketDoor:
         self._server: Server | None = None
         self._scheme = "ws"
         self._sweeper: asyncio.Task[None] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int, *, ssl: _ssl.SSLContext | None) -> None:
@@ -158,9 +160,12 @@ class WebSocketDoor:
             open_timeout=limits.handshake_timeout,
             compression=None,
             ssl=ssl,
+            ping_interval=None,  # one keepalive for the door, not a task a socket
         )
         if self._slow is not None:
             self._sweeper = asyncio.create_task(self._sweep_slow_consumers())
+        pinging = keepalive.keep_alive(self.connections, keepalive.PING_INTERVAL)
+        self._keepalive = asyncio.create_task(pinging)
 
     @property
     def url(self) -> str:
@@ -237,12 +242,13 @@ class WebSocketDoor:
             await self._server.wait_closed()
         if self._local_links:
             await asyncio.wait(set(self._local_links))
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            try:
-                await self._sweeper
-            except asyncio.CancelledError:
-                pass
+        for task in (self._sweeper, self._keepalive):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
     def _drop_handshakes(self) -> None:
         # Their handshake would otherwise run on to handshake_timeout, and the listener's close
