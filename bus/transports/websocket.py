@@ -26,7 +26,6 @@ from http import HTTPStatus
 from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HTTPRequest, Response as HTTPResponse
 from websockets.protocol import State
@@ -440,19 +439,16 @@ async def _sweep(
             carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
 
 
-_HANDSHAKE_READ = HTTPRequest("/", Headers())
-"""What a websockets connection's ``request`` becomes once its handler started: one shared
-request with no headers. Not None: websockets reads a None ``request`` as a handshake still to
-come, and would take the next frame for it."""
-
-
 def _let_go_of_handshake(ws: Any) -> None:
-    """Drop ``ws``'s handshake request and response (some 4 KiB of headers a socket, kept by
-    websockets for the socket's life): the door read what it needs of them (the token is in
-    :meth:`Lobby.bearer`; the address comes from the transport). websockets itself reads them
-    only during the handshake."""
+    """Drop ``ws``'s handshake headers (some 4 KiB a socket, kept by websockets for the socket's
+    life): the door read what it needs of them (the token is in :meth:`Lobby.bearer`; the
+    address comes from the transport). websockets reads them only during the handshake."""
     if isinstance(ws, ServerConnection):
-        ws.request, ws.response = _HANDSHAKE_READ, None
+        # Emptied, not replaced: websockets' parser keeps the request object to the end, and
+        # reads a None ``ws.request`` as a handshake still to come.
+        if ws.request is not None:
+            ws.request.headers.clear()
+        ws.response = None
     elif getattr(ws, "request", None) is not None:
         ws.request = None  # a picows socket: only the door reads it
 

@@ -48,6 +48,8 @@ async def test_a_socket_lets_its_handshake_headers_go_and_keeps_its_token(tmp_pa
             door = h.bus._door
             (conn,) = [c for c in door.connections if isinstance(c, Connection)]
             assert bearer_of(conn.ws) is None  # its handler started: the headers went
+            request = getattr(conn.ws, "request", None)  # websockets' parser keeps the object
+            assert request is None or len(request.headers) == 0
             assert getattr(conn.ws, "response", None) is None
             joined = await _call(ws, "initialize", {"clientId": "agent:w1"}, 2)
             assert joined["result"]["serverInfo"]["name"] == "bcpbus", joined
