@@ -10,7 +10,7 @@ A message to many targets (:meth:`Deliveries.deliver_all`) costs one timer, not 
 and no task for the targets that can take their frame at once: the fan-out writes those
 calls itself and each answer's future records its outcome in a callback. A target that is
 behind (its in-flight slots taken, its write buffer over the low mark, a frame over
-:data:`INLINE_BYTES`) gets a task of its own, so that it holds up no other.
+:data:`INLINE_BYTES`, its socket closing) gets a task of its own, so that it holds up no other.
 """
 
 from __future__ import annotations
@@ -292,11 +292,15 @@ target's write buffer under its low mark (8 KiB), such a frame leaves it under t
 
 def _writes_at_once(target: Connection, params: Params) -> bool:
     """Whether a call to ``target`` can be written without waiting: a free in-flight slot,
-    a write buffer under its low mark, and a small frame."""
+    a write buffer under its low mark, a small frame, and a socket not closing (a write to it
+    would wait for the close handshake, outside ``process_timeout``, and every target after
+    it with it)."""
     inflight = target.inflight
     if inflight is not None and inflight.locked():
         return False
-    return not target.write_blocked() and params.size() <= INLINE_BYTES
+    if target.write_blocked() or target.closing():
+        return False
+    return params.size() <= INLINE_BYTES
 
 
 class _Spread:
@@ -410,15 +414,24 @@ class _Spread:
             return  # abandoned
         error = task.exception()
         if error is not None:
-            if not self._done.done():
-                self._done.set_exception(error)
+            self._fail(error)
             return
         self._count(index, task.result())
 
     def _end(self, index: int, route: Route[Link], status: str, error: str | None) -> None:
         took = self._loop.time() - self._started
-        self._deliveries.finished(route, self._message, status, error, took)
+        try:
+            self._deliveries.finished(route, self._message, status, error, took)
+        except Exception as exc:  # the log refused the row: closed, or its backlog full
+            # Raised in a future's callback it would be lost and this delivery never counted:
+            # the fan-out ends with it instead, as a delivery's own task ends it.
+            self._fail(exc)
+            return
         self._count(index, status == "processed")
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done.done():
+            self._done.set_exception(error)
 
     def _count(self, index: int, processed: bool) -> None:
         self._outcomes[index] = processed

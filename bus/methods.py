@@ -146,15 +146,17 @@ class Methods:
         the answer. :meth:`handle` does it for what it answers; a transport calls it for the
         errors it answers on its own (a malformed HTTP body)."""
         log = self._log
-        log.record(
-            LogEvent.RPC_ERROR,
-            rpc_id=rpc_id_of(request),
-            actor=actor,
-            status=str(exc.code),
-            payload={"method": request.method[:64]},
-            error=exc.message,
-        )
         with contextlib.suppress(BusError):
+            # A log that refuses the row (closed, or its backlog full: AuditUnavailable) must
+            # not cost the peer its answer: the error still goes, without its row.
+            log.record(
+                LogEvent.RPC_ERROR,
+                rpc_id=rpc_id_of(request),
+                actor=actor,
+                status=str(exc.code),
+                payload={"method": request.method[:64]},
+                error=exc.message,
+            )
             await log.commit()
 
     def __iter__(self) -> Iterator[str]:

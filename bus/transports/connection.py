@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from ..core.calls import PeerGone, PendingCalls
 from ..core.errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
@@ -288,9 +289,8 @@ class Connection:
                     for error in self.session.errors_sent():
                         self._on_protocol_error(self, error)
                 await self.flush()
-                while self._max_requests is not None and self._requests >= self._max_requests:
-                    # Backpressure: read nothing more until a request is answered.
-                    await self._request_answered()
+                if self._max_requests is not None and self._requests >= self._max_requests:
+                    await self._backpressure(self._max_requests)
         finally:
             self._gone = True
             if self._reader is not None:
@@ -299,6 +299,19 @@ class Connection:
             self._ended = True
             if self._closed is not None:
                 self._closed.set()
+
+    async def _backpressure(self, most: int) -> None:
+        """Read nothing more until fewer than ``most`` requests are being handled. The intake's
+        read deadline for this socket stops meanwhile: the bus is the one not reading."""
+        reader = self._reader
+        if reader is not None:
+            reader.bus_waits(True)
+        try:
+            while self._requests >= most:
+                await self._request_answered()
+        finally:
+            if reader is not None:
+                reader.bus_waits(False)
 
     async def wait_closed(self) -> None:
         """Return once the read loop has ended: the peer is gone or was disconnected."""
@@ -477,6 +490,15 @@ class Connection:
         size: int = transport.get_write_buffer_size()
         low: int = transport.get_write_buffer_limits()[0]
         return size > low
+
+    def closing(self) -> bool:
+        """Whether the socket has begun to close: a frame written to it now may wait for the
+        close handshake to end (websockets waits up to its ``close_timeout``, 10 s) rather
+        than go out at once."""
+        state = getattr(self.ws, "state", State.OPEN)
+        transport = getattr(self.ws, "transport", None)
+        closed: bool = transport is not None and transport.is_closing()
+        return self._gone or state is not State.OPEN or closed
 
     async def force_close(self, code: int, reason: str) -> None:
         """Close with ``code``, dropping the TCP connection if the close frame cannot go out

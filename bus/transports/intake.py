@@ -114,11 +114,12 @@ class Intake:
         self._arm(reader)
 
     def _arm(self, reader: Reader) -> None:
-        """(Re)start ``reader``'s clock: it has ``read_timeout`` to hand over its next frame."""
+        """(Re)start ``reader``'s clock: it has ``read_timeout`` to hand over its next frame (no
+        clock while the bus is the one not reading it)."""
         if reader.timer is not None:
             reader.timer.cancel()
             reader.timer = None
-        if self.read_timeout is not None:
+        if self.read_timeout is not None and not reader.bus_waiting:
             loop = asyncio.get_running_loop()
             reader.timer = loop.call_later(self.read_timeout, self._expired, reader)
 
@@ -198,6 +199,7 @@ class Reader:
         "_receive",
         "_unparsed",
         "anonymous",
+        "bus_waiting",
         "closed",
         "held",
         "parked",
@@ -225,6 +227,8 @@ class Reader:
         """Not initialized yet: takes no slot."""
         self.held = False
         """Stopped by the intake (waiting for a slot, anonymous, or stalled)."""
+        self.bus_waiting = False
+        """The read loop takes no frame for now, waiting for the bus (:meth:`bus_waits`)."""
         self.parked = 0
         """Bytes counted in :attr:`Intake.anonymous_unread` for this socket."""
         self.socket: Any = None
@@ -274,6 +278,14 @@ class Reader:
         elif unread >= LARGE and not intake._acquire(self):
             self.held = True
             self.transport.pause_reading()
+
+    def bus_waits(self, waiting: bool) -> None:
+        """The read loop stops taking frames to wait for the bus (``max_inflight_requests``),
+        or goes on: a slot's read deadline measures the peer, so it stops meanwhile and starts
+        afresh after."""
+        self.bus_waiting = waiting
+        if self in self._intake._holders:
+            self._intake._arm(self)
 
     def trust(self) -> None:
         """The socket initialized: from now on it may take a slot, and a large frame it

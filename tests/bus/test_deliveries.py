@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any, cast
 
 import pytest
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.uri import parse_uri
 
 from bus.core.policy import Policy
 from bus.ops.config import Limits
 from peers import Message
-from peers.testing import Inbox, running_bus, scaled
+from peers.errors import RequestRefused
+from peers.testing import BusHarness, Inbox, running_bus, scaled
 
 pytestmark = pytest.mark.usefixtures("each_transport")
 """Every test here runs on both WebSocket transports (tests/bus/conftest.py)."""
@@ -134,3 +140,110 @@ async def test_subscriber_gone_mid_fan_out_counts_as_disconnected(tmp_path):
                 assert (await sending).delivered_to == 1
         rows = {r["actor"]: r["status"] for r in h.rows(event="process_finish", message_id="m1")}
         assert rows == {"fan:a": "disconnected", "fan:b": "processed"}
+
+
+async def half_closed_subscriber(h: BusHarness, client_id: str, topic: str) -> asyncio.StreamWriter:
+    """A peer subscribed to ``topic`` that sent its close frame, read the bus's answer, and then
+    neither reads nor closes its TCP connection: the bus's link to it is closing (websockets
+    then waits up to its 10 s close_timeout to write to it). Abort the writer's transport."""
+    uri = parse_uri(h.url)
+    protocol = ClientProtocol(uri)
+    reader, writer = await asyncio.open_connection(uri.host, uri.port)
+    frames: list[Any] = []
+
+    async def next_frame() -> Frame:
+        while not frames:
+            protocol.receive_data(await reader.read(1 << 16))
+            frames.extend(
+                e
+                for e in protocol.events_received()
+                if not isinstance(e, Frame) or e.opcode in (Opcode.TEXT, Opcode.CLOSE)
+            )
+        return cast(Frame, frames.pop(0))
+
+    def write() -> None:
+        writer.write(b"".join(protocol.data_to_send()))
+
+    protocol.send_request(protocol.connect())
+    write()
+    assert (await next_frame()).status_code == 101  # type: ignore[attr-defined]
+    auth = {"token": h.token(client_id)}
+    requests = [
+        ("initialize", {"clientId": client_id, "auth": auth}),
+        ("subscribe", {"topic": topic}),
+    ]
+    for method, params in requests:
+        request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        protocol.send_text(json.dumps(request).encode())
+        write()
+        assert "result" in json.loads((await next_frame()).data)
+    protocol.send_close(1000)
+    write()
+    assert (await next_frame()).opcode is Opcode.CLOSE
+    return writer
+
+
+async def test_subscriber_in_its_closing_handshake_stalls_no_other(tmp_path):
+    """A subscriber whose link is closing (it sent its close frame and reads nothing more)
+    holds up neither the other subscriber's frame nor the sender's answer: both come within
+    process_timeout, not after the close handshake's 10 s."""
+    never = asyncio.Event()
+    arrived = asyncio.Event()
+
+    async def stuck(message: Message) -> None:
+        arrived.set()
+        await never.wait()
+
+    limits = Limits(process_timeout=scaled(0.5))
+    async with running_bus(tmp_path, policy=POLICY, limits=limits) as h:
+        async with h.peer("fan:pub") as pub, h.peer("fan:b") as b:
+            b.handle(None, stuck)
+            await b.subscribe("fan:x")
+            closing = await half_closed_subscriber(h, "fan:a", "fan:x")
+            try:
+                async with asyncio.timeout(scaled(3)):  # well under close_timeout
+                    sending = asyncio.create_task(
+                        pub.send("fan:x", "agent_event", {}, message_id="m1")
+                    )
+                    await arrived.wait()
+                    assert (await sending).delivered_to == 0
+            finally:
+                closing.transport.abort()
+                never.set()
+        rows = {r["actor"]: r["status"] for r in h.rows(event="process_finish", message_id="m1")}
+        assert rows["fan:b"] == "timeout"
+
+
+async def test_a_row_the_log_refuses_ends_the_fan_out_with_its_error(tmp_path):
+    """When the activity log refuses the process_finish rows of a fan-out (its backlog full),
+    the sender is answered at once with -32006, as for any refused row, instead of waiting
+    for ever on deliveries whose outcome could not be recorded."""
+    answered = asyncio.Event()
+    got = [asyncio.Event(), asyncio.Event()]
+
+    def holding(arrived: asyncio.Event):
+        async def handle(message: Message) -> None:
+            arrived.set()
+            await answered.wait()
+
+        return handle
+
+    async with running_bus(tmp_path, policy=POLICY) as h:
+        async with h.peer("fan:pub") as pub, h.peer("fan:a") as a, h.peer("fan:b") as b:
+            for peer, arrived in zip((a, b), got, strict=True):
+                peer.handle(None, holding(arrived))
+                await peer.subscribe("fan:x")
+            sending = asyncio.create_task(pub.send("fan:x", "agent_event", {}, message_id="m1"))
+            async with asyncio.timeout(scaled(5)):
+                for arrived in got:
+                    await arrived.wait()
+            log, queue_max = h.bus.log, h.bus.log.queue_max
+            log.queue_max = 0  # as if queue_max rows were waiting for the disk: rows refused
+            try:
+                answered.set()
+                async with asyncio.timeout(scaled(5)):
+                    with pytest.raises(RequestRefused) as refused:
+                        await sending
+            finally:
+                log.queue_max = queue_max
+            assert refused.value.code == -32006

@@ -447,6 +447,23 @@ async def test_log_failure_delivers_nothing_and_a_retry_delivers_once(tmp_path, 
             assert inbox.empty()
 
 
+async def test_a_full_log_backlog_still_answers_the_request(tmp_path):
+    """With the log's backlog full (record() refuses every row), a sendMessage is answered
+    -32006 at once, though its rpc_error row cannot be kept either: it is never left without
+    an answer."""
+    async with running_bus(tmp_path) as h:
+        async with h.peer("agent:w1") as agent, h.peer("tg:42") as tg:
+            agent.handle(None, Inbox())
+            queue_max, h.log.queue_max = h.log.queue_max, 0  # as if that many rows waited
+            try:
+                async with asyncio.timeout(scaled(5)):
+                    with pytest.raises(AuditUnavailable, match="backlog is full"):
+                        await tg.send("agent:w1", "tg_message", {"n": 1})
+            finally:
+                h.log.queue_max = queue_max
+            assert (await tg.send("agent:w1", "tg_message", {"n": 2})).delivered_to == 1
+
+
 @contextlib.asynccontextmanager
 async def closing_with_a_send_in_flight(
     h: BusHarness, release: asyncio.Event

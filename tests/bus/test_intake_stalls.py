@@ -90,6 +90,52 @@ async def test_large_messages_read_in_time_are_never_cut(tmp_path: Path) -> None
     assert h.rows(event="frame_refused") == []
 
 
+async def test_a_peer_the_bus_stops_reading_keeps_its_slot_without_a_deadline(
+    tmp_path: Path,
+) -> None:
+    """A peer whose next large message waits, read whole, because the bus takes no more of its
+    requests (max_inflight_requests, the first one waiting on a subscriber that never answers)
+    is not closed 4007 however long that lasts: frame_read_timeout measures the peer, not the
+    bus. Both messages are answered, and no frame_refused row is written."""
+    limits = Limits(
+        max_inflight_bytes=ONE_SLOT,
+        max_inflight_requests=1,
+        process_timeout=scaled(1.5),
+        frame_read_timeout=scaled(0.3),
+    )
+    async with running_bus(tmp_path, limits=limits) as h:
+        async with h.peer("agent:w1") as agent:
+            never = asyncio.Event()
+
+            async def stuck(message: Delivered) -> None:
+                await never.wait()
+
+            agent.handle(None, stuck)
+            sender = await initialized(h, "tg:7")
+            try:
+                for n in range(2):
+                    payload = {
+                        "messageId": f"m{n}",
+                        "type": "tg_message",
+                        "from": "tg:7",
+                        "timestamp": "2026-11-27T08:00:00Z",
+                        "content": {"text": "x" * (900 << 10)},
+                    }
+                    params = {"topic": "agent:w1", "payload": payload}
+                    request = {"jsonrpc": "2.0", "id": 10 + n, "method": "sendMessage"}
+                    await sender.send(json.dumps({**request, "params": params}))
+                async with asyncio.timeout(scaled(10)):
+                    answers = [json.loads(await sender.recv()) for _ in range(2)]
+                assert [(a["id"], a["result"]["accepted"]) for a in answers] == [
+                    (10, True),
+                    (11, True),
+                ]
+            finally:
+                never.set()
+                sender.transport.abort()
+    assert h.rows(event="frame_refused") == []
+
+
 def each_stopped(h: BusHarness) -> asyncio.Future[None]:
     """Done once the bus has stopped reading every socket it has now (pause_reading)."""
     done = asyncio.get_running_loop().create_future()
