@@ -12,7 +12,7 @@ initialized or closed; a handshake admitted that ends without a handler calls
     if not lobby.admit(socket):
         ...  # answer the handshake 503
     lobby.entered(conn, socket)  # or, if the handshake failed after all: lobby.unclaimed(socket)
-    ...
+    ...  # the socket's headers may go now: lobby.bearer(conn) keeps its token
     lobby.left(conn, address_of(socket))
 
 One more socket from an address at its cap closes the oldest of that address (4006) rather
@@ -54,6 +54,9 @@ class Lobby:
         that may be evicted (no peer's token at the handshake)."""
         self._reserved: dict[Socket, str] = {}
         """Sockets admitted at their handshake and counted, whose handler has not started."""
+        self._bearers: dict[Connection, str] = {}
+        """The handshake's token of each socket that showed one, until it initialized: kept
+        here so that the socket's handshake headers can go once its handler starts."""
 
     def __len__(self) -> int:
         """Sockets counted as not initialized now."""
@@ -99,11 +102,20 @@ class Lobby:
         if address is None:
             address = address_of(socket)
             self._anonymous.opened(address)
-        anonymous = self._bus.credentials.identify(bearer_of(socket)) is None
+        bearer = bearer_of(socket)
+        if bearer is not None:
+            self._bearers[conn] = bearer
+        anonymous = self._bus.credentials.identify(bearer) is None
         self._waiting.setdefault(address, {})[conn] = anonymous
+
+    def bearer(self, conn: Connection) -> str | None:
+        """The ``Authorization: Bearer`` token ``conn``'s handshake carried, for its
+        ``initialize``; None once it initialized or closed (:meth:`left`), or if it showed none."""
+        return self._bearers.get(conn)
 
     def left(self, conn: Connection, address: str) -> None:
         """Stop counting ``conn`` as anonymous: it initialized, closed, or is being evicted."""
+        self._bearers.pop(conn, None)
         group = self._waiting.get(address)
         if group is None or conn not in group:
             return

@@ -51,6 +51,7 @@ from ..core.watch import SlowConsumers, disconnect_slow
 from ..ops.config import Limits
 from ..ops.credentials import Credentials
 from ..ops.refusals import Refusals
+from . import keepalive
 from .connection import SLOW, ByteBudget, Connection, Link
 from .lobby import Lobby, address_of, bearer_of
 from .local import LocalSocket, local_pair
@@ -140,6 +141,7 @@ class WebSocketDoor:
         self._server: Server | None = None
         self._scheme = "ws"
         self._sweeper: asyncio.Task[None] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
         self._local_links: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int, *, ssl: _ssl.SSLContext | None) -> None:
@@ -157,9 +159,12 @@ class WebSocketDoor:
             open_timeout=limits.handshake_timeout,
             compression=None,
             ssl=ssl,
+            ping_interval=None,  # one keepalive for the door, not a task a socket
         )
         if self._slow is not None:
             self._sweeper = asyncio.create_task(self._sweep_slow_consumers())
+        pinging = keepalive.keep_alive(self.connections, keepalive.PING_INTERVAL)
+        self._keepalive = asyncio.create_task(pinging)
 
     @property
     def url(self) -> str:
@@ -236,12 +241,13 @@ class WebSocketDoor:
             await self._server.wait_closed()
         if self._local_links:
             await asyncio.wait(set(self._local_links))
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            try:
-                await self._sweeper
-            except asyncio.CancelledError:
-                pass
+        for task in (self._sweeper, self._keepalive):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
     def _drop_handshakes(self) -> None:
         # Their handshake would otherwise run on to handshake_timeout, and the listener's close
@@ -290,6 +296,7 @@ class WebSocketDoor:
         bus.states.open(conn)
         address = address_of(ws)
         self.lobby.entered(conn, ws)
+        _let_go_of_handshake(ws)
         watchdog = self._watch_initialize(conn)
         try:
             await conn.run()
@@ -356,10 +363,10 @@ class WebSocketDoor:
     async def _initialize(self, conn: Connection, request: Request) -> Any:
         if conn.client_id is not None:
             raise AlreadyInitialized()
-        ws = conn.ws
+        ws, bearer = conn.ws, self.lobby.bearer(conn)
         address = address_of(ws)
         client_id, result = await self._bus.join(
-            conn, request, address=address, remote=str(ws.remote_address), bearer=bearer_of(ws)
+            conn, request, address=address, remote=str(ws.remote_address), bearer=bearer
         )
         self.lobby.left(conn, address)
         conn.authenticated(client_id)
@@ -430,6 +437,20 @@ async def _sweep(
         for conn in slow.check(states, loop.time()):
             unread = conn.write_buffer_size()
             carry(disconnect_slow(conn, conn.name, unread, slow.timeout))
+
+
+def _let_go_of_handshake(ws: Any) -> None:
+    """Drop ``ws``'s handshake headers (some 4 KiB a socket, kept by websockets for the socket's
+    life): the door read what it needs of them (the token is in :meth:`Lobby.bearer`; the
+    address comes from the transport). websockets reads them only during the handshake."""
+    if isinstance(ws, ServerConnection):
+        # Emptied, not replaced: websockets' parser keeps the request object to the end, and
+        # reads a None ``ws.request`` as a handshake still to come.
+        if ws.request is not None:
+            ws.request.headers.clear()
+        ws.response = None
+    elif getattr(ws, "request", None) is not None:
+        ws.request = None  # a picows socket: only the door reads it
 
 
 class _Tracked(ServerConnection):
