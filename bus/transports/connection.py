@@ -1,4 +1,4 @@
-"""One peer's WebSocket connection: the read loop, concurrent request handling, outgoing calls.
+"""One peer's WebSocket connection: the read loop and concurrent request handling.
 
 :class:`Connection` wraps a :class:`bus.core.protocol.Session` around a websockets connection. A
 request whose method never waits (``ping``, ``subscribe``...) is answered by the read loop itself,
@@ -6,6 +6,8 @@ through the :class:`QuickHandler`; every other request runs in its own task, so 
 ``sendMessage`` while it is still answering a ``processMessage`` the bus sent it, and neither
 waits for the other. What a request means is the bus's business: the connection hands it to a
 :class:`Handler`, and the errors answered to an :class:`ErrorHook` before the answer goes out.
+What goes out to the peer (frames, the bus's own calls, closing) is
+:class:`bus.transports.outgoing.Outgoing`'s, which :class:`Connection` inherits.
 
 What one peer can make the bus hold is bounded here, whatever the peer does:
 
@@ -26,13 +28,11 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
-
 from ..core.calls import PeerGone, PendingCalls
 from ..core.errors import CLOSE_UNSUPPORTED_DATA, BusError, InternalError, LimitExceeded
 from ..core.protocol import ErrorResponse, Notification, Request, Response, Session
 from .intake import Intake
+from .outgoing import Outgoing
 
 if TYPE_CHECKING:
     from .local import Socket
@@ -98,10 +98,6 @@ QuickHandler = Callable[["Connection", Request], Any]
 
 ErrorHook = Callable[["Connection", Request, BusError], Awaitable[None]]
 """Told of every error a request is answered with, before the answer is written (its row)."""
-
-FORCED_CLOSE_WAIT = 1.0
-"""Seconds :meth:`Connection.force_close` lets the close frame go out before it drops the TCP
-connection; a peer that reads nothing would otherwise hold the close for ``close_timeout``."""
 
 
 class ByteBudget:
@@ -183,8 +179,9 @@ def charged_context(
     return context, charge.done
 
 
-class Connection:
-    """The bus side of one peer connection.
+class Connection(Outgoing):
+    """The bus side of one peer connection: reads and answers its requests; what it writes to
+    the peer, its own calls included, is :class:`Outgoing`'s.
 
     Args:
         ws: the accepted websockets connection, or the bus's end of a :mod:`bus.transports.local`
@@ -445,11 +442,6 @@ class Connection:
         """Requests from this peer being handled now."""
         return self._requests
 
-    @property
-    def deliveries_in_flight(self) -> int:
-        """``processMessage`` calls sent to this peer and not answered yet."""
-        return len(self._pending)
-
     def abandon_requests(self, error: BusError) -> None:
         """Stop handling this peer's requests in flight and answer each with ``error``."""
         self._abandon_with = error
@@ -460,90 +452,6 @@ class Connection:
         """Return once no request of this peer is being handled."""
         while self._requests:
             await self._request_answered()
-
-    # Writing
-
-    async def flush(self) -> None:
-        """Write every frame the session has queued; a closed socket drops them quietly."""
-        for frame in self.session.data_to_send():
-            try:
-                await self.ws.send(frame, text=True)  # UTF-8 already: written as it is
-            except ConnectionClosed:
-                return
-
-    def write_buffer_size(self) -> int:
-        """Bytes written to this peer that it has not read yet (0 for an in-process link)."""
-        transport = getattr(self.ws, "transport", None)
-        if transport is None:
-            return 0
-        size: int = transport.get_write_buffer_size()
-        return size
-
-    def write_blocked(self) -> bool:
-        """Whether this peer is not keeping up: more bytes unread than the socket's low water
-        mark. Writers wait once the buffer passes the high mark (websockets' ``write_limit``,
-        32 KiB) and go on only when it falls below the low one (8 KiB), so above the low mark
-        the bus is, or is about to be, waiting for this peer."""
-        transport = getattr(self.ws, "transport", None)
-        if transport is None:
-            return False
-        size: int = transport.get_write_buffer_size()
-        low: int = transport.get_write_buffer_limits()[0]
-        return size > low
-
-    def closing(self) -> bool:
-        """Whether the socket has begun to close: a frame written to it now may wait for the
-        close handshake to end (websockets waits up to its ``close_timeout``, 10 s) rather
-        than go out at once."""
-        state = getattr(self.ws, "state", State.OPEN)
-        transport = getattr(self.ws, "transport", None)
-        closed: bool = transport is not None and transport.is_closing()
-        return self._gone or state is not State.OPEN or closed
-
-    async def force_close(self, code: int, reason: str) -> None:
-        """Close with ``code``, dropping the TCP connection if the close frame cannot go out
-        within :data:`FORCED_CLOSE_WAIT` seconds (a peer that reads nothing)."""
-        try:
-            async with asyncio.timeout(FORCED_CLOSE_WAIT):
-                await self.ws.close(code, reason)
-        except TimeoutError:
-            transport = getattr(self.ws, "transport", None)
-            if transport is not None:
-                transport.abort()
-
-    async def call(self, method: str, params: Any) -> Any:
-        """Send a request to the peer and return its result.
-
-        Put an ``asyncio.timeout()`` around the call: this waits as long as the peer takes.
-
-        Raises:
-            PeerGone: the connection closed first.
-            BusError: the peer answered with an error.
-        """
-        request_id, future = self.queue_call(method, params)
-        try:
-            await self.flush()
-            return await future
-        finally:
-            self._pending.forget(request_id)
-
-    def queue_call(self, method: str, params: Any) -> tuple[int, asyncio.Future[Any]]:
-        """Queue a request to the peer, unwritten; return its id and the future its answer
-        settles. Await :meth:`flush` next, and call :meth:`forget_call` once the future is done
-        or no longer awaited: :meth:`call` without a coroutine per call, for a caller that
-        waits for many at once.
-
-        Raises:
-            PeerGone: the connection is closed.
-        """
-        if self._gone:
-            raise PeerGone(self.name)
-        request_id = self.session.send_request(method, params)
-        return request_id, self._pending.expect(request_id)
-
-    def forget_call(self, request_id: int) -> None:
-        """Stop waiting for the answer to a :meth:`queue_call` request."""
-        self._pending.forget(request_id)
 
     # Tasks
 
