@@ -1,20 +1,20 @@
-"""Moving recorded rows to the database: batches, the hand-over to the thread, the writer task.
+"""Moving recorded rows to the database: the hand-over to the thread, the writer task.
 
 :class:`Writer` is the part of :class:`bus.log.activity.ActivityLog` that decides what goes to
-the database thread and when: it keeps the rows recorded and not yet committed and the
-``commit()`` callers waiting for them, hands each batch to the thread, and retries, splits or
-replaces what fails. :class:`~bus.log.store.LogStore` writes; :class:`ActivityLog` records and
-answers commits.
+the database thread and when: it hands each batch to the thread, and retries, splits or
+replaces what fails. The rows recorded and not yet committed and the ``commit()`` callers
+waiting for them are :class:`~bus.log.batches.Batches`', which it inherits.
+:class:`~bus.log.store.LogStore` writes; :class:`ActivityLog` records and answers commits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 
 from ..core.errors import AuditUnavailable
+from .batches import Batches
 from .dbthread import DatabaseThread
 from .rows import LogRow, refused_for_content, unwritable
 from .store import FileGone, LogStore, retry_as_is
@@ -27,12 +27,11 @@ logger = logging.getLogger("bus.log.activity")
 LINGER = 0.05
 """Seconds a recorded row may wait for a transaction when no caller commits it."""
 
-BATCH_CONTENT = 4 << 20
-"""Characters of ``payload_json`` one batch holds at most beyond its first row."""
 
-
-class Writer:
-    """The rows waiting for the disk, their committers, and what moves them there.
+class Writer(Batches):
+    """What moves the rows waiting for the disk there (:class:`~bus.log.batches.Batches` keeps
+    them and their committers): the hand-over to the database thread, the linger timer, and the
+    writer task that retries, splits or replaces what fails.
 
     The base of :class:`~bus.log.activity.ActivityLog`, which fills :attr:`_pending` and
     :attr:`_waiters`; use that class.
@@ -48,23 +47,13 @@ class Writer:
     def __init__(
         self, store: LogStore, *, batch_max: int, retries: int, retry_delay: float
     ) -> None:
-        self.batch_max = batch_max
+        super().__init__(batch_max)
         self.retries = max(1, retries)
         self.retry_delay = retry_delay
-        self.batches_committed = 0
-        """Transactions committed so far; fewer than ``commit()`` calls when they were grouped."""
-        self.rows_committed = 0
-        """Rows committed so far by this instance, ``row_unwritable`` replacements included."""
         self.rows_unwritable = 0
         """Rows replaced by a ``row_unwritable`` row so far."""
         self._store = store
         self._thread: DatabaseThread | None = None  # where every statement runs
-        # Rows recorded and not yet committed, oldest first. A batch is a prefix of it and leaves
-        # only once committed, so a failed batch is retried with the next one, in order.
-        self._pending: list[LogRow] = []
-        self._rows_recorded = 0
-        # commit() callers as (rows they wait for, future), in call order, so the targets grow.
-        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._wakeup = asyncio.Event()  # the writer task's: a failure to handle, or close()
         # Hands over the rows nobody commits (connection events), LINGER seconds after the first
         # of them. Handing over on every record() would start a transaction for the first row
@@ -79,7 +68,6 @@ class Writer:
         self._hand_over_due = False  # _hand_over is scheduled
         # Why the last batch commit() handed over failed; the writer task takes it from there.
         self._handed_failure: Exception | None = None
-        self._rows_per_statement = self.batch_max
         self._closing = False
         self._closed = asyncio.Event()
         # Why the log stopped for good (its file deleted or replaced); None while it works.
@@ -119,21 +107,6 @@ class Writer:
         self._store.prepare(batch)
         self._inflight = asyncio.get_running_loop().create_future()
         thread.submit(self._store.write, (batch,), functools.partial(self._handed_back, batch))
-
-    def _next_batch(self) -> list[LogRow]:
-        """The rows to write next: a prefix of the pending ones, at most
-        ``_rows_per_statement``, and no more than :data:`BATCH_CONTENT` characters of content
-        past its first row. SQLite copies every value of a statement while it runs, so a batch
-        of large messages would double their memory at once; small ones never reach the bound."""
-        pending, end = self._pending, min(len(self._pending), self._rows_per_statement)
-        size = 0
-        for i in range(end):
-            content = pending[i].payload_json
-            if content is not None:
-                size += len(content)
-                if size > BATCH_CONTENT and i:
-                    return pending[:i]
-        return pending[:end]
 
     def _handed_back(self, batch: list[LogRow], _: object, exc: BaseException | None) -> None:
         """The thread's answer for a batch :meth:`_hand_over` started (event loop)."""
@@ -314,22 +287,6 @@ class Writer:
             )
             return
         raise exc
-
-    def _committed(self, rows: int) -> None:
-        del self._pending[:rows]
-        self.rows_committed += rows
-        self.batches_committed += 1
-        while self._waiters and self._waiters[0][0] <= self.rows_committed:
-            _, future = self._waiters.popleft()
-            if not future.done():  # the caller may have been cancelled
-                future.set_result(None)
-
-    def _fail_waiters(self, exc: AuditUnavailable) -> None:
-        # Rows are committed in order, so once a batch fails every remaining waiter needs it.
-        while self._waiters:
-            _, future = self._waiters.popleft()
-            if not future.done():
-                future.set_exception(exc)
 
     async def _write_batch(self, batch: list[LogRow]) -> None:
         """Insert ``batch`` in one statement, one transaction, on the database thread.
