@@ -211,10 +211,11 @@ class Params:
     """The ``processMessage`` params of one message, made once per form a link takes.
 
     A :class:`~bus.transports.connection.Connection` encodes the call itself, so it gets the
-    params encoded once for all its targets (:func:`bus.core._json.fragment`), the envelope in
-    them as the message's one encoding: every frame splices them in after its own id, and no
-    decoded copy is held while deliveries wait. Other links (webhooks, the cluster) read the
-    params as a dict; they get one decoded on first use.
+    params with the envelope in them as the message's one encoding
+    (:func:`bus.core._json.fragment`), encoded once for all its targets when they are small
+    (:data:`INLINE_BYTES`): every frame splices them in after its own id, and no decoded copy
+    (nor, for a large message, a second encoded one) is held while deliveries wait. Other
+    links (webhooks, the cluster) read the params as a dict; they get one decoded on first use.
     """
 
     __slots__ = ("_decoded", "_encoded", "message", "skipped")
@@ -231,7 +232,11 @@ class Params:
         if isinstance(link, Connection):
             if self._encoded is None:
                 params = self._make(_json.fragment(self.message.encode()))
-                self._encoded = _json.fragment(_json.dumpb(params))
+                # Small params are encoded once for all frames. A large message keeps only its
+                # one encoding, spliced into each frame as it is written: a second copy would
+                # be held as long as its deliveries wait, outside max_inflight_bytes.
+                small = self.size() <= INLINE_BYTES
+                self._encoded = _json.fragment(_json.dumpb(params)) if small else params
             return self._encoded
         if self._decoded is None:
             self._decoded = self._make(self.message.payload)
