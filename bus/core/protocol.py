@@ -236,8 +236,10 @@ class Session:
         if batch.answers:
             self._out.append(_dumps_answer(batch.answers))
 
-    def send_request(self, method: str, params: Params = None) -> int:
-        """Queue a request to the other side and return its id.
+    def send_request(self, method: str, params: Params | Any = None) -> int:
+        """Queue a request to the other side and return its id. ``params`` is a dict, a list,
+        or params encoded already (an ``orjson.Fragment``: a fan-out encodes them once for all
+        its targets), written as they are.
 
         Match the :class:`Response` or :class:`ErrorResponse` event with the same id to it.
         Then call :meth:`data_to_send`.
